@@ -1,0 +1,407 @@
+/* tidepool: CUDA's stream-ordered memory allocator as an open library.
+ *
+ * This header is the manual. It declares the whole public API: the
+ * stream-ordered allocator (a one-to-one rename of cudaMallocAsync and the
+ * cudaMemPool* family) and the small stream runtime that the host platform
+ * needs. Every function may be called from any thread unless its comment
+ * says otherwise, and every function returns a tp_error_t.
+ *
+ * Where tidepool deliberately answers differently from the CUDA driver:
+ *  - freeing a pointer that no tidepool pool gave out is
+ *    TP_ERROR_INVALID_VALUE (the driver silently accepts pointers it owns
+ *    through other allocators);
+ *  - reserved-memory figures grow in platform chunks (2 MiB), not in the
+ *    driver's 32 MiB steps. What is kept is the rule: reserved falls to the
+ *    release threshold at a synchronize, and "used" counts the bytes asked
+ *    for, not the bytes handed out. */
+#ifndef TIDEPOOL_H
+#define TIDEPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(TP_BUILDING_LIBRARY) && defined(__GNUC__)
+#define TP_API __attribute__((visibility("default")))
+#else
+#define TP_API
+#endif
+
+#define TP_VERSION_MAJOR 0
+#define TP_VERSION_MINOR 1
+#define TP_VERSION_PATCH 0
+
+/* ========================================================================
+ * Errors
+ * ======================================================================== */
+
+/* One list generates the enum, tp_error_name and tp_error_string. */
+#define TP_ERROR_LIST(X)                                                       \
+  X(TP_SUCCESS, 0, "no error")                                                 \
+  X(TP_ERROR_INVALID_VALUE, 1,                                                 \
+    "an argument is out of range, NULL where it may not be, or names an "      \
+    "object tidepool does not know")                                           \
+  X(TP_ERROR_OUT_OF_MEMORY, 2,                                                 \
+    "the pool could not obtain enough memory for the request")                 \
+  X(TP_ERROR_NOT_SUPPORTED, 3,                                                 \
+    "the operation is not supported on this platform or for this object")      \
+  X(TP_ERROR_INVALID_DEVICE, 4, "the device ordinal or location is invalid")   \
+  X(TP_ERROR_NOT_PERMITTED, 5, "the operation is not permitted")               \
+  X(TP_ERROR_NOT_READY, 6, "the work has not completed yet")                   \
+  X(TP_ERROR_NO_DEVICE, 7, "no device is available on this platform")          \
+  X(TP_ERROR_ILLEGAL_ADDRESS, 8,                                               \
+    "stream work accessed memory it may not access")                           \
+  X(TP_ERROR_PLATFORM, 9,                                                      \
+    "the platform underneath failed; tp_get_last_platform_error has detail")
+
+typedef enum tp_error {
+#define TP_ERROR_ENUM_(name, value, text) name = value,
+  TP_ERROR_LIST(TP_ERROR_ENUM_)
+#undef TP_ERROR_ENUM_
+} tp_error_t;
+
+/* The enumerator's name as a string ("TP_ERROR_INVALID_VALUE"); an unknown
+ * value gives "TP_ERROR_UNKNOWN". Never NULL. */
+TP_API const char *tp_error_name(tp_error_t error);
+
+/* A sentence describing the error. Never NULL. */
+TP_API const char *tp_error_string(tp_error_t error);
+
+/* Detail of the last TP_ERROR_PLATFORM returned on the calling thread: the
+ * platform's own code (a CUresult on cuda, an errno on host) and its name.
+ * Either pointer may be NULL. Errors: none (returns TP_SUCCESS). */
+TP_API tp_error_t tp_get_last_platform_error(int *code, const char **name);
+
+/* "host" or "cuda": the platform this process runs on. The platform is
+ * chosen once per process, at the first call into the library, from
+ * TIDEPOOL_PLATFORM=host|cuda; without it, cuda where libcuda loads and a
+ * device exists, else host. Returns NULL only when initialisation failed. */
+TP_API const char *tp_platform_name(void);
+
+/* ========================================================================
+ * Types
+ * ======================================================================== */
+
+typedef struct tp_stream_opaque *tp_stream_t; /* NULL: legacy default stream */
+typedef struct tp_event_opaque *tp_event_t;
+typedef struct tp_pool_opaque *tp_pool_t;
+
+/* Location types. As in CUDA, TP_LOCATION_NONE and TP_LOCATION_INVALID are
+ * the same value: "none" is meaningful only for managed memory. */
+typedef enum tp_location_type {
+  TP_LOCATION_INVALID = 0,
+  TP_LOCATION_NONE = 0,
+  TP_LOCATION_DEVICE = 1,
+  TP_LOCATION_HOST = 2,
+  TP_LOCATION_HOST_NUMA = 3,
+  TP_LOCATION_HOST_NUMA_CURRENT = 4,
+  TP_LOCATION_DEVICE_LOCALITY_DOMAIN = 5,
+  TP_LOCATION_INVISIBLE = 6
+} tp_location_type_t;
+
+typedef struct tp_location {
+  tp_location_type_t type;
+  int id;                 /* device ordinal or NUMA node, by type */
+  int locality_domain_id; /* TP_LOCATION_DEVICE_LOCALITY_DOMAIN only */
+} tp_location_t;
+
+typedef enum tp_allocation_type {
+  TP_ALLOCATION_INVALID = 0,
+  TP_ALLOCATION_PINNED = 1,
+  TP_ALLOCATION_MANAGED = 2
+} tp_allocation_type_t;
+
+/* A bit set. */
+typedef enum tp_handle_type {
+  TP_HANDLE_NONE = 0,
+  TP_HANDLE_POSIX_FD = 1,
+  TP_HANDLE_FABRIC = 8
+} tp_handle_type_t;
+
+/* Pool properties. Zero everything you do not set: a zeroed struct has
+ * location type TP_LOCATION_INVALID, which tp_pool_create rejects. */
+typedef struct tp_pool_props {
+  tp_allocation_type_t alloc_type;
+  unsigned handle_types; /* tp_handle_type_t bits */
+  tp_location_t location;
+  size_t max_size;      /* bytes of physical memory the pool may hold; 0: no
+                           limit but the location's capacity */
+  unsigned short usage; /* must be 0 */
+} tp_pool_props_t;
+
+typedef enum tp_pool_attr {
+  /* The seed's attributes, same meaning and value types. */
+  TP_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1,   /* int, read-write */
+  TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC = 2,         /* int, read-write */
+  TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3, /* int, read-write */
+  TP_POOL_ATTR_RELEASE_THRESHOLD = 4,                 /* uint64_t, rw */
+  TP_POOL_ATTR_RESERVED_MEM_CURRENT = 5,              /* uint64_t, read-only */
+  TP_POOL_ATTR_RESERVED_MEM_HIGH = 6,      /* uint64_t, reset to 0 only */
+  TP_POOL_ATTR_USED_MEM_CURRENT = 7,       /* uint64_t, read-only */
+  TP_POOL_ATTR_USED_MEM_HIGH = 8,          /* uint64_t, reset to 0 only */
+  TP_POOL_ATTR_ALLOCATION_TYPE = 9,        /* int, read-only */
+  TP_POOL_ATTR_EXPORT_HANDLE_TYPES = 10,   /* int, read-only */
+  TP_POOL_ATTR_LOCATION_ID = 11,           /* int, read-only */
+  TP_POOL_ATTR_LOCATION_TYPE = 12,         /* int, read-only */
+  TP_POOL_ATTR_LOCALITY_DOMAIN_ID = 13,    /* int, read-only */
+  TP_POOL_ATTR_MAX_POOL_SIZE = 14,         /* uint64_t, read-only */
+  TP_POOL_ATTR_HW_DECOMPRESS_ENABLED = 15, /* int, read-only (always 0) */
+  /* tidepool's own. */
+  /* int, read-write, default 1: before failing with out-of-memory, wait on
+   * the host for pending frees and try once more. Turn it off in a program
+   * whose pending frees may sit behind stream work that waits on the
+   * allocating thread: the wait would deadlock it. */
+  TP_POOL_ATTR_OOM_WAIT = 100,
+  TP_POOL_ATTR_CHUNK_MAPS = 101,   /* uint64_t, read-only: chunks mapped */
+  TP_POOL_ATTR_CHUNK_UNMAPS = 102, /* uint64_t, read-only: chunks unmapped */
+  TP_POOL_ATTR_CHUNK_SIZE = 103    /* uint64_t, read-only: platform chunk */
+} tp_pool_attr_t;
+
+typedef enum tp_access_flags {
+  TP_ACCESS_NONE = 0,
+  TP_ACCESS_READ = 1,
+  TP_ACCESS_READ_WRITE = 3
+} tp_access_flags_t;
+
+typedef struct tp_access_desc {
+  tp_location_t location;
+  tp_access_flags_t flags;
+} tp_access_desc_t;
+
+/* Opaque, 64 bytes like the driver's; passed between processes as bytes. */
+typedef struct tp_pool_ptr_export_data {
+  unsigned char reserved[64];
+} tp_pool_ptr_export_data_t;
+
+typedef enum tp_device_attr {
+  TP_DEVICE_ATTR_MEMORY_POOLS_SUPPORTED = 1,
+  TP_DEVICE_ATTR_MEMORY_POOL_SUPPORTED_HANDLE_TYPES = 2,
+  TP_DEVICE_ATTR_LOCALITY_DOMAIN_COUNT = 3,
+  TP_DEVICE_ATTR_CONCURRENT_MANAGED_ACCESS = 4
+} tp_device_attr_t;
+
+/* tp_stream_create flags. */
+#define TP_STREAM_DEFAULT 0u
+#define TP_STREAM_NON_BLOCKING 1u
+
+/* ========================================================================
+ * Stream-ordered allocation
+ * ======================================================================== */
+
+/* Allocates `size` bytes from the current pool of the stream's device,
+ * usable by work ordered after this call on `stream` (and by any work that
+ * follows it through events). size 0 succeeds with *ptr = NULL. The pointer
+ * is aligned to at least 512 bytes.
+ * Errors: INVALID_VALUE (ptr NULL, unknown stream), OUT_OF_MEMORY (size too
+ * large for the pool, including sizes whose rounding overflows). */
+TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream);
+
+/* As tp_malloc_async, from `pool`, which may belong to another device than
+ * the stream's. Errors: INVALID_VALUE (ptr NULL, pool unknown or destroyed,
+ * pool imported from another process), OUT_OF_MEMORY. */
+TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
+                                            tp_pool_t pool, tp_stream_t stream);
+
+/* Frees `ptr` in stream order: the bytes may be reused by work ordered after
+ * this call on `stream`, and by other streams as the pool's reuse policies
+ * allow. NULL succeeds and does nothing.
+ * Errors: INVALID_VALUE (a pointer no tidepool pool gave out, an interior
+ * pointer, a pointer already freed, unknown stream). A rejected free changes
+ * nothing. */
+TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream);
+
+/* ========================================================================
+ * Pools
+ * ======================================================================== */
+
+/* Creates a pool. The location must be a device ordinal that exists
+ * (TP_LOCATION_DEVICE), the host (TP_LOCATION_HOST), a host NUMA node
+ * (TP_LOCATION_HOST_NUMA), or, for managed memory, TP_LOCATION_NONE.
+ * Errors: INVALID_VALUE for NULL pointers, unknown allocation types or
+ * locations, usage != 0, handle types the location cannot export (host
+ * pools are not IPC-capable), managed pools with max_size != 0,
+ * TP_LOCATION_HOST_NUMA_CURRENT; NOT_SUPPORTED for handle types the
+ * platform lacks; OUT_OF_MEMORY when the virtual range cannot be reserved. */
+TP_API tp_error_t tp_pool_create(tp_pool_t *pool, const tp_pool_props_t *props);
+
+/* Destroys a pool. With allocations still live, succeeds and defers: the
+ * pool's memory goes when the last of them is freed (and its free has
+ * completed). A pool that was current for its location stops being so.
+ * Errors: INVALID_VALUE (unknown or destroyed pool, a default pool). */
+TP_API tp_error_t tp_pool_destroy(tp_pool_t pool);
+
+/* Reads an attribute into *value, whose type the tp_pool_attr_t list gives.
+ * Errors: INVALID_VALUE (unknown pool or attribute, value NULL). */
+TP_API tp_error_t tp_pool_get_attribute(tp_pool_t pool, tp_pool_attr_t attr,
+                                        void *value);
+
+/* Writes an attribute. Read-only attributes refuse (INVALID_VALUE); the
+ * high watermarks accept only 0, which resets them to the current value.
+ * Errors: INVALID_VALUE. */
+TP_API tp_error_t tp_pool_set_attribute(tp_pool_t pool, tp_pool_attr_t attr,
+                                        void *value);
+
+/* Access of a location to the pool's memory: the own device always has
+ * TP_ACCESS_READ_WRITE. Errors: INVALID_VALUE (NULL arguments, unknown pool),
+ * INVALID_DEVICE (location not a device that exists). */
+TP_API tp_error_t tp_pool_get_access(tp_access_flags_t *flags, tp_pool_t pool,
+                                     const tp_location_t *location);
+
+/* Grants or revokes access for each descriptor, for memory already mapped
+ * and mapped later. All descriptors are checked before any is applied.
+ * Errors: INVALID_VALUE (NULL list with count > 0, unknown flags, unknown
+ * pool), INVALID_DEVICE (unknown device, or an attempt to reduce the pool's
+ * own device below read-write). */
+TP_API tp_error_t tp_pool_set_access(tp_pool_t pool,
+                                     const tp_access_desc_t *desc_list,
+                                     size_t count);
+
+/* Releases free memory of the pool until at most min_bytes_to_keep stay
+ * reserved, whatever the release threshold. Only frees already known to
+ * have completed count as free. Errors: INVALID_VALUE (unknown pool). */
+TP_API tp_error_t tp_pool_trim_to(tp_pool_t pool, size_t min_bytes_to_keep);
+
+/* ========================================================================
+ * Default and current pools
+ * ======================================================================== */
+
+/* The default pool of a location and allocation type: device (pinned or
+ * managed), host, host NUMA node, and managed with TP_LOCATION_NONE.
+ * Errors: INVALID_VALUE (NULL arguments, combinations with no default pool,
+ * such as pinned with TP_LOCATION_NONE), INVALID_DEVICE (unknown device). */
+TP_API tp_error_t tp_mem_get_default_pool(tp_pool_t *pool,
+                                          const tp_location_t *location,
+                                          tp_allocation_type_t type);
+
+/* The current pool of a location and type (initially its default pool): the
+ * one tp_malloc_async uses for a stream of that device. Errors: as above. */
+TP_API tp_error_t tp_mem_get_pool(tp_pool_t *pool,
+                                  const tp_location_t *location,
+                                  tp_allocation_type_t type);
+
+/* Makes `pool` current for a location and type. The pool's own location and
+ * allocation type must match. Errors: INVALID_VALUE (mismatch, unknown or
+ * destroyed pool), INVALID_DEVICE. */
+TP_API tp_error_t tp_mem_set_pool(const tp_location_t *location,
+                                  tp_allocation_type_t type, tp_pool_t pool);
+
+/* The device forms of the above, for pinned device memory. */
+TP_API tp_error_t tp_device_get_default_mem_pool(tp_pool_t *pool, int device);
+TP_API tp_error_t tp_device_set_mem_pool(int device, tp_pool_t pool);
+TP_API tp_error_t tp_device_get_mem_pool(tp_pool_t *pool, int device);
+
+/* TP_DEVICE_ATTR_MEMORY_POOLS_SUPPORTED (1 on every device),
+ * MEMORY_POOL_SUPPORTED_HANDLE_TYPES (tp_handle_type_t bits),
+ * LOCALITY_DOMAIN_COUNT, CONCURRENT_MANAGED_ACCESS.
+ * Errors: INVALID_VALUE (value NULL, unknown attribute), INVALID_DEVICE. */
+TP_API tp_error_t tp_device_get_attribute(int *value, tp_device_attr_t attr,
+                                          int device);
+
+/* ========================================================================
+ * Sharing between processes
+ * ======================================================================== */
+
+/* Exports a pool created with `type` among its handle types. For
+ * TP_HANDLE_POSIX_FD, *(int *)handle receives a descriptor that the caller
+ * owns. Errors: INVALID_VALUE (pool not created for `type`, flags != 0, NULL
+ * handle), NOT_SUPPORTED. */
+TP_API tp_error_t tp_pool_export_to_shareable_handle(void *handle,
+                                                     tp_pool_t pool,
+                                                     tp_handle_type_t type,
+                                                     unsigned flags);
+
+/* Imports a pool from a handle another process exported. An imported pool
+ * cannot allocate. Errors: INVALID_VALUE, NOT_SUPPORTED. */
+TP_API tp_error_t tp_pool_import_from_shareable_handle(tp_pool_t *pool,
+                                                       void *handle,
+                                                       tp_handle_type_t type,
+                                                       unsigned flags);
+
+/* Describes a live allocation of an exportable pool in 64 opaque bytes.
+ * Errors: INVALID_VALUE (pointer not from an exportable pool, NULL). */
+TP_API tp_error_t tp_pool_export_pointer(tp_pool_ptr_export_data_t *data,
+                                         void *ptr);
+
+/* Maps an exported allocation into this process through an imported pool.
+ * Errors: INVALID_VALUE (forged or stale data, pool not imported),
+ * NOT_SUPPORTED. */
+TP_API tp_error_t tp_pool_import_pointer(void **ptr, tp_pool_t pool,
+                                         tp_pool_ptr_export_data_t *data);
+
+/* ========================================================================
+ * Stream runtime
+ *
+ * On the host platform these are tidepool's emulated device; on cuda they
+ * are thin wrappers of the driver, and any CUstream or cudaStream_t cast to
+ * tp_stream_t is accepted wherever a stream is taken.
+ * ======================================================================== */
+
+/* Number of devices. Errors: INVALID_VALUE (count NULL). */
+TP_API tp_error_t tp_get_device_count(int *count);
+
+/* The calling thread's current device (initially 0), like cudaSetDevice.
+ * Errors: INVALID_DEVICE. */
+TP_API tp_error_t tp_set_device(int device);
+TP_API tp_error_t tp_get_device(int *device);
+
+/* Creates a stream on the current device. TP_STREAM_NON_BLOCKING streams do
+ * not synchronise with the legacy default stream (NULL).
+ * Errors: INVALID_VALUE (stream NULL, unknown flags), PLATFORM. */
+TP_API tp_error_t tp_stream_create(tp_stream_t *stream, unsigned flags);
+
+/* Destroys a stream once its queued work has run; blocks freed on it stay
+ * reusable by other streams as their frees complete. Errors: INVALID_VALUE
+ * (unknown stream, the legacy default stream). */
+TP_API tp_error_t tp_stream_destroy(tp_stream_t stream);
+
+/* Waits for all work queued on the stream, then makes the frees it covered
+ * reusable by every stream and releases pool memory above the release
+ * threshold. Errors: INVALID_VALUE, ILLEGAL_ADDRESS (stream work faulted
+ * since the last synchronize). */
+TP_API tp_error_t tp_stream_synchronize(tp_stream_t stream);
+
+/* TP_SUCCESS when the stream's work has completed, else NOT_READY. */
+TP_API tp_error_t tp_stream_query(tp_stream_t stream);
+
+/* Makes future work on `stream` wait for `event`'s recorded work; frees
+ * ordered before the event become reusable by the stream (pools with
+ * REUSE_FOLLOW_EVENT_DEPENDENCIES). flags must be 0. Errors: INVALID_VALUE. */
+TP_API tp_error_t tp_stream_wait_event(tp_stream_t stream, tp_event_t event,
+                                       unsigned flags);
+
+/* Events: positions in a stream's work. Errors: INVALID_VALUE (NULL or
+ * unknown event or stream). tp_event_query returns NOT_READY while the
+ * recorded work runs; an event never recorded has completed.
+ * tp_event_synchronize also releases pool memory like a stream
+ * synchronize. */
+TP_API tp_error_t tp_event_create(tp_event_t *event);
+TP_API tp_error_t tp_event_destroy(tp_event_t event);
+TP_API tp_error_t tp_event_record(tp_event_t event, tp_stream_t stream);
+TP_API tp_error_t tp_event_query(tp_event_t event);
+TP_API tp_error_t tp_event_synchronize(tp_event_t event);
+
+/* Waits for all work on every stream of the current device, then releases
+ * pool memory as tp_stream_synchronize does. Errors: ILLEGAL_ADDRESS. */
+TP_API tp_error_t tp_device_synchronize(void);
+
+/* Stream-ordered memset and memcpy (any direction). On host, an access the
+ * memory's pool does not grant to the stream's device faults the stream:
+ * TP_ERROR_ILLEGAL_ADDRESS at its next synchronize.
+ * Errors: INVALID_VALUE (NULL pointers with size > 0, unknown stream). */
+TP_API tp_error_t tp_memset_async(void *ptr, int value, size_t size,
+                                  tp_stream_t stream);
+TP_API tp_error_t tp_memcpy_async(void *dst, const void *src, size_t size,
+                                  tp_stream_t stream);
+
+/* Runs fn(arg) on a host thread in stream order. fn must not call tidepool
+ * functions that wait on the same stream. Errors: INVALID_VALUE. */
+TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
+                                      void *arg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TIDEPOOL_H */

@@ -1,0 +1,68 @@
+/* Implementation of the shared helpers of common.h: the slow half of the
+ * spin lock, failed-check reporting and environment parsing. */
+#include "common.h"
+
+#include <ctype.h>
+#include <sched.h>
+#include <string.h>
+
+void tp__spin_lock_slow(tp__spin *s) {
+  for (unsigned spins = 0;; spins++) {
+    if (!atomic_load_explicit(&s->held, memory_order_relaxed) &&
+        !atomic_exchange_explicit(&s->held, 1, memory_order_acquire))
+      return;
+    if (spins >= 64)
+      sched_yield();
+#if defined(__x86_64__) || defined(__i386__)
+    else
+      __builtin_ia32_pause();
+#endif
+  }
+}
+
+void tp__check_failed(const char *what, const char *file, int line) {
+  fprintf(stderr, "tidepool: invariant violated at %s:%d: %s\n", file, line,
+          what);
+  abort();
+}
+
+uint64_t tp__env_size(const char *name, uint64_t fallback, bool *bad) {
+  const char *s = getenv(name);
+  if (!s || !*s)
+    return fallback;
+  char *end = NULL;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (end == s) {
+    *bad = true;
+    return fallback;
+  }
+  unsigned shift = 0;
+  switch (toupper((unsigned char)*end)) {
+  case 'K':
+    shift = 10;
+    end++;
+    break;
+  case 'M':
+    shift = 20;
+    end++;
+    break;
+  case 'G':
+    shift = 30;
+    end++;
+    break;
+  case 'T':
+    shift = 40;
+    end++;
+    break;
+  default: break;
+  }
+  if ((*end == 'i' || *end == 'I') && shift)
+    end++;
+  if ((*end == 'B' || *end == 'b'))
+    end++;
+  if (*end != '\0' || (shift && v > (UINT64_MAX >> shift))) {
+    *bad = true;
+    return fallback;
+  }
+  return (uint64_t)v << shift;
+}

@@ -1,0 +1,88 @@
+/* Internal helpers shared by every layer: error-path macros, locks, debug
+ * assertions and small utilities. Nothing here knows about pools or
+ * platforms. */
+#ifndef TP_COMMON_H
+#define TP_COMMON_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tidepool.h"
+
+/* Error paths, one readable line each. */
+#define TP_RETURN_IF(cond, err)                                                \
+  do {                                                                         \
+    if (cond)                                                                  \
+      return (err);                                                            \
+  } while (0)
+
+#define TP_FORWARD(expr)                                                       \
+  do {                                                                         \
+    tp_error_t tp_fwd_err_ = (expr);                                           \
+    if (tp_fwd_err_ != TP_SUCCESS)                                             \
+      return tp_fwd_err_;                                                      \
+  } while (0)
+
+#define TP_LIKELY(x) __builtin_expect(!!(x), 1)
+#define TP_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* Invariant checks: active in debug builds (TP_DEBUG), free otherwise. A
+ * failed check prints where and aborts, so that a bug stops where it is. */
+#ifdef TP_DEBUG
+#define TP_CHECK(cond)                                                         \
+  do {                                                                         \
+    if (TP_UNLIKELY(!(cond)))                                                  \
+      tp__check_failed(#cond, __FILE__, __LINE__);                             \
+  } while (0)
+#else
+#define TP_CHECK(cond) ((void)0)
+#endif
+_Noreturn void tp__check_failed(const char *what, const char *file, int line);
+
+/* A test-and-test-and-set lock for short critical sections on the fast path
+ * (a pthread mutex costs twice as much uncontended). It yields after a short
+ * spin so that an oversubscribed machine still makes progress. */
+typedef struct tp__spin {
+  atomic_int held;
+} tp__spin;
+#define TP_SPIN_INIT                                                           \
+  { 0 }
+void tp__spin_lock_slow(tp__spin *s);
+static inline void tp__spin_lock(tp__spin *s) {
+  if (TP_LIKELY(!atomic_exchange_explicit(&s->held, 1, memory_order_acquire)))
+    return;
+  tp__spin_lock_slow(s);
+}
+static inline void tp__spin_unlock(tp__spin *s) {
+  atomic_store_explicit(&s->held, 0, memory_order_release);
+}
+
+static inline size_t tp__align_up(size_t v, size_t a) {
+  return (v + a - 1) & ~(a - 1);
+}
+static inline uint64_t tp__max_u64(uint64_t a, uint64_t b) {
+  return a > b ? a : b;
+}
+static inline uint64_t tp__min_u64(uint64_t a, uint64_t b) {
+  return a < b ? a : b;
+}
+
+/* Raises *high to v if v is larger (a watermark). */
+static inline void tp__atomic_max(_Atomic uint64_t *high, uint64_t v) {
+  uint64_t cur = atomic_load_explicit(high, memory_order_relaxed);
+  while (v > cur &&
+         !atomic_compare_exchange_weak_explicit(
+             high, &cur, v, memory_order_relaxed, memory_order_relaxed)) {
+  }
+}
+
+/* Reads an environment variable as an unsigned size with an optional K, M,
+ * G or T suffix (powers of 1024). Returns `fallback` when unset; sets *bad
+ * when set but unparsable. */
+uint64_t tp__env_size(const char *name, uint64_t fallback, bool *bad);
+
+#endif /* TP_COMMON_H */

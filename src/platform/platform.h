@@ -1,0 +1,134 @@
+/* The platform boundary: the one ops table through which the core and the
+ * API layer reach the machine (the emulated device on host, the driver API on
+ * cuda). Platform code reserves, maps, records, queries and waits; it holds no
+ * allocation policy. Each op states its contract here. */
+#ifndef TP_PLATFORM_H
+#define TP_PLATFORM_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tidepool.h"
+
+typedef struct tp__pstream tp__pstream; /* a platform stream */
+typedef struct tp__pevent tp__pevent;   /* a platform event */
+typedef struct tp__pres tp__pres; /* a virtual reservation and its backing */
+typedef uint64_t tp__phys;        /* a physical chunk; 0 is never valid */
+
+/* What kind of memory a reservation holds. location.type is DEVICE, HOST,
+ * HOST_NUMA, or NONE (managed only); the core has validated it. */
+typedef struct tp__mem_kind {
+  tp_location_t location;
+  tp_allocation_type_t type;
+  unsigned handle_types; /* tp_handle_type_t bits the chunks must support */
+} tp__mem_kind;
+
+/* What the platform knows of a stream handle it did not create. */
+typedef struct tp__stream_desc {
+  tp__pstream *ps;
+  uint64_t uid; /* unique for the process's life, never a reused value */
+  int device;
+  unsigned flags; /* TP_STREAM_NON_BLOCKING or 0 */
+  int legacy;     /* 1: the device's legacy default stream */
+} tp__stream_desc;
+
+typedef struct tp__platform_ops {
+  const char *name; /* "host" or "cuda" */
+
+  /* ---- process and devices ---------------------------------------------
+   * init: called once, before any other op. NO_DEVICE (or PLATFORM) when the
+   * platform cannot work here; the caller then reports or falls back. */
+  tp_error_t (*init)(void);
+  tp_error_t (*device_count)(int *count);
+  /* The attributes of tidepool.h's tp_device_attr_t; device already valid. */
+  tp_error_t (*device_attribute)(int *value, tp_device_attr_t attr, int device);
+  /* Make `device` current on the calling thread (cuda: its primary context).
+   * Cheap when already current; the API layer calls it before device work. */
+  tp_error_t (*set_device)(int device);
+  /* Chunk granularity (bytes, a power of two) and capacity (bytes of
+   * physical memory that kind can ever hold) of a kind of memory.
+   * NOT_SUPPORTED for handle types or allocation types the platform lacks,
+   * INVALID_DEVICE for locations that do not exist. */
+  tp_error_t (*mem_query)(const tp__mem_kind *kind, size_t *granularity,
+                          uint64_t *capacity);
+
+  /* ---- streams ----------------------------------------------------------
+   * stream_create: a stream on `device` with TP_STREAM_* flags. *handle is
+   * the value the user sees as tp_stream_t (never NULL); the platform
+   * guarantees that no other live stream has the same handle value.
+   * *uid is unique for the life of the process. */
+  tp_error_t (*stream_create)(int device, unsigned flags, tp__pstream **ps,
+                              tp_stream_t *handle, uint64_t *uid);
+  /* Destroys a stream made by stream_create. Work already queued still runs,
+   * and events recorded on it still complete. */
+  tp_error_t (*stream_destroy)(tp__pstream *ps);
+  /* The legacy default stream of a device (the stream NULL means while that
+   * device is current). Never fails once init succeeded, but for a bad
+   * device. */
+  tp_error_t (*stream_legacy)(int device, tp__stream_desc *desc);
+  /* A stream handle the platform made outside stream_create (cuda: any
+   * CUstream). INVALID_VALUE where the handle is not a stream. */
+  tp_error_t (*stream_adopt)(tp_stream_t handle, tp__stream_desc *desc);
+  tp_error_t (*stream_synchronize)(tp__pstream *ps); /* or ILLEGAL_ADDRESS */
+  tp_error_t (*stream_query)(tp__pstream *ps);       /* SUCCESS / NOT_READY */
+  tp_error_t (*stream_wait_event)(tp__pstream *ps, tp__pevent *ev);
+  tp_error_t (*memset_async)(tp__pstream *ps, void *ptr, int value,
+                             size_t size);
+  tp_error_t (*memcpy_async)(tp__pstream *ps, void *dst, const void *src,
+                             size_t size);
+  tp_error_t (*launch_host_func)(tp__pstream *ps, void (*fn)(void *),
+                                 void *arg);
+  /* Waits for all work of every stream of the device. */
+  tp_error_t (*device_synchronize)(int device);
+
+  /* ---- events (also the core's free markers) ----------------------------
+   * An event belongs to a device; it may be recorded on that device's
+   * streams. An event never recorded has completed. */
+  tp_error_t (*event_create)(int device, tp__pevent **ev);
+  tp_error_t (*event_destroy)(tp__pevent *ev);
+  tp_error_t (*event_record)(tp__pevent *ev, tp__pstream *ps);
+  tp_error_t (*event_query)(tp__pevent *ev); /* SUCCESS / NOT_READY */
+  tp_error_t (*event_synchronize)(tp__pevent *ev);
+
+  /* ---- memory -----------------------------------------------------------
+   * reserve: a virtual range of `size` bytes aligned to `align` (both
+   * multiples of the granularity), inaccessible until mapped. */
+  tp_error_t (*reserve)(const tp__mem_kind *kind, size_t size, size_t align,
+                        tp__pres **res, uintptr_t *base);
+  /* Releases the range; everything in it must be unmapped first. */
+  tp_error_t (*unreserve)(tp__pres *res);
+  /* One physical chunk of the granularity for this reservation's kind.
+   * OUT_OF_MEMORY when the location's capacity is exhausted. A chunk may be
+   * mapped, unmapped and mapped again anywhere in its reservation; its
+   * contents survive the move. */
+  tp_error_t (*chunk_create)(tp__pres *res, tp__phys *phys);
+  tp_error_t (*chunk_release)(tp__pres *res, tp__phys phys);
+  /* Maps n chunks at consecutive granules starting at `offset` bytes into the
+   * reservation. Access for the new range is none until set_access. */
+  tp_error_t (*map)(tp__pres *res, size_t offset, const tp__phys *phys,
+                    size_t n);
+  tp_error_t (*unmap)(tp__pres *res, size_t offset, size_t n);
+  /* Sets the access of each listed location (devices; host for host
+   * memory) to a mapped range; locations not listed keep theirs. */
+  tp_error_t (*set_access)(tp__pres *res, size_t offset, size_t size,
+                           const tp_access_desc_t *list, size_t count);
+} tp__platform_ops;
+
+/* The platforms compiled into this library. Where the build found no CUDA
+ * toolkit headers, tp__cuda_platform is a stub whose init answers NO_DEVICE. */
+extern const tp__platform_ops tp__host_platform;
+extern const tp__platform_ops tp__cuda_platform;
+
+/* The platform of this process, chosen once (see tp_platform_name); NULL
+ * until tp__platform_init succeeded. */
+extern const tp__platform_ops *_Atomic tp__platform;
+
+/* Chooses and initialises the platform; thread-safe, idempotent. */
+tp_error_t tp__platform_init(void);
+
+/* Platform code reports its own failures through this: it keeps the code and
+ * name for tp_get_last_platform_error and returns TP_ERROR_PLATFORM. */
+tp_error_t tp__platform_fail(int code, const char *name);
+
+#endif /* TP_PLATFORM_H */
