@@ -66,3 +66,17 @@ uint64_t tp__env_size(const char *name, uint64_t fallback, bool *bad) {
   }
   return (uint64_t)v << shift;
 }
+
+bool tp__reserve(void **arr, uint32_t n, uint32_t *cap, size_t elem) {
+  if (n < *cap)
+    return true;
+  uint32_t ncap = *cap ? *cap * 2 : 8;
+  if (ncap <= *cap)
+    return false;
+  void *p = realloc(*arr, (size_t)ncap * elem);
+  if (!p)
+    return false;
+  *arr = p;
+  *cap = ncap;
+  return true;
+}

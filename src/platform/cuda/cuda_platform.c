@@ -1,9 +1,36 @@
-/* Placeholder until the cuda platform lands: it never starts. */
-#include "platform/platform.h"
+/* The cuda platform's ops table: the CUDA driver API, loaded at run time,
+ * behind the contract of platform.h. The ops live in cuda_driver.c,
+ * cuda_stream.c and cuda_memory.c. */
+#include "platform/cuda/cuda_internal.h"
 
-static tp_error_t absent_init(void) {
-  return TP_ERROR_NO_DEVICE;
-}
-
-const tp__platform_ops tp__cuda_platform = {.name = "cuda",
-                                            .init = absent_init};
+const tp__platform_ops tp__cuda_platform = {
+    .name = "cuda",
+    .init = tp__cu_init,
+    .device_count = tp__cu_device_count_op,
+    .device_attribute = tp__cu_device_attribute,
+    .set_device = tp__cu_set_device,
+    .mem_query = tp__cu_mem_query,
+    .stream_create = tp__cu_stream_create,
+    .stream_destroy = tp__cu_stream_destroy,
+    .stream_legacy = tp__cu_stream_legacy,
+    .stream_adopt = tp__cu_stream_adopt,
+    .stream_synchronize = tp__cu_stream_synchronize,
+    .stream_query = tp__cu_stream_query,
+    .stream_wait_event = tp__cu_stream_wait_event,
+    .memset_async = tp__cu_memset_async,
+    .memcpy_async = tp__cu_memcpy_async,
+    .launch_host_func = tp__cu_launch_host_func,
+    .device_synchronize = tp__cu_device_synchronize,
+    .event_create = tp__cu_event_create,
+    .event_destroy = tp__cu_event_destroy,
+    .event_record = tp__cu_event_record,
+    .event_query = tp__cu_event_query,
+    .event_synchronize = tp__cu_event_synchronize,
+    .reserve = tp__cu_reserve,
+    .unreserve = tp__cu_unreserve,
+    .chunk_create = tp__cu_chunk_create,
+    .chunk_release = tp__cu_chunk_release,
+    .map = tp__cu_map,
+    .unmap = tp__cu_unmap,
+    .set_access = tp__cu_set_access,
+};

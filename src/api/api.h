@@ -1,0 +1,30 @@
+/* What the API layer's files share: one-time initialisation and the checks
+ * of devices and locations that several entry points make. */
+#ifndef TP_API_H
+#define TP_API_H
+
+#include "pool/pool.h"
+
+/* Initialises the platform and the core once; every entry point calls it. */
+tp_error_t tp__api_init(void);
+
+/* The number of devices of the platform (0 before init). */
+int tp__device_count(void);
+
+/* INVALID_DEVICE unless 0 <= device < count. */
+tp_error_t tp__check_device(int device);
+
+/* Legacy-stream ordering around work queued on stream `s`. */
+static inline void tp__work_begin(tp__stream *s) {
+  if (s->legacy)
+    tp__legacy_begin(s->device);
+}
+static inline void tp__work_end(tp__stream *s) {
+  if (s->legacy)
+    tp__legacy_end(s->device);
+}
+
+/* A destroyed pool that was current for its location stops being so. */
+void tp__current_pools_forget(tp_pool_t pool);
+
+#endif /* TP_API_H */

@@ -1,0 +1,312 @@
+/* The allocator's entry points: argument checking as the driver does it,
+ * the default and current pool of each location and allocation type, and
+ * the calls into the core. */
+#include <string.h>
+
+#include "api/api.h"
+
+/* ---- default and current pools --------------------------------------------
+ * Keyed by location and type: device d pinned, device d managed, host, host
+ * NUMA node 0, and managed with no location. */
+enum {
+  SLOT_HOST = 2 * TP_MAX_DEVICES,
+  SLOT_HOST_NUMA,
+  SLOT_MANAGED_NONE,
+  NSLOTS
+};
+
+static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER;
+static tp_pool_t defaults[NSLOTS];
+static _Atomic(tp_pool_t) currents[NSLOTS];
+
+/* The slot of a location and type, or the error the driver gives for it. */
+static tp_error_t slot_of(const tp_location_t *loc, tp_allocation_type_t type,
+                          int *slot) {
+  TP_RETURN_IF(!loc, TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(type != TP_ALLOCATION_PINNED && type != TP_ALLOCATION_MANAGED,
+               TP_ERROR_INVALID_VALUE);
+  switch (loc->type) {
+  case TP_LOCATION_DEVICE:
+    TP_FORWARD(tp__check_device(loc->id));
+    *slot = loc->id * 2 + (type == TP_ALLOCATION_MANAGED);
+    return TP_SUCCESS;
+  case TP_LOCATION_HOST:
+    TP_RETURN_IF(type != TP_ALLOCATION_PINNED, TP_ERROR_INVALID_VALUE);
+    *slot = SLOT_HOST;
+    return TP_SUCCESS;
+  case TP_LOCATION_HOST_NUMA:
+    TP_RETURN_IF(type != TP_ALLOCATION_PINNED || loc->id != 0,
+                 TP_ERROR_INVALID_VALUE);
+    *slot = SLOT_HOST_NUMA;
+    return TP_SUCCESS;
+  case TP_LOCATION_NONE:
+    TP_RETURN_IF(type != TP_ALLOCATION_MANAGED, TP_ERROR_INVALID_VALUE);
+    *slot = SLOT_MANAGED_NONE;
+    return TP_SUCCESS;
+  default: return TP_ERROR_INVALID_VALUE;
+  }
+}
+
+static tp_pool_props_t slot_props(int slot) {
+  tp_pool_props_t props = {0};
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  if (slot < SLOT_HOST) {
+    props.location = (tp_location_t){TP_LOCATION_DEVICE, slot / 2, 0};
+    if (slot % 2)
+      props.alloc_type = TP_ALLOCATION_MANAGED;
+  } else if (slot == SLOT_HOST) {
+    props.location.type = TP_LOCATION_HOST;
+  } else if (slot == SLOT_HOST_NUMA) {
+    props.location.type = TP_LOCATION_HOST_NUMA;
+  } else {
+    props.alloc_type = TP_ALLOCATION_MANAGED;
+    props.location.type = TP_LOCATION_NONE;
+  }
+  return props;
+}
+
+static tp_error_t default_of(int slot, tp_pool_t *out) {
+  pthread_mutex_lock(&slots_lock);
+  tp_error_t err = TP_SUCCESS;
+  if (!defaults[slot]) {
+    tp_pool_props_t props = slot_props(slot);
+    err = tp__pool_new(&props, true, &defaults[slot]);
+    if (err == TP_SUCCESS)
+      atomic_store(&currents[slot], defaults[slot]);
+  }
+  *out = defaults[slot];
+  pthread_mutex_unlock(&slots_lock);
+  return err;
+}
+
+static tp_error_t current_of(int slot, tp_pool_t *out) {
+  tp_pool_t p = atomic_load_explicit(&currents[slot], memory_order_acquire);
+  if (TP_LIKELY(p != NULL)) {
+    *out = p;
+    return TP_SUCCESS;
+  }
+  return default_of(slot, out);
+}
+
+void tp__current_pools_forget(tp_pool_t pool) {
+  pthread_mutex_lock(&slots_lock);
+  for (int i = 0; i < NSLOTS; i++) {
+    tp_pool_t expect = pool;
+    atomic_compare_exchange_strong(&currents[i], &expect, defaults[i]);
+  }
+  pthread_mutex_unlock(&slots_lock);
+}
+
+TP_API tp_error_t tp_mem_get_default_pool(tp_pool_t *pool,
+                                          const tp_location_t *location,
+                                          tp_allocation_type_t type) {
+  TP_RETURN_IF(!pool, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  int slot;
+  TP_FORWARD(slot_of(location, type, &slot));
+  return default_of(slot, pool);
+}
+
+TP_API tp_error_t tp_mem_get_pool(tp_pool_t *pool,
+                                  const tp_location_t *location,
+                                  tp_allocation_type_t type) {
+  TP_RETURN_IF(!pool, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  int slot;
+  TP_FORWARD(slot_of(location, type, &slot));
+  return current_of(slot, pool);
+}
+
+static bool same_location(const tp_location_t *a, const tp_location_t *b) {
+  if (a->type != b->type)
+    return false;
+  return a->type == TP_LOCATION_HOST || a->type == TP_LOCATION_NONE ||
+         a->id == b->id;
+}
+
+TP_API tp_error_t tp_mem_set_pool(const tp_location_t *location,
+                                  tp_allocation_type_t type, tp_pool_t pool) {
+  TP_FORWARD(tp__api_init());
+  int slot;
+  TP_FORWARD(slot_of(location, type, &slot));
+  tp__pool *p;
+  TP_FORWARD(tp__pool_get(pool, &p));
+  TP_RETURN_IF(p->imported || p->props.alloc_type != type ||
+                   !same_location(&p->props.location, location),
+               TP_ERROR_INVALID_VALUE);
+  atomic_store_explicit(&currents[slot], pool, memory_order_release);
+  return TP_SUCCESS;
+}
+
+TP_API tp_error_t tp_device_get_default_mem_pool(tp_pool_t *pool, int device) {
+  tp_location_t loc = {TP_LOCATION_DEVICE, device, 0};
+  return tp_mem_get_default_pool(pool, &loc, TP_ALLOCATION_PINNED);
+}
+
+TP_API tp_error_t tp_device_set_mem_pool(int device, tp_pool_t pool) {
+  tp_location_t loc = {TP_LOCATION_DEVICE, device, 0};
+  return tp_mem_set_pool(&loc, TP_ALLOCATION_PINNED, pool);
+}
+
+TP_API tp_error_t tp_device_get_mem_pool(tp_pool_t *pool, int device) {
+  tp_location_t loc = {TP_LOCATION_DEVICE, device, 0};
+  return tp_mem_get_pool(pool, &loc, TP_ALLOCATION_PINNED);
+}
+
+/* ---- pools
+ * -------------------------------------------------------------------- */
+
+static tp_error_t check_props(const tp_pool_props_t *pr) {
+  TP_RETURN_IF(!pr, TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(pr->alloc_type != TP_ALLOCATION_PINNED &&
+                   pr->alloc_type != TP_ALLOCATION_MANAGED,
+               TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(pr->usage != 0, TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(pr->handle_types &
+                   ~(unsigned)(TP_HANDLE_POSIX_FD | TP_HANDLE_FABRIC),
+               TP_ERROR_INVALID_VALUE);
+  bool managed = pr->alloc_type == TP_ALLOCATION_MANAGED;
+  TP_RETURN_IF(managed && (pr->max_size != 0 || pr->handle_types),
+               TP_ERROR_INVALID_VALUE);
+  switch (pr->location.type) {
+  case TP_LOCATION_DEVICE:
+    TP_RETURN_IF(tp__check_device(pr->location.id) != TP_SUCCESS,
+                 TP_ERROR_INVALID_VALUE);
+    return TP_SUCCESS;
+  case TP_LOCATION_HOST:
+    /* The seed: host pools are not IPC-capable. */
+    TP_RETURN_IF(pr->handle_types != 0, TP_ERROR_INVALID_VALUE);
+    return TP_SUCCESS;
+  case TP_LOCATION_HOST_NUMA:
+    TP_RETURN_IF(pr->location.id < 0, TP_ERROR_INVALID_VALUE);
+    return TP_SUCCESS;
+  case TP_LOCATION_NONE:
+    TP_RETURN_IF(!managed, TP_ERROR_INVALID_VALUE);
+    return TP_SUCCESS;
+  default: return TP_ERROR_INVALID_VALUE;
+  }
+}
+
+TP_API tp_error_t tp_pool_create(tp_pool_t *pool,
+                                 const tp_pool_props_t *props) {
+  TP_RETURN_IF(!pool, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  TP_FORWARD(check_props(props));
+  tp_error_t err = tp__pool_new(props, false, pool);
+  /* A NUMA node the platform does not have is a bad value here, as the
+   * driver answers for an unknown device. */
+  return err == TP_ERROR_INVALID_DEVICE ? TP_ERROR_INVALID_VALUE : err;
+}
+
+TP_API tp_error_t tp_pool_destroy(tp_pool_t pool) {
+  TP_FORWARD(tp__api_init());
+  tp__pool *p;
+  TP_FORWARD(tp__pool_get(pool, &p));
+  TP_RETURN_IF(p->is_default, TP_ERROR_INVALID_VALUE);
+  tp__current_pools_forget(pool);
+  return tp__pool_destroy(p);
+}
+
+TP_API tp_error_t tp_pool_get_attribute(tp_pool_t pool, tp_pool_attr_t attr,
+                                        void *value) {
+  TP_RETURN_IF(!value, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  tp__pool *p;
+  TP_FORWARD(tp__pool_get(pool, &p));
+  return tp__pool_get_attr(p, attr, value);
+}
+
+TP_API tp_error_t tp_pool_set_attribute(tp_pool_t pool, tp_pool_attr_t attr,
+                                        void *value) {
+  TP_RETURN_IF(!value, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  tp__pool *p;
+  TP_FORWARD(tp__pool_get(pool, &p));
+  return tp__pool_set_attr(p, attr, value);
+}
+
+TP_API tp_error_t tp_pool_trim_to(tp_pool_t pool, size_t min_bytes_to_keep) {
+  TP_FORWARD(tp__api_init());
+  tp__pool *p;
+  TP_FORWARD(tp__pool_get(pool, &p));
+  return tp__pool_trim(p, min_bytes_to_keep);
+}
+
+TP_API tp_error_t tp_pool_get_access(tp_access_flags_t *flags, tp_pool_t pool,
+                                     const tp_location_t *location) {
+  TP_RETURN_IF(!flags || !location, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  tp__pool *p;
+  TP_FORWARD(tp__pool_get(pool, &p));
+  if (location->type == TP_LOCATION_DEVICE)
+    TP_FORWARD(tp__check_device(location->id));
+  return tp__pool_get_access(p, location, flags);
+}
+
+TP_API tp_error_t tp_pool_set_access(tp_pool_t pool,
+                                     const tp_access_desc_t *desc_list,
+                                     size_t count) {
+  TP_RETURN_IF(!desc_list && count, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  tp__pool *p;
+  TP_FORWARD(tp__pool_get(pool, &p));
+  for (size_t i = 0; i < count; i++) {
+    const tp_access_desc_t *d = &desc_list[i];
+    TP_RETURN_IF(d->flags != TP_ACCESS_NONE && d->flags != TP_ACCESS_READ &&
+                     d->flags != TP_ACCESS_READ_WRITE,
+                 TP_ERROR_INVALID_VALUE);
+    TP_RETURN_IF(d->location.type != TP_LOCATION_DEVICE,
+                 TP_ERROR_INVALID_VALUE);
+    TP_FORWARD(tp__check_device(d->location.id));
+    TP_RETURN_IF(p->props.location.type == TP_LOCATION_DEVICE &&
+                     d->location.id == p->props.location.id &&
+                     d->flags != TP_ACCESS_READ_WRITE,
+                 TP_ERROR_INVALID_DEVICE);
+  }
+  return tp__pool_set_access(p, desc_list, count);
+}
+
+/* ---- allocation
+ * ------------------------------------------------------------------- */
+
+TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream) {
+  TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  tp__stream *s;
+  TP_FORWARD(tp__stream_get(stream, &s));
+  if (size == 0) {
+    *ptr = NULL;
+    return TP_SUCCESS;
+  }
+  tp_pool_t pool;
+  TP_FORWARD(current_of(s->device * 2, &pool));
+  tp__pool *p;
+  TP_FORWARD(tp__pool_get(pool, &p));
+  return tp__pool_malloc(p, ptr, size, s);
+}
+
+TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
+                                            tp_pool_t pool,
+                                            tp_stream_t stream) {
+  TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  tp__pool *p;
+  TP_FORWARD(tp__pool_get(pool, &p));
+  TP_RETURN_IF(p->imported, TP_ERROR_INVALID_VALUE);
+  tp__stream *s;
+  TP_FORWARD(tp__stream_get(stream, &s));
+  if (size == 0) {
+    *ptr = NULL;
+    return TP_SUCCESS;
+  }
+  return tp__pool_malloc(p, ptr, size, s);
+}
+
+TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream) {
+  TP_FORWARD(tp__api_init());
+  tp__stream *s;
+  TP_FORWARD(tp__stream_get(stream, &s));
+  if (!ptr)
+    return TP_SUCCESS;
+  return tp__pool_free(ptr, s);
+}

@@ -1,0 +1,247 @@
+/* The stream runtime's entry points: devices, streams, events, synchronize
+ * and stream-ordered work. Each checks its arguments, keeps the core's view
+ * of stream order (epochs, clocks, the legacy stream) and calls the
+ * platform. */
+#include <pthread.h>
+
+#include "api/api.h"
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static tp_error_t init_err = TP_ERROR_NO_DEVICE;
+static int ndevices;
+static _Thread_local bool thread_ready;
+
+static void init_once(void) {
+  init_err = tp__platform_init();
+  if (init_err == TP_SUCCESS)
+    init_err = tp__streams_init();
+  if (init_err == TP_SUCCESS)
+    init_err = tp__platform->device_count(&ndevices);
+  if (init_err == TP_SUCCESS && ndevices > TP_MAX_DEVICES)
+    ndevices = TP_MAX_DEVICES;
+}
+
+tp_error_t tp__api_init(void) {
+  if (TP_LIKELY(thread_ready))
+    return TP_SUCCESS;
+  pthread_once(&once, init_once);
+  TP_FORWARD(init_err);
+  /* A thread starts on device 0, like a CUDA runtime thread. */
+  if (ndevices > 0)
+    TP_FORWARD(tp__platform->set_device(tp__current_device()));
+  thread_ready = true;
+  return TP_SUCCESS;
+}
+
+int tp__device_count(void) {
+  return ndevices;
+}
+
+tp_error_t tp__check_device(int device) {
+  TP_RETURN_IF(device < 0 || device >= ndevices, TP_ERROR_INVALID_DEVICE);
+  return TP_SUCCESS;
+}
+
+TP_API const char *tp_platform_name(void) {
+  return tp__api_init() == TP_SUCCESS ? tp__platform->name : NULL;
+}
+
+/* ---- devices --------------------------------------------------------------
+ */
+
+TP_API tp_error_t tp_get_device_count(int *count) {
+  TP_RETURN_IF(!count, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  *count = ndevices;
+  return TP_SUCCESS;
+}
+
+TP_API tp_error_t tp_set_device(int device) {
+  TP_FORWARD(tp__api_init());
+  TP_FORWARD(tp__check_device(device));
+  TP_FORWARD(tp__platform->set_device(device));
+  tp__set_current_device(device);
+  return TP_SUCCESS;
+}
+
+TP_API tp_error_t tp_get_device(int *device) {
+  TP_RETURN_IF(!device, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  *device = tp__current_device();
+  return TP_SUCCESS;
+}
+
+TP_API tp_error_t tp_device_get_attribute(int *value, tp_device_attr_t attr,
+                                          int device) {
+  TP_RETURN_IF(!value, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  TP_FORWARD(tp__check_device(device));
+  TP_RETURN_IF(attr < TP_DEVICE_ATTR_MEMORY_POOLS_SUPPORTED ||
+                   attr > TP_DEVICE_ATTR_CONCURRENT_MANAGED_ACCESS,
+               TP_ERROR_INVALID_VALUE);
+  return tp__platform->device_attribute(value, attr, device);
+}
+
+/* ---- streams ----------------------------------------------------------------
+ */
+
+static tp_error_t stream_of(tp_stream_t handle, tp__stream **s) {
+  TP_FORWARD(tp__api_init());
+  return tp__stream_get(handle, s);
+}
+
+TP_API tp_error_t tp_stream_create(tp_stream_t *stream, unsigned flags) {
+  TP_RETURN_IF(!stream, TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(flags & ~TP_STREAM_NON_BLOCKING, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  return tp__stream_create(flags, stream);
+}
+
+TP_API tp_error_t tp_stream_destroy(tp_stream_t stream) {
+  TP_RETURN_IF(!stream, TP_ERROR_INVALID_VALUE);
+  tp__stream *s;
+  TP_FORWARD(stream_of(stream, &s));
+  return tp__stream_destroy(s);
+}
+
+/* After the host saw the stream's work up to `epoch` complete: its frees
+ * become reusable by all, and pools fall to their thresholds. */
+static void completed(tp__stream *s, uint64_t epoch) {
+  tp__stream_mark_done(s, epoch);
+  tp__pool_after_sync(s);
+}
+
+TP_API tp_error_t tp_stream_synchronize(tp_stream_t stream) {
+  tp__stream *s;
+  TP_FORWARD(stream_of(stream, &s));
+  uint64_t epoch = tp__stream_advance(s);
+  tp_error_t err = tp__platform->stream_synchronize(s->ps);
+  if (err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS)
+    completed(s, epoch);
+  return err;
+}
+
+TP_API tp_error_t tp_stream_query(tp_stream_t stream) {
+  tp__stream *s;
+  TP_FORWARD(stream_of(stream, &s));
+  uint64_t epoch = tp__stream_advance(s);
+  tp_error_t err = tp__platform->stream_query(s->ps);
+  if (err == TP_SUCCESS)
+    tp__stream_mark_done(s, epoch);
+  return err;
+}
+
+TP_API tp_error_t tp_stream_wait_event(tp_stream_t stream, tp_event_t event,
+                                       unsigned flags) {
+  TP_RETURN_IF(flags != 0, TP_ERROR_INVALID_VALUE);
+  tp__stream *s;
+  tp__event *e;
+  TP_FORWARD(stream_of(stream, &s));
+  TP_FORWARD(tp__event_get(event, &e));
+  tp__work_begin(s);
+  tp_error_t err = tp__event_wait(s, e);
+  tp__work_end(s);
+  return err;
+}
+
+TP_API tp_error_t tp_device_synchronize(void) {
+  TP_FORWARD(tp__api_init());
+  int device = tp__current_device();
+  tp__stream **v;
+  size_t n;
+  TP_FORWARD(tp__streams_list(device, &v, &n));
+  uint64_t *epochs = malloc((n ? n : 1) * sizeof *epochs);
+  for (size_t i = 0; epochs && i < n; i++)
+    epochs[i] = tp__stream_advance(v[i]);
+  tp_error_t err = epochs ? tp__platform->device_synchronize(device)
+                          : TP_ERROR_OUT_OF_MEMORY;
+  for (size_t i = 0; i < n; i++) {
+    if (err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS)
+      completed(v[i], epochs[i]);
+    tp__stream_unref(v[i]);
+  }
+  free(epochs);
+  free(v);
+  return err;
+}
+
+/* ---- events
+ * -------------------------------------------------------------------- */
+
+TP_API tp_error_t tp_event_create(tp_event_t *event) {
+  TP_RETURN_IF(!event, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  return tp__event_create(event);
+}
+
+TP_API tp_error_t tp_event_destroy(tp_event_t event) {
+  TP_FORWARD(tp__api_init());
+  tp__event *e;
+  TP_FORWARD(tp__event_get(event, &e));
+  return tp__event_destroy(e);
+}
+
+TP_API tp_error_t tp_event_record(tp_event_t event, tp_stream_t stream) {
+  tp__stream *s;
+  tp__event *e;
+  TP_FORWARD(stream_of(stream, &s));
+  TP_FORWARD(tp__event_get(event, &e));
+  tp__work_begin(s);
+  tp_error_t err = tp__event_record(e, s);
+  tp__work_end(s);
+  return err;
+}
+
+TP_API tp_error_t tp_event_query(tp_event_t event) {
+  TP_FORWARD(tp__api_init());
+  tp__event *e;
+  TP_FORWARD(tp__event_get(event, &e));
+  return tp__event_query(e);
+}
+
+TP_API tp_error_t tp_event_synchronize(tp_event_t event) {
+  TP_FORWARD(tp__api_init());
+  tp__event *e;
+  TP_FORWARD(tp__event_get(event, &e));
+  return tp__event_synchronize(e);
+}
+
+/* ---- stream-ordered work
+ * ------------------------------------------------------- */
+
+TP_API tp_error_t tp_memset_async(void *ptr, int value, size_t size,
+                                  tp_stream_t stream) {
+  TP_RETURN_IF(!ptr && size, TP_ERROR_INVALID_VALUE);
+  tp__stream *s;
+  TP_FORWARD(stream_of(stream, &s));
+  if (!size)
+    return TP_SUCCESS;
+  tp__work_begin(s);
+  tp_error_t err = tp__platform->memset_async(s->ps, ptr, value, size);
+  tp__work_end(s);
+  return err;
+}
+
+TP_API tp_error_t tp_memcpy_async(void *dst, const void *src, size_t size,
+                                  tp_stream_t stream) {
+  TP_RETURN_IF((!dst || !src) && size, TP_ERROR_INVALID_VALUE);
+  tp__stream *s;
+  TP_FORWARD(stream_of(stream, &s));
+  if (!size)
+    return TP_SUCCESS;
+  tp__work_begin(s);
+  tp_error_t err = tp__platform->memcpy_async(s->ps, dst, src, size);
+  tp__work_end(s);
+  return err;
+}
+
+TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
+                                      void *arg) {
+  TP_RETURN_IF(!fn, TP_ERROR_INVALID_VALUE);
+  tp__stream *s;
+  TP_FORWARD(stream_of(stream, &s));
+  tp__work_begin(s);
+  tp_error_t err = tp__platform->launch_host_func(s->ps, fn, arg);
+  tp__work_end(s);
+  return err;
+}

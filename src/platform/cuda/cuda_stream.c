@@ -1,0 +1,260 @@
+/* Streams and events of the cuda platform: creating and adopting streams
+ * (including the legacy and per-thread special streams), stream-ordered
+ * work, and events recycled through a per-device free list. */
+#include "platform/cuda/cuda_internal.h"
+
+/* Destroyed events kept per device for reuse: creating one costs more than
+ * recording one, and the core makes and drops markers all the time. The
+ * cap bounds what an idle process holds. */
+#define TP_CU_EVENT_FREE_MAX 256u
+
+tp_error_t tp__cu_stream_create(int device, unsigned flags, tp__pstream **ps,
+                                tp_stream_t *handle, uint64_t *uid) {
+  TP_RETURN_IF(flags & ~(unsigned)TP_STREAM_NON_BLOCKING,
+               TP_ERROR_INVALID_VALUE);
+  tp__cu_dev *d;
+  TP_FORWARD(tp__cu_dev_get(device, &d));
+  tp__cu_scope scope;
+  TP_FORWARD(tp__cu_scope_enter(d, &scope));
+  CUstream s = NULL;
+  CUresult r = tp__cu.cuStreamCreate(&s, flags ? CU_STREAM_NON_BLOCKING
+                                               : CU_STREAM_DEFAULT);
+  tp__cu_scope_leave(&scope);
+  TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
+  unsigned long long id = 0;
+  r = tp__cu.cuStreamGetId(s, &id);
+  if (r != CUDA_SUCCESS) {
+    (void)tp__cu.cuStreamDestroy(s);
+    return tp__cu_error(r);
+  }
+  *ps = (tp__pstream *)s;
+  *handle = (tp_stream_t)s;
+  *uid = id;
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__cu_stream_destroy(tp__pstream *ps) {
+  TP_RETURN_IF((uintptr_t)ps < TP_CU_SPECIAL_LIMIT, TP_ERROR_INVALID_VALUE);
+  return tp__cu_error(tp__cu.cuStreamDestroy((CUstream)ps));
+}
+
+tp_error_t tp__cu_stream_legacy(int device, tp__stream_desc *desc) {
+  tp__cu_dev *d;
+  TP_FORWARD(tp__cu_dev_get(device, &d));
+  desc->ps = tp__cu_special_ps(device, CU_STREAM_LEGACY);
+  desc->uid = d->legacy_uid;
+  desc->device = device;
+  desc->flags = 0;
+  desc->legacy = 1;
+  return TP_SUCCESS;
+}
+
+/* The device a special stream handle means on this thread: that of the
+ * current context, or device 0 (the runtime's initial device) when the
+ * thread has none. */
+static tp_error_t current_device(int *device) {
+  CUcontext cur = NULL;
+  CUresult r = tp__cu.cuCtxGetCurrent(&cur);
+  TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
+  *device = 0;
+  if (!cur)
+    return TP_SUCCESS;
+  CUdevice dev;
+  r = tp__cu.cuCtxGetDevice(&dev);
+  TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
+  *device = tp__cu_ordinal(dev);
+  return *device < 0 ? TP_ERROR_INVALID_DEVICE : TP_SUCCESS;
+}
+
+static tp_error_t adopt_per_thread(tp__stream_desc *desc) {
+  int device;
+  TP_FORWARD(current_device(&device));
+  tp__cu_dev *d;
+  TP_FORWARD(tp__cu_dev_get(device, &d));
+  tp__cu_scope scope;
+  TP_FORWARD(tp__cu_scope_enter(d, &scope));
+  unsigned long long id = 0;
+  unsigned flags = 0;
+  CUresult r = tp__cu.cuStreamGetId(CU_STREAM_PER_THREAD, &id);
+  if (r == CUDA_SUCCESS)
+    r = tp__cu.cuStreamGetFlags(CU_STREAM_PER_THREAD, &flags);
+  tp__cu_scope_leave(&scope);
+  TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
+  desc->ps = tp__cu_special_ps(device, CU_STREAM_PER_THREAD);
+  desc->uid = id;
+  desc->device = device;
+  desc->flags = (flags & CU_STREAM_NON_BLOCKING) ? TP_STREAM_NON_BLOCKING : 0;
+  desc->legacy = 0;
+  return TP_SUCCESS;
+}
+
+/* The device of a stream on a driver without cuStreamGetDevice (before
+ * 12.8): its context's device, asked with that context current. */
+static CUresult stream_device_by_ctx(CUstream s, CUdevice *dev) {
+  CUcontext ctx = NULL, cur = NULL;
+  CUresult r = tp__cu.cuStreamGetCtx(s, &ctx);
+  if (r == CUDA_SUCCESS)
+    r = tp__cu.cuCtxGetCurrent(&cur);
+  if (r != CUDA_SUCCESS || cur == ctx)
+    return r == CUDA_SUCCESS ? tp__cu.cuCtxGetDevice(dev) : r;
+  r = tp__cu.cuCtxSetCurrent(ctx);
+  if (r != CUDA_SUCCESS)
+    return r;
+  r = tp__cu.cuCtxGetDevice(dev);
+  (void)tp__cu.cuCtxSetCurrent(cur);
+  return r;
+}
+
+/* A stream of the driver's own making. The driver documents passing an
+ * invalid handle to cuStreamGetId as undefined; in practice it answers
+ * CUDA_ERROR_INVALID_HANDLE (INVALID_VALUE here) for handles it does not
+ * know, and a destroyed stream's handle is not reliably refused. Streams of
+ * contexts other than the primary ones are accepted, but the platform's
+ * events live in primary contexts and cannot be recorded on them. */
+tp_error_t tp__cu_stream_adopt(tp_stream_t handle, tp__stream_desc *desc) {
+  CUstream s = (CUstream)handle;
+  if (s == NULL || s == CU_STREAM_LEGACY) {
+    int device;
+    TP_FORWARD(current_device(&device));
+    return tp__cu_stream_legacy(device, desc);
+  }
+  if (s == CU_STREAM_PER_THREAD)
+    return adopt_per_thread(desc);
+  TP_RETURN_IF((uintptr_t)s < TP_CU_SPECIAL_LIMIT, TP_ERROR_INVALID_VALUE);
+
+  unsigned long long id = 0;
+  CUresult r = tp__cu.cuStreamGetId(s, &id);
+  TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
+  CUdevice dev = 0;
+  r = tp__cu.cuStreamGetDevice ? tp__cu.cuStreamGetDevice(s, &dev)
+                               : stream_device_by_ctx(s, &dev);
+  TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
+  unsigned flags = 0;
+  r = tp__cu.cuStreamGetFlags(s, &flags);
+  TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
+  int device = tp__cu_ordinal(dev);
+  TP_RETURN_IF(device < 0, TP_ERROR_INVALID_VALUE);
+  desc->ps = (tp__pstream *)s;
+  desc->uid = id;
+  desc->device = device;
+  desc->flags = (flags & CU_STREAM_NON_BLOCKING) ? TP_STREAM_NON_BLOCKING : 0;
+  desc->legacy = 0;
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__cu_stream_synchronize(tp__pstream *ps) {
+  TP_CU_ON_STREAM(ps, tp__cu.cuStreamSynchronize(s_));
+}
+
+tp_error_t tp__cu_stream_query(tp__pstream *ps) {
+  TP_CU_ON_STREAM(ps, tp__cu.cuStreamQuery(s_));
+}
+
+tp_error_t tp__cu_stream_wait_event(tp__pstream *ps, tp__pevent *ev) {
+  TP_CU_ON_STREAM(ps, tp__cu.cuStreamWaitEvent(s_, ev->ev, 0));
+}
+
+tp_error_t tp__cu_memset_async(tp__pstream *ps, void *ptr, int value,
+                               size_t size) {
+  TP_CU_ON_STREAM(ps, tp__cu.cuMemsetD8Async((CUdeviceptr)(uintptr_t)ptr,
+                                             (unsigned char)value, size, s_));
+}
+
+tp_error_t tp__cu_memcpy_async(tp__pstream *ps, void *dst, const void *src,
+                               size_t size) {
+  /* With unified addressing the driver infers the direction from the
+   * pointers, host memory included. */
+  TP_CU_ON_STREAM(ps,
+                  tp__cu.cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst,
+                                       (CUdeviceptr)(uintptr_t)src, size, s_));
+}
+
+tp_error_t tp__cu_launch_host_func(tp__pstream *ps, void (*fn)(void *),
+                                   void *arg) {
+  TP_CU_ON_STREAM(ps, tp__cu.cuLaunchHostFunc(s_, fn, arg));
+}
+
+tp_error_t tp__cu_device_synchronize(int device) {
+  tp__cu_dev *d;
+  TP_FORWARD(tp__cu_dev_get(device, &d));
+  tp__cu_scope scope;
+  TP_FORWARD(tp__cu_scope_enter(d, &scope));
+  CUresult r = tp__cu.cuCtxSynchronize();
+  tp__cu_scope_leave(&scope);
+  return tp__cu_error(r);
+}
+
+/* ---- events ------------------------------------------------------------ */
+
+static tp_error_t new_cu_event(tp__cu_dev *d, CUevent *ev) {
+  tp__cu_scope scope;
+  TP_FORWARD(tp__cu_scope_enter(d, &scope));
+  CUresult r = tp__cu.cuEventCreate(ev, CU_EVENT_DISABLE_TIMING);
+  tp__cu_scope_leave(&scope);
+  return tp__cu_error(r);
+}
+
+tp_error_t tp__cu_event_create(int device, tp__pevent **out) {
+  tp__cu_dev *d;
+  TP_FORWARD(tp__cu_dev_get(device, &d));
+  tp__spin_lock(&d->ev_lock);
+  tp__pevent *ev = d->ev_free;
+  if (ev) {
+    d->ev_free = ev->next;
+    d->ev_free_count--;
+  }
+  tp__spin_unlock(&d->ev_lock);
+  if (!ev) {
+    ev = calloc(1, sizeof *ev);
+    TP_RETURN_IF(!ev, TP_ERROR_OUT_OF_MEMORY);
+    ev->device = device;
+  }
+  if (!ev->ev) {
+    tp_error_t err = new_cu_event(d, &ev->ev);
+    if (err != TP_SUCCESS) {
+      free(ev);
+      return err;
+    }
+  }
+  *out = ev;
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__cu_event_destroy(tp__pevent *ev) {
+  tp__cu_dev *d = &tp__cu_devs[ev->device];
+  /* Only a completed event may be handed out again, since a new event
+   * must read as completed until it is recorded. A pending one goes back
+   * to the driver, which frees it once its work is done, and only its
+   * shell is kept. */
+  CUresult r = CUDA_SUCCESS;
+  if (tp__cu.cuEventQuery(ev->ev) != CUDA_SUCCESS) {
+    r = tp__cu.cuEventDestroy(ev->ev);
+    ev->ev = NULL;
+  }
+  tp__spin_lock(&d->ev_lock);
+  bool keep = d->ev_free_count < TP_CU_EVENT_FREE_MAX;
+  if (keep) {
+    ev->next = d->ev_free;
+    d->ev_free = ev;
+    d->ev_free_count++;
+  }
+  tp__spin_unlock(&d->ev_lock);
+  if (!keep) {
+    if (ev->ev)
+      r = tp__cu.cuEventDestroy(ev->ev);
+    free(ev);
+  }
+  return tp__cu_error(r);
+}
+
+tp_error_t tp__cu_event_record(tp__pevent *ev, tp__pstream *ps) {
+  TP_CU_ON_STREAM(ps, tp__cu.cuEventRecord(ev->ev, s_));
+}
+
+tp_error_t tp__cu_event_query(tp__pevent *ev) {
+  return tp__cu_error(tp__cu.cuEventQuery(ev->ev));
+}
+
+tp_error_t tp__cu_event_synchronize(tp__pevent *ev) {
+  return tp__cu_error(tp__cu.cuEventSynchronize(ev->ev));
+}

@@ -1,0 +1,76 @@
+/* The process-wide map from an address to the pool whose virtual range holds
+ * it, read without a lock by every free. Pools reserve 1 GiB-aligned ranges,
+ * so a two-level table indexed by the address's gigabyte finds them. */
+#include "pool/pool.h"
+
+#define L2_BITS 12
+#define L1_BITS 7 /* 2^(30 + 12 + 7) = 512 TiB of address space */
+#define L2_SIZE (1u << L2_BITS)
+#define L1_SIZE (1u << L1_BITS)
+
+typedef struct leaf {
+  _Atomic(tp__pool *) slot[L2_SIZE];
+} leaf;
+
+static _Atomic(leaf *) root[L1_SIZE];
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool split(uintptr_t addr, size_t *i1, size_t *i2) {
+  uint64_t g = (uint64_t)addr >> TP_REGISTRY_SHIFT;
+  if (g >> (L1_BITS + L2_BITS))
+    return false;
+  *i1 = (size_t)(g >> L2_BITS);
+  *i2 = (size_t)(g & (L2_SIZE - 1));
+  return true;
+}
+
+static void set_range(tp__pool *p, tp__pool *value) {
+  for (uintptr_t a = p->base; a < p->base + p->va_size;
+       a += (uintptr_t)1 << TP_REGISTRY_SHIFT) {
+    size_t i1, i2;
+    if (!split(a, &i1, &i2))
+      return;
+    leaf *l = atomic_load_explicit(&root[i1], memory_order_acquire);
+    atomic_store_explicit(&l->slot[i2], value, memory_order_release);
+  }
+}
+
+tp_error_t tp__registry_add(tp__pool *p) {
+  TP_RETURN_IF(p->base % ((uintptr_t)1 << TP_REGISTRY_SHIFT) != 0,
+               TP_ERROR_INVALID_VALUE);
+  pthread_mutex_lock(&reg_lock);
+  tp_error_t err = TP_SUCCESS;
+  for (uintptr_t a = p->base; a < p->base + p->va_size && !err;
+       a += (uintptr_t)1 << TP_REGISTRY_SHIFT) {
+    size_t i1, i2;
+    if (!split(a, &i1, &i2)) {
+      err = TP_ERROR_NOT_SUPPORTED; /* beyond the table: an odd platform */
+      break;
+    }
+    if (!atomic_load_explicit(&root[i1], memory_order_relaxed)) {
+      leaf *l = calloc(1, sizeof *l);
+      if (!l)
+        err = TP_ERROR_OUT_OF_MEMORY;
+      else
+        atomic_store_explicit(&root[i1], l, memory_order_release);
+    }
+  }
+  if (!err)
+    set_range(p, p);
+  pthread_mutex_unlock(&reg_lock);
+  return err;
+}
+
+void tp__registry_remove(tp__pool *p) {
+  pthread_mutex_lock(&reg_lock);
+  set_range(p, NULL);
+  pthread_mutex_unlock(&reg_lock);
+}
+
+tp__pool *tp__registry_find(uintptr_t addr) {
+  size_t i1, i2;
+  if (!split(addr, &i1, &i2))
+    return NULL;
+  leaf *l = atomic_load_explicit(&root[i1], memory_order_acquire);
+  return l ? atomic_load_explicit(&l->slot[i2], memory_order_acquire) : NULL;
+}

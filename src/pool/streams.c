@@ -1,0 +1,625 @@
+/* Streams as the core sees them: identity that survives handle reuse, free
+ * epochs, lazily recorded markers, dependency clocks carried by events, and
+ * the legacy default stream's implicit ordering. */
+#include <string.h>
+
+#include "pool/pool.h"
+
+/* ---- clocks ------------------------------------------------------------ */
+
+static uint64_t clock_get(const tp__clock *c, uint64_t key) {
+  for (uint32_t i = 0; i < c->n; i++)
+    if (c->v[i].key == key)
+      return c->v[i].value;
+  return 0;
+}
+
+static bool clock_raise(tp__clock *c, uint64_t key, uint64_t value) {
+  for (uint32_t i = 0; i < c->n; i++) {
+    if (c->v[i].key == key) {
+      if (c->v[i].value < value)
+        c->v[i].value = value;
+      return true;
+    }
+  }
+  if (!TP_RESERVE(c->v, c->n, c->cap))
+    return false;
+  c->v[c->n++] = (tp__clock_entry){key, value};
+  return true;
+}
+
+static bool clock_merge(tp__clock *dst, const tp__clock *src) {
+  for (uint32_t i = 0; i < src->n; i++)
+    if (!clock_raise(dst, src->v[i].key, src->v[i].value))
+      return false;
+  return true;
+}
+
+static void clock_free(tp__clock *c) {
+  free(c->v);
+  *c = (tp__clock){0};
+}
+
+/* ---- the legacy default stream ------------------------------------------
+ * Work queued on a device's NULL stream waits for all earlier work of the
+ * device's blocking streams, and their later work waits for it. Each such
+ * operation takes the next number of the device's legacy sequence, under a
+ * lock held across the queueing, so that a reader who sees number n knows
+ * operation n is queued, and a free that read n-1 was issued before it. */
+static struct {
+  pthread_mutex_t lock;
+  _Atomic uint64_t seq;
+} legacy_seqs[TP_MAX_DEVICES];
+
+void tp__legacy_begin(int device) {
+  pthread_mutex_lock(&legacy_seqs[device].lock);
+  atomic_fetch_add_explicit(&legacy_seqs[device].seq, 1, memory_order_release);
+}
+
+void tp__legacy_end(int device) {
+  pthread_mutex_unlock(&legacy_seqs[device].lock);
+}
+
+uint64_t tp__legacy_seq(int device) {
+  return atomic_load_explicit(&legacy_seqs[device].seq, memory_order_acquire);
+}
+
+static uint64_t legacy_seq_settled(int device) {
+  pthread_mutex_lock(&legacy_seqs[device].lock);
+  uint64_t v =
+      atomic_load_explicit(&legacy_seqs[device].seq, memory_order_relaxed);
+  pthread_mutex_unlock(&legacy_seqs[device].lock);
+  return v;
+}
+
+/* ---- the stream registry --------------------------------------------------
+ * Streams made by tp_stream_create are found by handle value, which the
+ * platform keeps unique among live streams; others (cuda's foreign streams)
+ * are adopted by uid on every call, since their handle values get reused.
+ * A per-thread cache skips the lock for the handles used last; it is
+ * invalidated by a generation count that every destruction bumps. */
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static tp__stream **reg;
+static uint32_t nreg, capreg;
+static _Atomic(tp__stream *) legacy_streams[TP_MAX_DEVICES];
+static _Atomic uint64_t reg_gen = 1;
+
+#define TLS_WAYS 4
+static _Thread_local struct {
+  tp_stream_t handle[TLS_WAYS];
+  tp__stream *stream[TLS_WAYS];
+  uint64_t gen;
+  unsigned next;
+} tls_cache;
+
+static _Thread_local int current_device;
+
+int tp__current_device(void) {
+  return current_device;
+}
+void tp__set_current_device(int device) {
+  current_device = device;
+}
+
+tp_error_t tp__streams_init(void) {
+  for (int i = 0; i < TP_MAX_DEVICES; i++)
+    pthread_mutex_init(&legacy_seqs[i].lock, NULL);
+  return TP_SUCCESS;
+}
+
+static tp__stream *stream_alloc(const tp__stream_desc *d) {
+  tp__stream *s = calloc(1, sizeof *s);
+  if (!s)
+    return NULL;
+  s->uid = d->uid;
+  s->device = d->device;
+  s->flags = d->flags;
+  s->legacy = d->legacy;
+  s->ps = d->ps;
+  atomic_init(&s->refs, 1);
+  atomic_init(&s->epoch, 1);
+  atomic_init(&s->done_epoch, 0);
+  return s;
+}
+
+static void marker_discard(tp__marker *m) {
+  if (m->ev)
+    (void)tp__platform->event_destroy(m->ev);
+  free(m);
+}
+
+static void stream_free(tp__stream *s) {
+  for (uint32_t i = 0; i < s->nmarkers; i++)
+    marker_discard(s->markers[i]);
+  for (uint32_t i = 0; i < s->nspare; i++)
+    marker_discard(s->spare[i]);
+  free(s->markers);
+  free(s->spare);
+  clock_free(&s->clock);
+  free(s);
+}
+
+void tp__stream_unref(tp__stream *s) {
+  if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) == 1)
+    stream_free(s);
+}
+
+static bool reg_add(tp__stream *s) {
+  pthread_mutex_lock(&reg_lock);
+  bool ok = TP_RESERVE(reg, nreg, capreg);
+  if (ok)
+    reg[nreg++] = s;
+  pthread_mutex_unlock(&reg_lock);
+  return ok;
+}
+
+static tp__stream *reg_find_handle(tp_stream_t handle) {
+  for (uint32_t i = 0; i < nreg; i++)
+    if (reg[i]->owned && reg[i]->handle == handle)
+      return reg[i];
+  return NULL;
+}
+
+static tp__stream *reg_find_uid(uint64_t uid) {
+  for (uint32_t i = 0; i < nreg; i++)
+    if (reg[i]->uid == uid)
+      return reg[i];
+  return NULL;
+}
+
+static tp_error_t legacy_get(int device, tp__stream **out) {
+  tp__stream *s =
+      atomic_load_explicit(&legacy_streams[device], memory_order_acquire);
+  if (TP_LIKELY(s != NULL)) {
+    *out = s;
+    return TP_SUCCESS;
+  }
+  tp__stream_desc d;
+  TP_FORWARD(tp__platform->stream_legacy(device, &d));
+  pthread_mutex_lock(&reg_lock);
+  s = atomic_load_explicit(&legacy_streams[device], memory_order_relaxed);
+  tp_error_t err = TP_SUCCESS;
+  if (!s) {
+    d.legacy = 1;
+    d.device = device;
+    s = stream_alloc(&d);
+    if (!s || !TP_RESERVE(reg, nreg, capreg)) {
+      free(s);
+      s = NULL;
+      err = TP_ERROR_OUT_OF_MEMORY;
+    } else {
+      reg[nreg++] = s;
+      atomic_store_explicit(&legacy_streams[device], s, memory_order_release);
+    }
+  }
+  pthread_mutex_unlock(&reg_lock);
+  *out = s;
+  return err;
+}
+
+tp_error_t tp__stream_get(tp_stream_t handle, tp__stream **out) {
+  if (handle == NULL)
+    return legacy_get(current_device, out);
+  uint64_t gen = atomic_load_explicit(&reg_gen, memory_order_acquire);
+  if (TP_LIKELY(tls_cache.gen == gen)) {
+    for (unsigned i = 0; i < TLS_WAYS; i++) {
+      if (tls_cache.handle[i] == handle) {
+        *out = tls_cache.stream[i];
+        return TP_SUCCESS;
+      }
+    }
+  } else {
+    memset(&tls_cache, 0, sizeof tls_cache);
+    tls_cache.gen = gen;
+  }
+  pthread_mutex_lock(&reg_lock);
+  tp__stream *s = reg_find_handle(handle);
+  pthread_mutex_unlock(&reg_lock);
+  if (s) {
+    unsigned way = tls_cache.next++ % TLS_WAYS;
+    tls_cache.handle[way] = handle;
+    tls_cache.stream[way] = s;
+    *out = s;
+    return TP_SUCCESS;
+  }
+  tp__stream_desc d;
+  TP_FORWARD(tp__platform->stream_adopt(handle, &d));
+  if (d.legacy)
+    return legacy_get(d.device, out);
+  pthread_mutex_lock(&reg_lock);
+  s = reg_find_uid(d.uid);
+  if (!s && (s = stream_alloc(&d)) != NULL) {
+    s->handle = handle;
+    if (!TP_RESERVE(reg, nreg, capreg)) {
+      free(s);
+      s = NULL;
+    } else {
+      reg[nreg++] = s;
+    }
+  }
+  pthread_mutex_unlock(&reg_lock);
+  TP_RETURN_IF(!s, TP_ERROR_OUT_OF_MEMORY);
+  *out = s;
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__stream_create(unsigned flags, tp_stream_t *handle) {
+  tp__stream_desc d = {.device = current_device, .flags = flags};
+  tp_stream_t h = NULL;
+  TP_FORWARD(tp__platform->stream_create(d.device, flags, &d.ps, &h, &d.uid));
+  tp__stream *s = stream_alloc(&d);
+  if (s) {
+    s->owned = true;
+    s->handle = h;
+  }
+  if (!s || !reg_add(s)) {
+    free(s);
+    (void)tp__platform->stream_destroy(d.ps);
+    return TP_ERROR_OUT_OF_MEMORY;
+  }
+  *handle = h;
+  return TP_SUCCESS;
+}
+
+/* Records a marker covering everything issued on the stream so far; stream
+ * lock held. Returns NULL when the platform failed. */
+static tp__marker *marker_record(tp__stream *s) {
+  tp__marker *m = s->nspare ? s->spare[--s->nspare] : calloc(1, sizeof *m);
+  if (!m)
+    return NULL;
+  if (!m->ev && tp__platform->event_create(s->device, &m->ev) != TP_SUCCESS) {
+    free(m);
+    return NULL;
+  }
+  if (!TP_RESERVE(s->markers, s->nmarkers, s->capmarkers) ||
+      tp__platform->event_record(m->ev, s->ps) != TP_SUCCESS) {
+    marker_discard(m);
+    return NULL;
+  }
+  m->epoch = atomic_fetch_add_explicit(&s->epoch, 1, memory_order_relaxed);
+  m->refs = 0;
+  m->listed = true;
+  s->markers[s->nmarkers++] = m;
+  return m;
+}
+
+/* Puts a marker that is done with back for reuse; stream lock held. */
+static void marker_retire(tp__stream *s, tp__marker *m) {
+  m->listed = false;
+  if (m->refs > 0)
+    return;
+  if (!TP_RESERVE(s->spare, s->nspare, s->capspare)) {
+    marker_discard(m);
+    return;
+  }
+  s->spare[s->nspare++] = m;
+}
+
+/* Drops the markers that the done epoch covers; stream lock held. */
+static void markers_trim(tp__stream *s) {
+  uint64_t done = atomic_load_explicit(&s->done_epoch, memory_order_relaxed);
+  uint32_t k = 0;
+  while (k < s->nmarkers && s->markers[k]->epoch <= done)
+    marker_retire(s, s->markers[k++]);
+  if (k) {
+    memmove(s->markers, s->markers + k, (s->nmarkers - k) * sizeof(void *));
+    s->nmarkers -= k;
+  }
+}
+
+void tp__stream_mark_done(tp__stream *s, uint64_t epoch) {
+  tp__atomic_max(&s->done_epoch, epoch);
+  tp__spin_lock(&s->lock);
+  markers_trim(s);
+  tp__spin_unlock(&s->lock);
+}
+
+uint64_t tp__stream_advance(tp__stream *s) {
+  tp__spin_lock(&s->lock);
+  uint64_t e = atomic_fetch_add_explicit(&s->epoch, 1, memory_order_relaxed);
+  tp__spin_unlock(&s->lock);
+  return e;
+}
+
+bool tp__stream_done(const tp__tag *t) {
+  return !t->stream || atomic_load_explicit(&t->stream->done_epoch,
+                                            memory_order_acquire) >= t->epoch;
+}
+
+/* The first marker that covers `epoch`, recording one when none does;
+ * stream lock held. */
+static tp__marker *marker_covering(tp__stream *s, uint64_t epoch) {
+  for (uint32_t i = 0; i < s->nmarkers; i++)
+    if (s->markers[i]->epoch >= epoch)
+      return s->markers[i];
+  if (atomic_load_explicit(&s->destroyed, memory_order_relaxed))
+    return NULL;
+  return marker_record(s);
+}
+
+bool tp__stream_poll(const tp__tag *t) {
+  if (tp__stream_done(t))
+    return true;
+  tp__stream *s = t->stream;
+  tp__spin_lock(&s->lock);
+  /* One stream completes in order: the first marker not done ends the scan. */
+  while (s->nmarkers &&
+         tp__platform->event_query(s->markers[0]->ev) == TP_SUCCESS) {
+    tp__atomic_max(&s->done_epoch, s->markers[0]->epoch);
+    markers_trim(s);
+  }
+  if (!tp__stream_done(t))
+    (void)marker_covering(s, t->epoch);
+  tp__spin_unlock(&s->lock);
+  return tp__stream_done(t);
+}
+
+tp_error_t tp__stream_wait_host(const tp__tag *t) {
+  if (tp__stream_done(t))
+    return TP_SUCCESS;
+  tp__stream *s = t->stream;
+  tp__spin_lock(&s->lock);
+  tp__marker *m = marker_covering(s, t->epoch);
+  if (m)
+    m->refs++;
+  tp__spin_unlock(&s->lock);
+  TP_RETURN_IF(!m, tp__stream_done(t) ? TP_SUCCESS : TP_ERROR_PLATFORM);
+  tp_error_t err = tp__platform->event_synchronize(m->ev);
+  tp__spin_lock(&s->lock);
+  if (err == TP_SUCCESS)
+    tp__atomic_max(&s->done_epoch, m->epoch);
+  m->refs--;
+  if (!m->listed)
+    marker_retire(s, m);
+  markers_trim(s);
+  tp__spin_unlock(&s->lock);
+  return err;
+}
+
+tp_error_t tp__stream_make_wait(tp__stream *waiter, const tp__tag *t) {
+  if (tp__stream_done(t) || t->stream == waiter)
+    return TP_SUCCESS;
+  tp__stream *s = t->stream;
+  tp__spin_lock(&s->lock);
+  tp__marker *m = marker_covering(s, t->epoch);
+  tp_error_t err = m ? tp__platform->stream_wait_event(waiter->ps, m->ev)
+                     : TP_ERROR_PLATFORM;
+  uint64_t covered = m ? m->epoch : 0;
+  tp__spin_unlock(&s->lock);
+  TP_FORWARD(err);
+  tp__spin_lock(&waiter->lock);
+  bool ok = clock_raise(&waiter->clock, s->uid, covered);
+  tp__spin_unlock(&waiter->lock);
+  (void)ok; /* a clock that could not grow only forgets a dependency */
+  return TP_SUCCESS;
+}
+
+bool tp__stream_follows(tp__stream *a, const tp__tag *t) {
+  tp__stream *s = t->stream;
+  if (!s || s == a)
+    return true;
+  tp__spin_lock(&a->lock);
+  uint64_t seen = clock_get(&a->clock, s->uid);
+  uint64_t legacy_seen =
+      clock_get(&a->clock, TP_CLOCK_LEGACY | (uint64_t)s->device);
+  tp__spin_unlock(&a->lock);
+  if (seen >= t->epoch)
+    return true;
+  bool a_blocking = !a->legacy && !(a->flags & TP_STREAM_NON_BLOCKING);
+  bool s_blocking = !s->legacy && !(s->flags & TP_STREAM_NON_BLOCKING);
+  if (s->device == a->device) {
+    if (a->legacy && s_blocking)
+      return true;
+    if (s->legacy && a_blocking)
+      return true;
+    if (s_blocking && a_blocking && t->lseq < legacy_seq_settled(a->device))
+      return true;
+  }
+  return s_blocking && t->lseq < legacy_seen;
+}
+
+/* ---- destruction and listing ----------------------------------------------
+ */
+
+tp_error_t tp__stream_destroy(tp__stream *s) {
+  TP_RETURN_IF(!s->owned, TP_ERROR_INVALID_VALUE);
+  pthread_mutex_lock(&reg_lock);
+  uint32_t i = 0;
+  while (i < nreg && reg[i] != s)
+    i++;
+  bool found = i < nreg;
+  if (found) {
+    reg[i] = reg[--nreg];
+    atomic_fetch_add_explicit(&reg_gen, 1, memory_order_release);
+  }
+  pthread_mutex_unlock(&reg_lock);
+  TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);
+  /* The last marker covers every free issued on the stream, so that blocks
+   * it cached stay resolvable once the platform stream is gone. */
+  tp__spin_lock(&s->lock);
+  tp__marker *m = marker_record(s);
+  atomic_store_explicit(&s->destroyed, true, memory_order_relaxed);
+  tp__spin_unlock(&s->lock);
+  tp_error_t err = TP_SUCCESS;
+  if (!m)
+    err = tp__platform->stream_synchronize(s->ps);
+  if (!m)
+    tp__stream_mark_done(s, atomic_load(&s->epoch));
+  tp__stream_flush_caches(s, true);
+  tp_error_t derr = tp__platform->stream_destroy(s->ps);
+  tp__stream_unref(s);
+  return err != TP_SUCCESS && err != TP_ERROR_ILLEGAL_ADDRESS ? err : derr;
+}
+
+tp_error_t tp__streams_list(int device, tp__stream ***out, size_t *n) {
+  pthread_mutex_lock(&reg_lock);
+  tp__stream **v = malloc((nreg ? nreg : 1) * sizeof *v);
+  size_t k = 0;
+  for (uint32_t i = 0; v && i < nreg; i++) {
+    if (device >= 0 && reg[i]->device != device)
+      continue;
+    tp__stream_ref(reg[i]);
+    v[k++] = reg[i];
+  }
+  pthread_mutex_unlock(&reg_lock);
+  TP_RETURN_IF(!v, TP_ERROR_OUT_OF_MEMORY);
+  *out = v;
+  *n = k;
+  return TP_SUCCESS;
+}
+
+/* ---- events -----------------------------------------------------------------
+ * An event carries, besides its platform event, the clock of the stream it
+ * was last recorded on: whoever waits on it inherits those dependencies. */
+#define TP_EVENT_MAGIC 0x74706576u
+struct tp__event {
+  uint32_t magic;
+  int device;
+  tp__pevent *pe;
+  tp__spin lock;
+  tp__clock clock;
+};
+
+static pthread_mutex_t ev_lock = PTHREAD_MUTEX_INITIALIZER;
+static tp__event **events;
+static uint32_t nevents, capevents;
+
+tp_error_t tp__event_create(tp_event_t *out) {
+  tp__event *e = calloc(1, sizeof *e);
+  TP_RETURN_IF(!e, TP_ERROR_OUT_OF_MEMORY);
+  e->magic = TP_EVENT_MAGIC;
+  e->device = current_device;
+  tp_error_t err = tp__platform->event_create(e->device, &e->pe);
+  if (err != TP_SUCCESS) {
+    free(e);
+    return err;
+  }
+  pthread_mutex_lock(&ev_lock);
+  bool ok = TP_RESERVE(events, nevents, capevents);
+  if (ok)
+    events[nevents++] = e;
+  pthread_mutex_unlock(&ev_lock);
+  if (!ok) {
+    (void)tp__platform->event_destroy(e->pe);
+    free(e);
+    return TP_ERROR_OUT_OF_MEMORY;
+  }
+  *out = (tp_event_t)e;
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__event_get(tp_event_t handle, tp__event **out) {
+  TP_RETURN_IF(!handle, TP_ERROR_INVALID_VALUE);
+  pthread_mutex_lock(&ev_lock);
+  bool found = false;
+  for (uint32_t i = 0; i < nevents && !found; i++)
+    found = events[i] == (tp__event *)handle;
+  pthread_mutex_unlock(&ev_lock);
+  TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);
+  *out = (tp__event *)handle;
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__event_destroy(tp__event *e) {
+  pthread_mutex_lock(&ev_lock);
+  uint32_t i = 0;
+  while (i < nevents && events[i] != e)
+    i++;
+  bool found = i < nevents;
+  if (found)
+    events[i] = events[--nevents];
+  pthread_mutex_unlock(&ev_lock);
+  TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);
+  tp_error_t err = tp__platform->event_destroy(e->pe);
+  clock_free(&e->clock);
+  e->magic = 0;
+  free(e);
+  return err;
+}
+
+tp_error_t tp__event_record(tp__event *e, tp__stream *s) {
+  TP_RETURN_IF(s->device != e->device, TP_ERROR_INVALID_VALUE);
+  tp__clock c = {0};
+  bool ok = true;
+  /* A blocking stream's work follows the legacy stream's earlier work, and
+   * through it the earlier work of every blocking stream of the device. */
+  if (!s->legacy && !(s->flags & TP_STREAM_NON_BLOCKING)) {
+    tp__stream *l = NULL;
+    if (legacy_get(s->device, &l) == TP_SUCCESS)
+      ok = clock_raise(&c, l->uid, tp__stream_advance(l));
+    ok = ok && clock_raise(&c, TP_CLOCK_LEGACY | (uint64_t)s->device,
+                           legacy_seq_settled(s->device));
+  } else if (s->legacy) {
+    ok = clock_raise(&c, TP_CLOCK_LEGACY | (uint64_t)s->device,
+                     tp__legacy_seq(s->device) + 1);
+  }
+  tp__spin_lock(&s->lock);
+  uint64_t epoch =
+      atomic_fetch_add_explicit(&s->epoch, 1, memory_order_relaxed);
+  ok = ok && clock_merge(&c, &s->clock) && clock_raise(&c, s->uid, epoch);
+  tp__spin_unlock(&s->lock);
+  tp_error_t err =
+      ok ? tp__platform->event_record(e->pe, s->ps) : TP_ERROR_OUT_OF_MEMORY;
+  if (err != TP_SUCCESS) {
+    clock_free(&c);
+    return err;
+  }
+  tp__spin_lock(&e->lock);
+  tp__clock old = e->clock;
+  e->clock = c;
+  tp__spin_unlock(&e->lock);
+  clock_free(&old);
+  return TP_SUCCESS;
+}
+
+static bool event_clock_copy(tp__event *e, tp__clock *out) {
+  tp__spin_lock(&e->lock);
+  bool ok = clock_merge(out, &e->clock);
+  tp__spin_unlock(&e->lock);
+  return ok;
+}
+
+tp_error_t tp__event_wait(tp__stream *s, tp__event *e) {
+  tp__clock c = {0};
+  TP_RETURN_IF(!event_clock_copy(e, &c), TP_ERROR_OUT_OF_MEMORY);
+  tp_error_t err = tp__platform->stream_wait_event(s->ps, e->pe);
+  if (err == TP_SUCCESS) {
+    tp__spin_lock(&s->lock);
+    (void)clock_merge(&s->clock, &c);
+    tp__spin_unlock(&s->lock);
+  }
+  clock_free(&c);
+  return err;
+}
+
+tp_error_t tp__event_query(tp__event *e) {
+  return tp__platform->event_query(e->pe);
+}
+
+/* Once an event completed, every free its clock covers has completed. */
+static void event_settle(tp__event *e) {
+  tp__clock c = {0};
+  if (!event_clock_copy(e, &c))
+    return;
+  for (uint32_t i = 0; i < c.n; i++) {
+    if (c.v[i].key & TP_CLOCK_LEGACY)
+      continue;
+    pthread_mutex_lock(&reg_lock);
+    tp__stream *s = reg_find_uid(c.v[i].key);
+    if (s)
+      tp__stream_ref(s);
+    pthread_mutex_unlock(&reg_lock);
+    if (!s)
+      continue;
+    tp__stream_mark_done(s, c.v[i].value);
+    tp__pool_after_sync(s);
+    tp__stream_unref(s);
+  }
+  clock_free(&c);
+}
+
+tp_error_t tp__event_synchronize(tp__event *e) {
+  TP_FORWARD(tp__platform->event_synchronize(e->pe));
+  event_settle(e);
+  return TP_SUCCESS;
+}

@@ -1,0 +1,177 @@
+/* The invariant walker: checks a pool's segments, bins, slabs, granule
+ * entries and accounting against each other. Tests call it; debug builds
+ * call it after every slow-path operation so that a bug stops where it
+ * happens. */
+#include <stdarg.h>
+
+#include "pool/pool.h"
+#include "pool/pool_verify.h"
+
+static int fail(char *why, size_t len, const char *fmt, ...) {
+  if (why && len) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, len, fmt, ap);
+    va_end(ap);
+  }
+  return 1;
+}
+
+#define CHECK_OR_FAIL(cond, ...)                                               \
+  do {                                                                         \
+    if (!(cond))                                                               \
+      return fail(why, len, __VA_ARGS__);                                      \
+  } while (0)
+
+static uint8_t state_of(const tp__block *b) {
+  return atomic_load_explicit(&b->state, memory_order_acquire);
+}
+
+static bool in_bin(const tp__pool *p, const tp__block *b) {
+  for (const tp__block *x = p->bins[b->bin]; x; x = x->fnext)
+    if (x == b)
+      return true;
+  return false;
+}
+
+static int walk_slab(tp__pool *p, const tp__block *b, uint64_t *used, char *why,
+                     size_t len) {
+  const tp__slab *s = b->slab;
+  CHECK_OR_FAIL(s && s->block == b && s->base == b->addr,
+                "slab block %#lx has no matching slab", (unsigned long)b->addr);
+  CHECK_OR_FAIL((uint64_t)s->nblocks * s->bsize <= b->size,
+                "slab at %#lx overflows its block", (unsigned long)b->addr);
+  uint32_t bits = 0;
+  for (uint32_t i = 0; i < s->nblocks; i++) {
+    bool is_free = (s->free[i / 64] >> (i % 64)) & 1;
+    uint32_t req = atomic_load(&s->req[i]);
+    CHECK_OR_FAIL(!(is_free && req), "slab block %u free and used", i);
+    bits += is_free;
+    *used += req;
+    _Atomic uintptr_t *e =
+        tp__space_entry(p, s->base + (uintptr_t)i * s->bsize, false);
+    CHECK_OR_FAIL(e && atomic_load(e) == ((uintptr_t)s | 1u),
+                  "slab block %u lacks its granule entry", i);
+  }
+  for (uint32_t i = s->nblocks; i < 128; i++)
+    CHECK_OR_FAIL(!((s->free[i / 64] >> (i % 64)) & 1),
+                  "slab free bit %u beyond its blocks", i);
+  CHECK_OR_FAIL(bits == s->nfree, "slab counts %u free, bits say %u", s->nfree,
+                bits);
+  CHECK_OR_FAIL(s->listed == (s->nfree > 0), "slab listed %d with %u free",
+                s->listed, s->nfree);
+  return 0;
+}
+
+int tp__pool_walk(tp__pool *p, bool check_used, char *why, size_t len) {
+  if (p->imported || p->torn_down)
+    return 0;
+  uint64_t mapped = 0, used = 0;
+  size_t free_blocks = 0;
+  for (size_t c = 0; c < p->nchunks; c++) {
+    if (!p->chunks[c].phys)
+      continue;
+    mapped++;
+    if (c > 0 && p->chunks[c - 1].phys)
+      continue;
+    size_t e = c;
+    while (e < p->nchunks && p->chunks[e].phys)
+      e++;
+    uintptr_t at = p->base + c * p->gran, end = p->base + e * p->gran;
+    const tp__block *prev = NULL;
+    const tp__block *b = p->chunks[c].seg_first;
+    CHECK_OR_FAIL(b && !b->prev, "segment at chunk %zu has no first block", c);
+    for (; b; prev = b, b = b->next) {
+      CHECK_OR_FAIL(b->addr == at, "block at %#lx, expected %#lx",
+                    (unsigned long)b->addr, (unsigned long)at);
+      CHECK_OR_FAIL(b->size >= TP_GRANULE && b->size % TP_GRANULE == 0,
+                    "block at %#lx has size %zu", (unsigned long)b->addr,
+                    b->size);
+      CHECK_OR_FAIL(b->prev == prev, "block at %#lx: bad prev link",
+                    (unsigned long)b->addr);
+      at += b->size;
+      CHECK_OR_FAIL(at <= end, "block at %#lx runs past its segment",
+                    (unsigned long)b->addr);
+      switch (state_of(b)) {
+      case TP_BLOCK_FREE:
+        free_blocks++;
+        CHECK_OR_FAIL(b->bin == tp__bin_of(b->size) && in_bin(p, b),
+                      "free block at %#lx not in its bin",
+                      (unsigned long)b->addr);
+        break;
+      case TP_BLOCK_USED: {
+        /* A free in flight clears the entry before the state: only a
+         * quiescent pool must show both. */
+        _Atomic uintptr_t *ent = tp__space_entry(p, b->addr, false);
+        uintptr_t v = ent ? atomic_load(ent) : 0;
+        CHECK_OR_FAIL(v == (uintptr_t)b || (!check_used && v == 0),
+                      "used block at %#lx lacks its granule entry",
+                      (unsigned long)b->addr);
+        used += atomic_load(&b->req);
+        break;
+      }
+      case TP_BLOCK_SLAB:
+        if (walk_slab(p, b, &used, why, len))
+          return 1;
+        break;
+      default: break; /* cached by a stream */
+      }
+      if (!b->next)
+        CHECK_OR_FAIL(p->chunks[e - 1].seg_last == b,
+                      "segment ending at chunk %zu: wrong last block", e - 1);
+    }
+    CHECK_OR_FAIL(at == end, "segment [%zu, %zu) not tiled by its blocks", c,
+                  e);
+  }
+  size_t binned = 0;
+  for (unsigned bin = 0; bin < TP_NBINS; bin++) {
+    bool bit = (p->binmap[bin / 64] >> (bin % 64)) & 1;
+    CHECK_OR_FAIL(bit == (p->bins[bin] != NULL), "bin map wrong at %u", bin);
+    for (const tp__block *b = p->bins[bin]; b; b = b->fnext) {
+      CHECK_OR_FAIL(state_of(b) == TP_BLOCK_FREE,
+                    "bin %u holds a block in state %u at %#lx size %zu", bin,
+                    state_of(b), (unsigned long)b->addr, b->size);
+      binned++;
+    }
+  }
+  CHECK_OR_FAIL(binned == free_blocks,
+                "%zu blocks in bins, %zu free in "
+                "segments",
+                binned, free_blocks);
+  uint64_t reserved = atomic_load(&p->reserved);
+  CHECK_OR_FAIL(reserved == mapped * p->gran,
+                "reserved %llu but %llu chunks mapped",
+                (unsigned long long)reserved, (unsigned long long)mapped);
+  CHECK_OR_FAIL(reserved <= p->limit, "reserved %llu over the limit %llu",
+                (unsigned long long)reserved, (unsigned long long)p->limit);
+  for (unsigned cls = 0; cls < TP_NCLASSES; cls++)
+    for (const tp__slab *s = p->partial[cls]; s; s = s->next)
+      CHECK_OR_FAIL(s->cls == cls && s->nfree > 0 && s->block &&
+                        s->block->slab == s,
+                    "partial list of class %u holds a bad slab", cls);
+  uint64_t u = atomic_load(&p->used);
+  CHECK_OR_FAIL(!check_used || u == used,
+                "used is %llu but live allocations ask %llu",
+                (unsigned long long)u, (unsigned long long)used);
+  return 0;
+}
+
+int tp__pool_verify(tp_pool_t pool, char *why, size_t why_len) {
+  tp__pool *p;
+  if (tp__pool_get(pool, &p) != TP_SUCCESS)
+    return fail(why, why_len, "not a live pool");
+  pthread_mutex_lock(&p->lock);
+  int r = tp__pool_walk(p, true, why, why_len);
+  pthread_mutex_unlock(&p->lock);
+  return r;
+}
+
+#ifdef TP_DEBUG
+void tp__pool_debug_check(tp__pool *p) {
+  char why[256];
+  if (tp__pool_walk(p, false, why, sizeof why)) {
+    fprintf(stderr, "tidepool: pool %p is inconsistent: %s\n", (void *)p, why);
+    abort();
+  }
+}
+#endif
