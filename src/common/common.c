@@ -32,7 +32,7 @@ uint64_t tp__env_size(const char *name, uint64_t fallback, bool *bad) {
     return fallback;
   char *end = NULL;
   unsigned long long v = strtoull(s, &end, 10);
-  if (end == s) {
+  if (end == s || !isdigit((unsigned char)*s)) {
     *bad = true;
     return fallback;
   }

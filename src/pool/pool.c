@@ -15,6 +15,20 @@ static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
 static tp__pool **pools;
 static uint32_t npools, cappools;
 
+/* Handles of destroyed pools, kept so that a stale handle is recognised; a
+ * few bytes each for the life of the process. */
+static pthread_mutex_t dead_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct tp_pool_opaque *dead_handles;
+
+static void handle_bury(struct tp_pool_opaque *h) {
+  h->pool = NULL;
+  pthread_mutex_lock(&dead_lock);
+  h->next_dead = dead_handles;
+  dead_handles = h;
+  pthread_mutex_unlock(&dead_lock);
+  atomic_store_explicit(&h->state, TP_POOL_DEAD, memory_order_release);
+}
+
 static void used_add(tp__pool *p, size_t n) {
   uint64_t u = atomic_fetch_add_explicit(&p->used, n, memory_order_relaxed);
   tp__atomic_max(&p->used_high, u + n);
@@ -244,8 +258,7 @@ static bool teardown(tp__pool *p, bool poll) {
   for (uint32_t i = 0; i < npools; i++)
     if (pools[i] == p)
       pools[i] = pools[--npools];
-  atomic_store_explicit(&p->handle->state, TP_POOL_DEAD, memory_order_release);
-  p->handle->pool = NULL;
+  handle_bury(p->handle);
   pthread_mutex_destroy(&p->lock);
   free(p);
   return true;
@@ -273,8 +286,7 @@ tp_error_t tp__pool_destroy(tp__pool *p) {
     close(p->channel);
   p->channel = -1;
   if (p->imported) {
-    atomic_store_explicit(&p->handle->state, TP_POOL_DEAD,
-                          memory_order_release);
+    handle_bury(p->handle);
     pthread_mutex_destroy(&p->lock);
     free(p);
     return TP_SUCCESS;

@@ -195,6 +195,7 @@ struct tp_pool_opaque {
   uint32_t magic;
   _Atomic int state;
   tp__pool *pool;
+  struct tp_pool_opaque *next_dead; /* the list of tombstones */
 };
 
 /* ---- streams.c ----------------------------------------------------------- */

@@ -1,0 +1,271 @@
+/* Unit tests of the allocator core's data structures: bins, size classes,
+ * environment parsing, the address registry, and a seeded random walk over a
+ * pool checked by the invariant walker after every step, with a model of the
+ * live allocations to catch overlaps. Host platform only. */
+#include "check.h"
+#include "pool/pool.h"
+#include "pool/pool_verify.h"
+
+static void test_bins(void) {
+  unsigned last = 0;
+  for (size_t s = TP_GRANULE; s < ((size_t)1 << 36); s += s / 7 + TP_GRANULE) {
+    size_t r = tp__align_up(s, TP_GRANULE);
+    unsigned b = tp__bin_of(r);
+    CHECK(b >= last);
+    CHECK(b < TP_NBINS);
+    last = b;
+  }
+  for (size_t g = 1; g < 16; g++)
+    CHECK_EQ_INT(tp__bin_of(g * TP_GRANULE), (long long)g);
+  CHECK_EQ_INT(tp__bin_of((size_t)1 << 62), TP_NBINS - 1);
+  /* A bin's blocks differ by at most a sixteenth. */
+  for (unsigned e = 13; e < 40; e++) {
+    size_t lo = (size_t)1 << e;
+    CHECK_EQ_INT(tp__bin_of(lo), tp__bin_of(lo + lo / 16 - TP_GRANULE));
+    CHECK(tp__bin_of(lo + lo / 16) == tp__bin_of(lo) + 1);
+  }
+}
+
+static void test_classes(void) {
+  for (size_t r = TP_GRANULE; r <= TP_SMALL_MAX; r += TP_GRANULE) {
+    unsigned c = tp__class_of(r);
+    CHECK(c < TP_NCLASSES);
+    CHECK(tp__class_size(c) >= r);
+    if (c > 0)
+      CHECK(tp__class_size(c - 1) < r);
+    /* At most a quarter of a block is rounding. */
+    CHECK(tp__class_size(c) - r <= tp__class_size(c) / 4);
+  }
+  CHECK_EQ_INT(tp__class_size(tp__class_of(TP_SMALL_MAX)), TP_SMALL_MAX);
+}
+
+static void test_env_size(void) {
+  struct {
+    const char *text;
+    uint64_t want;
+    bool bad;
+  } rows[] = {{"123", 123, false},
+              {"4G", UINT64_C(4) << 30, false},
+              {"2MiB", 2u << 20, false},
+              {"16k", 16u << 10, false},
+              {"1T", UINT64_C(1) << 40, false},
+              {"-1", 7, true},
+              {"abc", 7, true},
+              {"5X", 7, true},
+              {"99999999999T", 7, true}};
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    setenv("TP_TEST_ENV_SIZE", rows[i].text, 1);
+    bool bad = false;
+    uint64_t v = tp__env_size("TP_TEST_ENV_SIZE", 7, &bad);
+    check_context(rows[i].text);
+    CHECK_EQ_U64(v, rows[i].want);
+    CHECK_EQ_INT(bad, rows[i].bad);
+  }
+  check_context(NULL);
+  unsetenv("TP_TEST_ENV_SIZE");
+  bool bad = false;
+  CHECK_EQ_U64(tp__env_size("TP_TEST_ENV_SIZE", 9, &bad), 9);
+  CHECK(!bad);
+}
+
+static uint64_t attr64(tp_pool_t pool, tp_pool_attr_t a) {
+  uint64_t v = 0;
+  CHECK_OK(tp_pool_get_attribute(pool, a, &v));
+  return v;
+}
+
+static void verify(tp_pool_t pool) {
+  char why[256];
+  if (tp__pool_verify(pool, why, sizeof why) != 0)
+    CHECK_FAIL("pool inconsistent: %s", why);
+}
+
+static tp_pool_t make_pool(size_t max_size) {
+  tp_pool_props_t props = {0};
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  props.max_size = max_size;
+  tp_pool_t pool = NULL;
+  CHECK_OK(tp_pool_create(&pool, &props));
+  return pool;
+}
+
+static void test_registry(void) {
+  tp_pool_t pool = make_pool(0);
+  void *p = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&p, 1000, pool, NULL));
+  tp__pool *core = NULL;
+  REQUIRE_OK(tp__pool_get(pool, &core));
+  CHECK(tp__registry_find((uintptr_t)p) == core);
+  CHECK(tp__registry_find(core->base) == core);
+  CHECK(tp__registry_find(core->base + core->va_size - 1) == core);
+  CHECK(tp__registry_find(core->base + core->va_size) != core);
+  int local = 0;
+  CHECK(tp__registry_find((uintptr_t)&local) == NULL);
+  CHECK_OK(tp_free_async(p, NULL));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_device_synchronize());
+  CHECK(tp__registry_find((uintptr_t)p) == NULL);
+}
+
+/* Live allocations of the random walk, kept to check that none overlap. */
+typedef struct live {
+  uintptr_t addr;
+  size_t size;
+  int stream;
+} live;
+
+static int by_addr(const void *a, const void *b) {
+  uintptr_t x = ((const live *)a)->addr, y = ((const live *)b)->addr;
+  return x < y ? -1 : x > y;
+}
+
+static void check_disjoint(live *v, size_t n) {
+  qsort(v, n, sizeof *v, by_addr);
+  for (size_t i = 1; i < n; i++)
+    if (v[i - 1].addr + v[i - 1].size > v[i].addr)
+      CHECK_FAIL("blocks %#lx+%zu and %#lx overlap",
+                 (unsigned long)v[i - 1].addr, v[i - 1].size,
+                 (unsigned long)v[i].addr);
+}
+
+static size_t random_size(check_rng *r) {
+  switch (rng_below(r, 4)) {
+  case 0: return (size_t)rng_range(r, 1, 4096);
+  case 1: return (size_t)rng_range(r, 4096, 64 * 1024);
+  case 2: return (size_t)rng_range(r, 64 * 1024, 3u << 20);
+  default: return (size_t)rng_range(r, 3u << 20, 24u << 20);
+  }
+}
+
+static void test_random_walk(uint64_t seed) {
+  check_rng rng = {seed};
+  tp_pool_t pool = make_pool(256u << 20);
+  tp_stream_t st[3];
+  for (int i = 0; i < 3; i++)
+    REQUIRE_OK(tp_stream_create(&st[i], i == 2 ? TP_STREAM_NON_BLOCKING : 0));
+  live *v = calloc(4096, sizeof *v);
+  size_t n = 0, ooms = 0;
+  for (int step = 0; step < 6000; step++) {
+    unsigned op = (unsigned)rng_below(&rng, 100);
+    if (op < 47 && n < 4096) {
+      int s = (int)rng_below(&rng, 3);
+      size_t size = random_size(&rng);
+      void *p = NULL;
+      tp_error_t err = tp_malloc_from_pool_async(&p, size, pool, st[s]);
+      if (err == TP_ERROR_OUT_OF_MEMORY) {
+        ooms++;
+      } else if (CHECK_OK(err)) {
+        CHECK((uintptr_t)p % TP_GRANULE == 0);
+        v[n++] = (live){(uintptr_t)p, size, s};
+      }
+    } else if (op < 95 && n > 0) {
+      size_t i = (size_t)rng_below(&rng, n);
+      int s = rng_chance(&rng, 80) ? v[i].stream : (int)rng_below(&rng, 3);
+      CHECK_OK(tp_free_async((void *)v[i].addr, st[s]));
+      v[i] = v[--n];
+    } else if (op < 98) {
+      CHECK_OK(tp_stream_synchronize(st[rng_below(&rng, 3)]));
+    } else if (op < 99) {
+      CHECK_OK(tp_pool_trim_to(pool, rng_below(&rng, 64u << 20)));
+    } else {
+      uint64_t t = rng_below(&rng, 128u << 20);
+      CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &t));
+    }
+    uint64_t used = 0;
+    for (size_t i = 0; i < n; i++)
+      used += v[i].size;
+    CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_USED_MEM_CURRENT), used);
+    if (step % 16 == 0) {
+      verify(pool);
+      check_disjoint(v, n);
+    }
+    if (check_failure_count() > 20)
+      break;
+  }
+  verify(pool);
+  check_disjoint(v, n);
+  printf(
+      "   random walk: %zu live at the end, %zu out-of-memory answers, "
+      "peak reserved %llu MiB\n",
+      n, ooms,
+      (unsigned long long)(attr64(pool, TP_POOL_ATTR_RESERVED_MEM_HIGH) >> 20));
+  while (n > 0)
+    CHECK_OK(tp_free_async((void *)v[--n].addr, st[0]));
+  CHECK_OK(tp_device_synchronize());
+  for (int i = 0; i < 3; i++)
+    CHECK_OK(tp_stream_synchronize(st[i]));
+  CHECK_OK(tp_pool_trim_to(pool, 0));
+  verify(pool);
+  CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);
+  CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_USED_MEM_CURRENT), 0);
+  for (int i = 0; i < 3; i++)
+    CHECK_OK(tp_stream_destroy(st[i]));
+  CHECK_OK(tp_pool_destroy(pool));
+  free(v);
+}
+
+/* Wholly free chunks scattered between live blocks are moved behind a fresh
+ * range for a request no free range fits, instead of growing the pool. */
+static void test_remap_instead_of_growth(void) {
+  tp_pool_t pool = make_pool(0);
+  uint64_t chunk = attr64(pool, TP_POOL_ATTR_CHUNK_SIZE);
+  void *b[10];
+  for (int i = 0; i < 10; i++)
+    REQUIRE_OK(tp_malloc_from_pool_async(&b[i], chunk, pool, NULL));
+  for (int i = 0; i < 10; i += 2)
+    CHECK_OK(tp_free_async(b[i], NULL));
+  CHECK_OK(tp_stream_synchronize(NULL));
+  uint64_t t = UINT64_MAX;
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &t));
+  uint64_t before = attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT);
+  uint64_t unmaps = attr64(pool, TP_POOL_ATTR_CHUNK_UNMAPS);
+  CHECK(before <= 10 * chunk); /* the threshold was 0 at the synchronize */
+  t = 0;
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &t));
+  /* Put the five chunks back, then ask for one range of five. */
+  void *h[5];
+  for (int i = 0; i < 5; i++)
+    REQUIRE_OK(tp_malloc_from_pool_async(&h[i], chunk, pool, NULL));
+  for (int i = 0; i < 5; i++)
+    CHECK_OK(tp_free_async(h[i], NULL));
+  t = UINT64_MAX;
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &t));
+  CHECK_OK(tp_stream_synchronize(NULL));
+  before = attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT);
+  unmaps = attr64(pool, TP_POOL_ATTR_CHUNK_UNMAPS);
+  void *big = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&big, 5 * chunk, pool, NULL));
+  CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), before);
+  CHECK(attr64(pool, TP_POOL_ATTR_CHUNK_UNMAPS) >= unmaps + 4);
+  verify(pool);
+  if (check_on_host())
+    memset(big, 0x5a, 5 * chunk); /* the moved chunks are really mapped */
+  CHECK_OK(tp_free_async(big, NULL));
+  for (int i = 1; i < 10; i += 2)
+    CHECK_OK(tp_free_async(b[i], NULL));
+  CHECK_OK(tp_stream_synchronize(NULL));
+  CHECK_OK(tp_pool_trim_to(pool, 0));
+  CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);
+  verify(pool);
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
+int main(int argc, char **argv) {
+  if (!check_on_host()) {
+    printf("skipped: host platform only\n");
+    return 0;
+  }
+  /* A fixed seed unless one is given, so that CI runs are repeatable. */
+  uint64_t seed = argc > 1 || getenv("TP_CORE_SEED")
+                      ? check_seed(argc, argv, 1, "TP_CORE_SEED")
+                      : 20261129;
+  RUN_TEST(test_bins);
+  RUN_TEST(test_classes);
+  RUN_TEST(test_env_size);
+  RUN_TEST(test_registry);
+  RUN_TEST(test_remap_instead_of_growth);
+  printf("   seed %llu\n", (unsigned long long)seed);
+  test_random_walk(seed);
+  return check_done();
+}
