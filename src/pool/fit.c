@@ -290,9 +290,8 @@ static void settle_tag(tp__block *b, bool poll) {
 }
 
 void tp__fit_settle(tp__pool *p, bool poll) {
-  for (size_t c = 0; c < p->nchunks; c++) {
-    if (!p->chunks[c].phys || (c > 0 && p->chunks[c - 1].phys))
-      continue;
+  for (size_t c = tp__segment_next(p, 0); c < p->nchunks;
+       c = tp__segment_next(p, c + 1)) {
     for (tp__block *b = p->chunks[c].seg_first; b; b = b->next) {
       if (!is_free(b))
         continue;

@@ -212,9 +212,8 @@ static bool has_pending(tp__pool *p) {
 }
 
 static void free_blocks(tp__pool *p) {
-  for (size_t c = 0; c < p->nchunks; c++) {
-    if (!p->chunks[c].phys || (c > 0 && p->chunks[c - 1].phys))
-      continue;
+  for (size_t c = tp__segment_next(p, 0); c < p->nchunks;
+       c = tp__segment_next(p, c + 1)) {
     for (tp__block *b = p->chunks[c].seg_first, *n; b; b = n) {
       n = b->next;
       if (b->tag.stream)

@@ -16,8 +16,9 @@
 #define TP_SMALL_MAX (32u * 1024u) /* largest size served by slabs */
 #define TP_NCLASSES 20
 #define TP_NBINS 512
-#define TP_LARGE_CACHE 4  /* large blocks a stream keeps for itself */
-#define TP_SMALL_CACHE 64 /* small blocks a stream keeps per class */
+#define TP_LARGE_CACHE 4   /* large blocks a stream keeps for itself */
+#define TP_SMALL_CACHE 64  /* small blocks a stream keeps per class */
+#define TP_GROWTH_SLACK 64 /* grow freely up to peak used + 1/64 */
 
 typedef struct tp__stream tp__stream;
 typedef struct tp__pool tp__pool;
@@ -173,6 +174,7 @@ struct tp__pool {
   uint64_t limit; /* physical bytes the pool may hold */
   size_t nchunks;
   tp__chunk *chunks;
+  uint64_t *mapbits;                  /* a bit per chunk: mapped */
   _Atomic(_Atomic uintptr_t *) *gtab; /* per chunk: granule entries */
 
   tp__block *bins[TP_NBINS];
@@ -298,6 +300,10 @@ tp_error_t tp__space_set_access(tp__pool *p, const tp_access_desc_t *list,
                                 size_t n);
 /* Granule entries: the registry of live allocations. */
 _Atomic uintptr_t *tp__space_entry(tp__pool *p, uintptr_t addr, bool create);
+/* The first chunk at or after `from` that starts a segment (a maximal run
+ * of mapped chunks), or nchunks; and the end of the segment at `start`. */
+size_t tp__segment_next(const tp__pool *p, size_t from);
+size_t tp__segment_end(const tp__pool *p, size_t start);
 /* Links a new block covering [addr, addr + size) into the segment lists. */
 void tp__segment_link(tp__pool *p, tp__block *b);
 

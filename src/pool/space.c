@@ -9,6 +9,18 @@
 
 #define TP_VA_MIN (UINT64_C(1) << 30)
 
+static bool mapped(const tp__pool *p, size_t c) {
+  return (p->mapbits[c / 64] >> (c % 64)) & 1;
+}
+
+static void set_mapped(tp__pool *p, size_t c, tp__phys phys) {
+  p->chunks[c].phys = phys;
+  if (phys)
+    p->mapbits[c / 64] |= UINT64_C(1) << (c % 64);
+  else
+    p->mapbits[c / 64] &= ~(UINT64_C(1) << (c % 64));
+}
+
 tp_error_t tp__space_init(tp__pool *p) {
   uint64_t va = p->limit * 4;
   if (va < TP_VA_MIN || va / 4 != p->limit)
@@ -18,9 +30,11 @@ tp_error_t tp__space_init(tp__pool *p) {
   p->nchunks = va / p->gran;
   p->chunks = calloc(p->nchunks, sizeof *p->chunks);
   p->gtab = calloc(p->nchunks, sizeof *p->gtab);
-  if (!p->chunks || !p->gtab) {
+  p->mapbits = calloc((p->nchunks + 63) / 64, sizeof *p->mapbits);
+  if (!p->chunks || !p->gtab || !p->mapbits) {
     free(p->chunks);
     free((void *)p->gtab);
+    free(p->mapbits);
     return TP_ERROR_OUT_OF_MEMORY;
   }
   tp_error_t err =
@@ -30,8 +44,10 @@ tp_error_t tp__space_init(tp__pool *p) {
   if (err != TP_SUCCESS) {
     free(p->chunks);
     free((void *)p->gtab);
+    free(p->mapbits);
     p->chunks = NULL;
     p->gtab = NULL;
+    p->mapbits = NULL;
   }
   return err;
 }
@@ -64,17 +80,11 @@ static tp_error_t apply_access(tp__pool *p, size_t off, size_t size) {
 
 tp_error_t tp__space_set_access(tp__pool *p, const tp_access_desc_t *list,
                                 size_t n) {
-  for (size_t c = 0; c < p->nchunks;) {
-    if (!p->chunks[c].phys) {
-      c++;
-      continue;
-    }
-    size_t e = c;
-    while (e < p->nchunks && p->chunks[e].phys)
-      e++;
+  for (size_t c = tp__segment_next(p, 0); c < p->nchunks;) {
+    size_t e = tp__segment_end(p, c);
     TP_FORWARD(tp__platform->set_access(p->res, c * p->gran, (e - c) * p->gran,
                                         list, n));
-    c = e;
+    c = tp__segment_next(p, e);
   }
   return TP_SUCCESS;
 }
@@ -101,6 +111,7 @@ static tp_error_t carve(tp__pool *p, tp__block *b, size_t c0, size_t c1,
   for (size_t c = c0; c < c1; c++) {
     phys[c - c0] = p->chunks[c].phys;
     p->chunks[c] = (tp__chunk){0};
+    set_mapped(p, c, 0);
   }
   if (lo < a) {
     b->size = a - lo;
@@ -174,32 +185,54 @@ static size_t gather(tp__pool *p, size_t want, const tp__block *keep,
   return got;
 }
 
+size_t tp__segment_next(const tp__pool *p, size_t from) {
+  size_t words = (p->nchunks + 63) / 64;
+  for (size_t w = from / 64; w < words; w++) {
+    uint64_t m = p->mapbits[w];
+    uint64_t carry = w > 0 ? p->mapbits[w - 1] >> 63 : 0;
+    uint64_t starts = m & ~((m << 1) | carry);
+    if (w == from / 64)
+      starts &= ~UINT64_C(0) << (from % 64);
+    if (starts)
+      return w * 64 + (size_t)__builtin_ctzll(starts);
+  }
+  return p->nchunks;
+}
+
+size_t tp__segment_end(const tp__pool *p, size_t start) {
+  size_t c = start;
+  while (c < p->nchunks && mapped(p, c))
+    c++;
+  return c;
+}
+
 static bool run_unmapped(const tp__pool *p, size_t c0, size_t n) {
   if (c0 + n > p->nchunks)
     return false;
   for (size_t c = c0; c < c0 + n; c++)
-    if (p->chunks[c].phys)
+    if (mapped(p, c))
       return false;
   return true;
 }
 
-/* The block ending a segment at chunk c, or NULL when c ends none. The
- * chunk map's edge pointers are kept at real edges only, so they are checked
- * against the map before use. */
-static tp__block *segment_end(const tp__pool *p, size_t c) {
-  if (c + 1 < p->nchunks && p->chunks[c + 1].phys)
-    return NULL;
-  tp__block *b = p->chunks[c].seg_last;
-  TP_CHECK(b && !b->next && b->addr + b->size == p->base + (c + 1) * p->gran);
-  return b;
-}
-
-static tp__block *segment_start(const tp__pool *p, size_t c) {
-  if (c > 0 && p->chunks[c - 1].phys)
-    return NULL;
-  tp__block *b = p->chunks[c].seg_first;
-  TP_CHECK(b && !b->prev && b->addr == p->base + c * p->gran);
-  return b;
+/* The lowest run of n unmapped chunks, skipping fully mapped words. */
+static bool first_run(const tp__pool *p, size_t n, size_t *out) {
+  size_t run = 0;
+  for (size_t c = 0; c < p->nchunks;) {
+    if (c % 64 == 0 && p->mapbits[c / 64] == UINT64_MAX) {
+      run = 0;
+      c += 64;
+      continue;
+    }
+    if (mapped(p, c)) {
+      run = 0;
+    } else if (++run == n) {
+      *out = c + 1 - n;
+      return true;
+    }
+    c++;
+  }
+  return false;
 }
 
 /* Where new chunks go: extending a completed free block at a segment's end
@@ -212,33 +245,26 @@ typedef struct placement {
 
 static bool place(tp__pool *p, size_t size, placement *out) {
   size_t fresh = tp__align_up(size, p->gran) / p->gran;
-  *out = (placement){0, 0, NULL};
-  bool found = false;
-  size_t run = 0;
-  for (size_t c = 0; c < p->nchunks; c++) {
-    if (p->chunks[c].phys) {
-      run = 0;
-      tp__block *last = segment_end(p, c);
-      tp__block *first = segment_start(p, c);
-      if (last && movable(last) && last->size < size) {
-        size_t n = tp__align_up(size - last->size, p->gran) / p->gran;
-        if ((!found || n < out->n) && run_unmapped(p, c + 1, n)) {
-          *out = (placement){c + 1, n, last};
-          found = true;
-        }
+  out->c0 = 0;
+  bool found = first_run(p, fresh, &out->c0);
+  out->n = fresh;
+  out->extend = NULL;
+  for (unsigned bin = 0; bin < TP_NBINS; bin++) {
+    for (tp__block *b = p->bins[bin]; b; b = b->fnext) {
+      if (!movable(b) || b->size >= size || (b->next && b->prev))
+        continue;
+      size_t n = tp__align_up(size - b->size, p->gran) / p->gran;
+      if (found && n >= out->n)
+        continue;
+      size_t after = (b->addr + b->size - p->base) / p->gran;
+      size_t before = (b->addr - p->base) / p->gran;
+      if (!b->next && run_unmapped(p, after, n)) {
+        *out = (placement){after, n, b};
+        found = true;
+      } else if (!b->prev && before >= n && run_unmapped(p, before - n, n)) {
+        *out = (placement){before - n, n, b};
+        found = true;
       }
-      if (first && movable(first) && first->size < size) {
-        size_t n = tp__align_up(size - first->size, p->gran) / p->gran;
-        if ((!found || n < out->n) && c >= n && run_unmapped(p, c - n, n)) {
-          *out = (placement){c - n, n, first};
-          found = true;
-        }
-      }
-      continue;
-    }
-    if (++run == fresh && (!found || fresh < out->n)) {
-      *out = (placement){c + 1 - fresh, fresh, NULL};
-      found = true;
     }
   }
   return found;
@@ -275,15 +301,26 @@ static void release_phys(tp__pool *p, const tp__phys *phys, size_t n) {
 tp_error_t tp__space_grow(tp__pool *p, size_t size, tp__block **out) {
   placement pl;
   TP_RETURN_IF(!place(p, size, &pl), TP_ERROR_OUT_OF_MEMORY);
-  size_t have = count_movable(p, pl.extend);
-  size_t fresh = pl.n > have ? pl.n - have : 0;
+  /* Moving a chunk costs as much as making one (tens of microseconds on a
+   * GPU), so chunks move only once the pool would otherwise hold more than
+   * a sliver above the peak of what its users asked for. */
   uint64_t reserved = atomic_load_explicit(&p->reserved, memory_order_relaxed);
-  TP_RETURN_IF(reserved + (uint64_t)fresh * p->gran > p->limit,
+  uint64_t peak =
+      tp__max_u64(atomic_load(&p->used_high), atomic_load(&p->used) + size);
+  uint64_t budget = peak + peak / TP_GROWTH_SLACK;
+  size_t create =
+      budget > reserved ? (size_t)((budget - reserved) / p->gran) : 0;
+  if (create > pl.n)
+    create = pl.n;
+  size_t have = count_movable(p, pl.extend);
+  if (pl.n - create > have)
+    create = pl.n - have;
+  TP_RETURN_IF(reserved + (uint64_t)create * p->gran > p->limit,
                TP_ERROR_OUT_OF_MEMORY);
   tp__phys *phys = calloc(pl.n, sizeof *phys);
   TP_RETURN_IF(!phys, TP_ERROR_OUT_OF_MEMORY);
   tp_error_t err = TP_SUCCESS;
-  size_t moved = gather(p, pl.n, pl.extend, phys, &err);
+  size_t moved = gather(p, pl.n - create, pl.extend, phys, &err);
   size_t made = moved;
   while (err == TP_SUCCESS && made < pl.n) {
     err = tp__platform->chunk_create(p->res, &phys[made]);
@@ -311,7 +348,7 @@ tp_error_t tp__space_grow(tp__pool *p, size_t size, tp__block **out) {
   }
   atomic_fetch_add_explicit(&p->maps, pl.n, memory_order_relaxed);
   for (size_t i = 0; i < pl.n; i++)
-    p->chunks[pl.c0 + i].phys = phys[i];
+    set_mapped(p, pl.c0 + i, phys[i]);
   free(phys);
   uintptr_t a = p->base + pl.c0 * p->gran;
   size_t bytes = pl.n * p->gran;
@@ -367,18 +404,23 @@ void tp__space_release(tp__pool *p, uint64_t keep) {
 void tp__space_fini(tp__pool *p) {
   if (!p->chunks)
     return;
-  for (size_t c = 0; c < p->nchunks; c++) {
-    if (p->chunks[c].phys) {
-      (void)tp__platform->unmap(p->res, c * p->gran, 1);
-      if (tp__platform->chunk_release(p->res, p->chunks[c].phys) == TP_SUCCESS)
+  for (size_t c = tp__segment_next(p, 0); c < p->nchunks;) {
+    size_t e = tp__segment_end(p, c);
+    for (size_t i = c; i < e; i++) {
+      (void)tp__platform->unmap(p->res, i * p->gran, 1);
+      if (tp__platform->chunk_release(p->res, p->chunks[i].phys) == TP_SUCCESS)
         reserved_add(p, -(int64_t)p->gran);
     }
-    free((void *)atomic_load_explicit(&p->gtab[c], memory_order_relaxed));
+    c = tp__segment_next(p, e);
   }
+  for (size_t c = 0; c < p->nchunks; c++)
+    free((void *)atomic_load_explicit(&p->gtab[c], memory_order_relaxed));
   tp__registry_remove(p);
   (void)tp__platform->unreserve(p->res);
   free(p->chunks);
   free((void *)p->gtab);
+  free(p->mapbits);
   p->chunks = NULL;
   p->gtab = NULL;
+  p->mapbits = NULL;
 }

@@ -3,6 +3,7 @@
  * call it after every slow-path operation so that a bug stops where it
  * happens. */
 #include <stdarg.h>
+#include <string.h>
 
 #include "pool/pool.h"
 #include "pool/pool_verify.h"
@@ -68,15 +69,12 @@ int tp__pool_walk(tp__pool *p, bool check_used, char *why, size_t len) {
     return 0;
   uint64_t mapped = 0, used = 0;
   size_t free_blocks = 0;
-  for (size_t c = 0; c < p->nchunks; c++) {
-    if (!p->chunks[c].phys)
-      continue;
-    mapped++;
-    if (c > 0 && p->chunks[c - 1].phys)
-      continue;
-    size_t e = c;
-    while (e < p->nchunks && p->chunks[e].phys)
-      e++;
+  for (size_t c = tp__segment_next(p, 0); c < p->nchunks;
+       c = tp__segment_next(p, c + 1)) {
+    size_t e = tp__segment_end(p, c);
+    for (size_t i = c; i < e; i++)
+      CHECK_OR_FAIL(p->chunks[i].phys, "chunk %zu mapped without a handle", i);
+    mapped += e - c;
     uintptr_t at = p->base + c * p->gran, end = p->base + e * p->gran;
     const tp__block *prev = NULL;
     const tp__block *b = p->chunks[c].seg_first;
@@ -175,3 +173,37 @@ void tp__pool_debug_check(tp__pool *p) {
   }
 }
 #endif
+
+void tp__pool_breakdown(tp_pool_t pool, uint64_t out[8]) {
+  tp__pool *p;
+  memset(out, 0, 8 * sizeof *out);
+  if (tp__pool_get(pool, &p) != TP_SUCCESS || p->imported)
+    return;
+  pthread_mutex_lock(&p->lock);
+  for (size_t c = tp__segment_next(p, 0); c < p->nchunks;
+       c = tp__segment_next(p, c + 1)) {
+    for (const tp__block *b = p->chunks[c].seg_first; b; b = b->next) {
+      switch (state_of(b)) {
+      case TP_BLOCK_FREE: out[b->tag.stream ? 1 : 0] += b->size; break;
+      case TP_BLOCK_CACHED: out[2] += b->size; break;
+      case TP_BLOCK_USED: out[3] += b->size - atomic_load(&b->req); break;
+      case TP_BLOCK_SLAB: {
+        const tp__slab *s = b->slab;
+        out[4] += b->size;
+        for (uint32_t i = 0; i < s->nblocks; i++) {
+          uint32_t req = atomic_load(&s->req[i]);
+          if (req)
+            out[5] += s->bsize - req;
+          else if ((s->free[i / 64] >> (i % 64)) & 1)
+            out[6] += s->bsize;
+          else
+            out[7] += s->bsize;
+        }
+        break;
+      }
+      default: break;
+      }
+    }
+  }
+  pthread_mutex_unlock(&p->lock);
+}
