@@ -111,7 +111,7 @@ tp__block *tp__block_split(tp__pool *p, tp__block *b, size_t size) {
   return n;
 }
 
-static void tag_clear(tp__tag *t) {
+void tp__tag_clear(tp__tag *t) {
   if (t->stream)
     tp__stream_unref(t->stream);
   *t = (tp__tag){0};
@@ -122,12 +122,12 @@ static bool is_free(const tp__block *b) {
          atomic_load_explicit(&b->state, memory_order_relaxed) == TP_BLOCK_FREE;
 }
 
-/* Whether two adjacent free ranges may become one. A completed range joins
- * a pending one and becomes pending with it: contiguity matters more to
- * fragmentation than the brief wait does to reuse. */
-static bool tags_join(const tp__tag *a, const tp__tag *b, bool absorb) {
+/* Whether two adjacent free ranges may become one: both completed, or both
+ * pending on the same stream. A completed range never joins a pending one,
+ * which would make it wait for that stream's work. */
+static bool tags_join(const tp__tag *a, const tp__tag *b) {
   if (!a->stream || !b->stream)
-    return absorb || (!a->stream && !b->stream);
+    return !a->stream && !b->stream;
   return a->stream == b->stream;
 }
 
@@ -148,27 +148,19 @@ static void merge_into(tp__pool *p, tp__block *lo, tp__block *hi) {
   tp__block_recycle(p, hi);
 }
 
-static tp__block *release_with(tp__pool *p, tp__block *b, bool absorb) {
+tp__block *tp__block_release(tp__pool *p, tp__block *b) {
   tp__block *prev = b->prev, *next = b->next;
-  if (is_free(prev) && tags_join(&prev->tag, &b->tag, absorb)) {
+  if (is_free(prev) && tags_join(&prev->tag, &b->tag)) {
     tp__bin_remove(p, prev);
     merge_into(p, prev, b);
     b = prev;
   }
-  if (is_free(next) && tags_join(&b->tag, &next->tag, absorb)) {
+  if (is_free(next) && tags_join(&b->tag, &next->tag)) {
     tp__bin_remove(p, next);
     merge_into(p, b, next);
   }
   tp__bin_insert(p, b);
   return b;
-}
-
-tp__block *tp__block_release(tp__pool *p, tp__block *b) {
-  return release_with(p, b, true);
-}
-
-tp__block *tp__block_release_ready(tp__pool *p, tp__block *b) {
-  return release_with(p, b, false);
 }
 
 /* Whether `a` may take free block `b` now: its free completed, was on `a`,
@@ -177,7 +169,7 @@ static bool usable(tp__pool *p, tp__stream *a, tp__block *b) {
   if (!b->tag.stream || b->tag.stream == a)
     return true;
   if (tp__stream_done(&b->tag)) {
-    tag_clear(&b->tag);
+    tp__tag_clear(&b->tag);
     return true;
   }
   return atomic_load_explicit(&p->follow_events, memory_order_relaxed) &&
@@ -212,17 +204,34 @@ static int next_bin(const tp__pool *p, unsigned from) {
   return -1;
 }
 
+/* The tag a taken block keeps: none when its free completed; otherwise
+ * "after the work `a` has queued so far", which follows the pending free
+ * (as `a`'s own, or through the dependency `a` was just given). Whoever
+ * hands part of the block to another stream must honour it. */
+static void retag(tp__stream *a, tp__tag *t, bool pending) {
+  tp__tag_clear(t);
+  if (pending) {
+    *t = tp__stream_tag(a);
+    tp__stream_ref(a);
+  }
+}
+
+static bool pending(const tp__tag *t) {
+  return t->stream && !tp__stream_done(t);
+}
+
 /* Takes `b` out of the bins, shaped to `size`. It stops being free before
- * the split, so that the remainder does not merge back into it. */
-static tp__block *take(tp__pool *p, tp__block *b, size_t size) {
+ * the split, so that the remainder does not merge back into it; the
+ * remainder keeps b's own tag. */
+static tp__block *take(tp__pool *p, tp__stream *a, tp__block *b, size_t size) {
   tp__bin_remove(p, b);
   atomic_store_explicit(&b->state, TP_BLOCK_CACHED, memory_order_relaxed);
   tp__block *rest = tp__block_split(p, b, size);
   if (rest) {
     atomic_store_explicit(&rest->state, TP_BLOCK_FREE, memory_order_relaxed);
-    release_with(p, rest, false);
+    tp__block_release(p, rest);
   }
-  tag_clear(&b->tag);
+  retag(a, &b->tag, pending(&b->tag));
   return b;
 }
 
@@ -235,22 +244,27 @@ tp__block *tp__fit_take(tp__pool *p, tp__stream *a, size_t size, bool deps) {
     if (deps && !usable(p, a, b) &&
         tp__stream_make_wait(a, &b->tag) != TP_SUCCESS)
       continue;
-    return take(p, b, size);
+    return take(p, a, b, size);
   }
   return NULL;
 }
 
-/* Free runs of adjacent blocks of several streams that together fit:
- * the allocating stream waits for each and takes them as one block. */
-tp__block *tp__fit_take_run(tp__pool *p, tp__stream *a, size_t size) {
+/* Runs of adjacent free blocks that together fit although no single one
+ * does: blocks whose tags keep them apart (frees of several streams, or
+ * pending and completed ones). Without `deps` only blocks `a` may use now
+ * count; with it, `a` waits for each pending one. */
+tp__block *tp__fit_take_run(tp__pool *p, tp__stream *a, size_t size,
+                            bool deps) {
   tp__block *best = NULL;
   size_t best_total = SIZE_MAX;
-  for (unsigned bin = 0; bin < TP_NBINS; bin++) {
+  for (int bin = next_bin(p, 0); bin >= 0;
+       bin = next_bin(p, (unsigned)bin + 1)) {
     for (tp__block *b = p->bins[bin]; b; b = b->fnext) {
-      if (is_free(b->prev) && b->prev->addr + b->prev->size == b->addr)
+      if (is_free(b->prev) && (deps || usable(p, a, b->prev)))
         continue; /* runs are counted from their first block */
       size_t total = 0;
-      for (tp__block *r = b; is_free(r) && total < size; r = r->next)
+      for (tp__block *r = b;
+           is_free(r) && (deps || usable(p, a, r)) && total < size; r = r->next)
         total += r->size;
       if (total >= size && total < best_total) {
         best = b;
@@ -260,33 +274,48 @@ tp__block *tp__fit_take_run(tp__pool *p, tp__stream *a, size_t size) {
   }
   if (!best)
     return NULL;
-  size_t total = 0;
-  for (tp__block *r = best; total < size; r = r->next) {
-    if (!usable(p, a, r) && tp__stream_make_wait(a, &r->tag) != TP_SUCCESS)
+  size_t before = 0;
+  tp__block *last = best;
+  for (;; last = last->next) {
+    if (!usable(p, a, last) &&
+        tp__stream_make_wait(a, &last->tag) != TP_SUCCESS)
       return NULL;
-    total += r->size;
+    if (before + last->size >= size)
+      break;
+    before += last->size;
   }
-  tp__bin_remove(p, best);
-  atomic_store_explicit(&best->state, TP_BLOCK_CACHED, memory_order_relaxed);
-  tag_clear(&best->tag);
-  while (best->size < size) {
-    tp__block *n = best->next;
-    tp__bin_remove(p, n);
-    tag_clear(&n->tag);
-    merge_into(p, best, n);
-  }
-  tp__block *rest = tp__block_split(p, best, size);
+  /* The last block gives only what is needed; its remainder keeps its own
+   * tag, since whoever freed it may still be using it. */
+  tp__bin_remove(p, last);
+  atomic_store_explicit(&last->state, TP_BLOCK_CACHED, memory_order_relaxed);
+  tp__block *rest = tp__block_split(p, last, size - before);
   if (rest) {
     atomic_store_explicit(&rest->state, TP_BLOCK_FREE, memory_order_relaxed);
-    release_with(p, rest, false);
+    tp__block_release(p, rest);
   }
+  if (best != last) {
+    tp__bin_remove(p, best);
+    atomic_store_explicit(&best->state, TP_BLOCK_CACHED, memory_order_relaxed);
+  }
+  bool was_pending = pending(&best->tag);
+  tp__tag_clear(&best->tag);
+  for (bool done = best == last; !done;) {
+    tp__block *n = best->next;
+    done = n == last;
+    if (!done)
+      tp__bin_remove(p, n);
+    was_pending = was_pending || pending(&n->tag);
+    tp__tag_clear(&n->tag);
+    merge_into(p, best, n);
+  }
+  retag(a, &best->tag, was_pending);
   return best;
 }
 
 static void settle_tag(tp__block *b, bool poll) {
   if (b->tag.stream &&
       (tp__stream_done(&b->tag) || (poll && tp__stream_poll(&b->tag))))
-    tag_clear(&b->tag);
+    tp__tag_clear(&b->tag);
 }
 
 void tp__fit_settle(tp__pool *p, bool poll) {
@@ -300,7 +329,7 @@ void tp__fit_settle(tp__pool *p, bool poll) {
       while (is_free(b->next)) {
         tp__block *n = b->next;
         settle_tag(n, poll);
-        if (!tags_join(&b->tag, &n->tag, false))
+        if (!tags_join(&b->tag, &n->tag))
           break;
         if (!out)
           tp__bin_remove(p, b);

@@ -3,6 +3,7 @@
  * lock shared with other streams), then the pool's reuse policies in
  * DESIGN.md's order, then growth, then the host-side wait. */
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "pool/pool.h"
@@ -56,6 +57,9 @@ tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
   p->kind = kind;
   p->is_default = is_default;
   p->channel = -1;
+  if (props->handle_types && getrandom(&p->export_key, sizeof p->export_key,
+                                       0) != (ssize_t)sizeof p->export_key)
+    p->export_key = (uint64_t)(uintptr_t)p ^ p->serial * 0x9E3779B97F4A7C15ull;
   p->gran = gran;
   p->limit = capacity / gran * gran;
   if (props->max_size && props->max_size < p->limit)
@@ -350,7 +354,7 @@ static void wait_pending(tp__pool *p) {
   tp__fit_settle(p, false);
 }
 
-tp_error_t tp__large_get(tp__pool *p, tp__stream *a, size_t size,
+tp_error_t tp__large_get(tp__pool *p, tp__stream *a, size_t size, bool grow,
                          tp__block **out) {
   bool opportunistic =
       atomic_load_explicit(&p->opportunistic, memory_order_relaxed);
@@ -359,6 +363,8 @@ tp_error_t tp__large_get(tp__pool *p, tp__stream *a, size_t size,
     tp__fit_settle(p, true);
     b = tp__fit_take(p, a, size, false);
   }
+  if (!b)
+    b = tp__fit_take_run(p, a, size, false);
   if (!b) {
     tp__pool_flush_all(p);
     tp__slab_settle(p, opportunistic, true);
@@ -368,10 +374,10 @@ tp_error_t tp__large_get(tp__pool *p, tp__stream *a, size_t size,
   if (!b && atomic_load_explicit(&p->internal_deps, memory_order_relaxed)) {
     b = tp__fit_take(p, a, size, true);
     if (!b)
-      b = tp__fit_take_run(p, a, size);
+      b = tp__fit_take_run(p, a, size, true);
   }
   tp_error_t err = TP_SUCCESS;
-  for (int attempt = 0; !b && attempt < 2; attempt++) {
+  for (int attempt = 0; !b && grow && attempt < 2; attempt++) {
     tp__block *grown = NULL;
     err = tp__space_grow(p, size, &grown);
     if (err == TP_SUCCESS) {
@@ -451,11 +457,14 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
   /* The stream's own cached blocks go back first, so that they merge with
    * their neighbours before the search. */
   if (flush_one(p, s) || cache_ensure(p, s))
-    err = tp__large_get(p, s, r, &b);
+    err = tp__large_get(p, s, r, true, &b);
   if (err == TP_SUCCESS && !tp__space_entry(p, b->addr, true)) {
-    tp__block_release_ready(p, b);
+    atomic_store_explicit(&b->state, TP_BLOCK_FREE, memory_order_relaxed);
+    tp__block_release(p, b);
     err = TP_ERROR_OUT_OF_MEMORY;
   }
+  if (err == TP_SUCCESS)
+    tp__tag_clear(&b->tag); /* the user's now, in stream order on `s` */
   if (err == TP_SUCCESS)
     finish_large(p, b, size, ptr);
   TP_DEBUG_WALK(p);
@@ -607,6 +616,24 @@ static tp_error_t free_large(tp__pool *p, tp__block *b,
   if (evict)
     spill(p, s, 0, &evicted, 1, true);
   maybe_reap(p, left);
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__pool_live_size(tp__pool *p, void *ptr, size_t *size) {
+  uintptr_t addr = (uintptr_t)ptr;
+  TP_RETURN_IF(addr % TP_GRANULE, TP_ERROR_INVALID_VALUE);
+  _Atomic uintptr_t *entry = tp__space_entry(p, addr, false);
+  uintptr_t v = entry ? atomic_load_explicit(entry, memory_order_acquire) : 0;
+  TP_RETURN_IF(!v, TP_ERROR_INVALID_VALUE);
+  if (!(v & 1u)) {
+    *size = atomic_load(&((tp__block *)v)->req);
+    return TP_SUCCESS;
+  }
+  tp__slab *slab = (tp__slab *)(v & ~(uintptr_t)1);
+  size_t off = addr - slab->base;
+  TP_RETURN_IF(addr < slab->base || off % slab->bsize, TP_ERROR_INVALID_VALUE);
+  *size = atomic_load(&slab->req[off / slab->bsize]);
+  TP_RETURN_IF(*size == 0, TP_ERROR_INVALID_VALUE);
   return TP_SUCCESS;
 }
 

@@ -160,6 +160,7 @@ struct tp__pool {
   bool is_default;
   bool imported; /* from another process: cannot allocate */
   int channel;   /* exported pools: our end of the sharing channel, or -1 */
+  uint64_t export_key; /* keys the check word of exported pointers */
 
   _Atomic int follow_events, opportunistic, internal_deps, oom_wait;
   _Atomic uint64_t release_threshold;
@@ -272,14 +273,15 @@ unsigned tp__bin_of(size_t size);
 /* Splits `b` so that it keeps `size` bytes; the rest becomes a new block
  * with b's state and tag, which is returned (NULL when nothing is left). */
 tp__block *tp__block_split(tp__pool *p, tp__block *b, size_t size);
-/* Frees `b` into the bins with its tag, merging with free neighbours whose
- * tags allow it. Returns the resulting block. */
+/* Frees `b` into the bins with its tag, merging with free neighbours of
+ * the same tag (or, untagged, with untagged ones). Returns the result. */
 tp__block *tp__block_release(tp__pool *p, tp__block *b);
-/* As tp__block_release, but merging only with completed neighbours. */
-tp__block *tp__block_release_ready(tp__pool *p, tp__block *b);
-/* A run of adjacent free blocks of any streams that together hold `size`:
- * `a` waits for each pending one, and gets them as one block. */
-tp__block *tp__fit_take_run(tp__pool *p, tp__stream *a, size_t size);
+/* A run of adjacent free blocks that together hold `size` though none does
+ * alone, taken as one block: blocks `a` may use now, or with `deps` any,
+ * `a` waiting for each pending one. */
+tp__block *tp__fit_take_run(tp__pool *p, tp__stream *a, size_t size, bool deps);
+/* Drops a tag and the reference it holds on its stream. */
+void tp__tag_clear(tp__tag *t);
 /* Best fit among free blocks that `a` may use now without a new dependency
  * (or with one, when `deps` is set). Takes the block out of the bins and
  * shapes it to `size`. */
@@ -328,8 +330,10 @@ tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
                         tp_pool_t *out);
 tp_error_t tp__pool_get(tp_pool_t handle, tp__pool **out);
 /* A large block of at least `size` bytes for stream `a`, through every step
- * of the reuse order; pool lock held. */
-tp_error_t tp__large_get(tp__pool *p, tp__stream *a, size_t size,
+ * of the reuse order (growth only when `grow`); pool lock held. The block's
+ * tag says when other streams may use its bytes: none, or after the work
+ * `a` has queued so far (when it came from a free still pending). */
+tp_error_t tp__large_get(tp__pool *p, tp__stream *a, size_t size, bool grow,
                          tp__block **out);
 tp_error_t tp__pool_destroy(tp__pool *p);
 tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size, tp__stream *s);
@@ -342,6 +346,9 @@ tp_error_t tp__pool_get_access(tp__pool *p, const tp_location_t *loc,
 /* Applies checked descriptors to the pool's memory, now and later. */
 tp_error_t tp__pool_set_access(tp__pool *p, const tp_access_desc_t *list,
                                size_t n);
+/* The bytes asked for by the live allocation at `ptr` (not an interior
+ * pointer); INVALID_VALUE when there is none. */
+tp_error_t tp__pool_live_size(tp__pool *p, void *ptr, size_t *size);
 /* A pool object that stands for another process's pool. */
 tp_error_t tp__pool_new_imported(int channel, tp_pool_t *out);
 

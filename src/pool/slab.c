@@ -96,11 +96,23 @@ static tp_error_t slab_make(tp__pool *p, unsigned cls, tp__block *b) {
     }
     atomic_store_explicit(&s->req[i], 0, memory_order_relaxed);
     atomic_store_explicit(e, (uintptr_t)s | 1u, memory_order_release);
-    bit_set(s, i);
   }
+  /* Carved from a free still pending for other streams, the blocks wait
+   * with the block's tag; else they are free for all at once. */
+  for (uint32_t i = 0; i < s->nblocks; i++) {
+    if (!b->tag.stream) {
+      bit_set(s, i);
+    } else {
+      tp__centry e = {s->base + (uintptr_t)i * s->bsize, s, b->tag.epoch,
+                      b->tag.lseq};
+      tp__slab_put(p, cls, &e, b->tag.stream);
+    }
+  }
+  tp__tag_clear(&b->tag);
   b->slab = s;
   atomic_store_explicit(&b->state, TP_BLOCK_SLAB, memory_order_relaxed);
-  list_add(p, s);
+  if (s->nfree)
+    list_add(p, s);
   return TP_SUCCESS;
 }
 
@@ -114,7 +126,7 @@ static void slab_unmake(tp__pool *p, tp__slab *s) {
   tp__block *b = s->block;
   b->slab = NULL;
   b->tag = (tp__tag){0};
-  tp__block_release_ready(p, b);
+  tp__block_release(p, b);
   s->block = NULL;
   s->next = p->spare_slabs;
   p->spare_slabs = s;
@@ -133,51 +145,85 @@ static void pending_remove(tp__pool *p, unsigned cls, uint32_t i) {
   v[i] = v[--p->npending[cls]];
 }
 
-uint32_t tp__slab_take(tp__pool *p, tp__stream *a, unsigned cls,
-                       tp__centry *out, uint32_t want, tp_error_t *err) {
-  for (int round = 0; round < 3; round++) {
-    uint32_t n = 0;
-    while (n < want && p->partial[cls]) {
-      tp__slab *s = p->partial[cls];
-      unsigned w = s->free[0] ? 0 : 1;
-      uint32_t i = w * 64 + (uint32_t)__builtin_ctzll(s->free[w]);
-      s->free[w] &= ~(UINT64_C(1) << (i % 64));
-      s->nfree--;
-      if (!s->nfree)
-        list_del(p, s);
-      out[n++] = (tp__centry){s->base + (uintptr_t)i * s->bsize, s, 0, 0};
-    }
-    if (n)
-      return n;
-    /* A pending block the stream may use: its own, completed, or one it
-     * follows. It is handed out at once, never cached, so that its tag is
-     * not lost. */
-    for (uint32_t i = 0; i < p->npending[cls]; i++) {
-      tp__pending *e = &p->pending[cls][i];
-      if (!pending_usable(p, a, &e->tag))
-        continue;
-      out[0] = (tp__centry){e->slab->base + (uintptr_t)e->idx * e->slab->bsize,
-                            e->slab, 0, 0};
-      pending_remove(p, cls, i);
-      return 1;
-    }
-    if (round == 0 &&
-        atomic_load_explicit(&p->opportunistic, memory_order_relaxed)) {
-      tp__slab_settle(p, true, false);
-      continue;
-    }
-    break;
+/* Free, completed blocks from the class's slabs. */
+static uint32_t take_ready(tp__pool *p, unsigned cls, tp__centry *out,
+                           uint32_t want) {
+  uint32_t n = 0;
+  while (n < want && p->partial[cls]) {
+    tp__slab *s = p->partial[cls];
+    unsigned w = s->free[0] ? 0 : 1;
+    uint32_t i = w * 64 + (uint32_t)__builtin_ctzll(s->free[w]);
+    s->free[w] &= ~(UINT64_C(1) << (i % 64));
+    s->nfree--;
+    if (!s->nfree)
+      list_del(p, s);
+    out[n++] = (tp__centry){s->base + (uintptr_t)i * s->bsize, s, 0, 0};
   }
+  return n;
+}
+
+/* A pending block `a` may use: its own, completed, or one it follows; with
+ * `deps`, any, after making `a` wait for its free. It is handed out at once,
+ * never cached, so that its tag is not lost. */
+static bool take_pending(tp__pool *p, tp__stream *a, unsigned cls, bool deps,
+                         tp__centry *out) {
+  for (uint32_t i = 0; i < p->npending[cls]; i++) {
+    tp__pending *e = &p->pending[cls][i];
+    if (!pending_usable(p, a, &e->tag) &&
+        (!deps || tp__stream_make_wait(a, &e->tag) != TP_SUCCESS))
+      continue;
+    out[0] = (tp__centry){e->slab->base + (uintptr_t)e->idx * e->slab->bsize,
+                          e->slab, 0, 0};
+    pending_remove(p, cls, i);
+    return true;
+  }
+  return false;
+}
+
+/* A new slab for the class, carved from a large block. */
+static tp_error_t slab_grow(tp__pool *p, tp__stream *a, unsigned cls,
+                            bool grow) {
   uint32_t bsize = class_sizes[cls];
   tp__block *b = NULL;
-  *err = tp__large_get(p, a, (size_t)bsize * blocks_per_slab(bsize), &b);
-  if (*err == TP_SUCCESS && (*err = slab_make(p, cls, b)) != TP_SUCCESS) {
-    atomic_store_explicit(&b->state, TP_BLOCK_FREE, memory_order_relaxed);
-    tp__block_release_ready(p, b);
+  TP_FORWARD(
+      tp__large_get(p, a, (size_t)bsize * blocks_per_slab(bsize), grow, &b));
+  tp_error_t err = slab_make(p, cls, b);
+  if (err != TP_SUCCESS)
+    tp__block_release(p, b);
+  return err;
+}
+
+/* The reuse order of DESIGN.md for small blocks: completed or own blocks,
+ * completed ones found by polling, a slab from free memory (after the
+ * other streams' caches were given back), a pending block behind a
+ * dependency, and only then a slab from new memory. */
+uint32_t tp__slab_take(tp__pool *p, tp__stream *a, unsigned cls,
+                       tp__centry *out, uint32_t want, tp_error_t *err) {
+  bool opportunistic =
+      atomic_load_explicit(&p->opportunistic, memory_order_relaxed);
+  bool deps = atomic_load_explicit(&p->internal_deps, memory_order_relaxed);
+  *err = TP_ERROR_OUT_OF_MEMORY;
+  for (int stage = 0; stage < 4; stage++) {
+    uint32_t n = take_ready(p, cls, out, want);
+    if (n)
+      return n;
+    if (take_pending(p, a, cls, false, out))
+      return 1;
+    switch (stage) {
+    case 0:
+      if (opportunistic)
+        tp__slab_settle(p, true, false);
+      break;
+    case 1: *err = slab_grow(p, a, cls, false); break;
+    case 2:
+      if (deps && take_pending(p, a, cls, true, out))
+        return 1;
+      *err = slab_grow(p, a, cls, true);
+      break;
+    default: break;
+    }
   }
-  if (*err != TP_SUCCESS)
-    return 0;
-  return tp__slab_take(p, a, cls, out, want, err);
+  return 0;
 }
 
 void tp__slab_put(tp__pool *p, unsigned cls, const tp__centry *e,

@@ -383,7 +383,7 @@ tp_error_t tp__space_grow(tp__pool *p, size_t size, tp__block **out) {
     b->size = bytes;
     tp__segment_link(p, b);
   }
-  *out = tp__block_release_ready(p, b);
+  *out = tp__block_release(p, b);
   return TP_SUCCESS;
 }
 
