@@ -37,8 +37,8 @@ static inline int check_failure_count(void) {
   return atomic_load(&check_failures_);
 }
 
-static inline void check_fail_(const char *file, int line, const char *fmt,
-                               ...) __attribute__((format(printf, 3, 4)));
+static inline void check_fail_(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static inline void check_fail_(const char *file, int line, const char *fmt,
                                ...) {
   char msg[512];
@@ -49,8 +49,7 @@ static inline void check_fail_(const char *file, int line, const char *fmt,
   atomic_fetch_add(&check_failures_, 1);
   /* One printf per failure keeps lines whole when threads fail together. */
   printf("FAIL %s:%d: %s%s%s%s\n", file, line, check_context_ ? "[" : "",
-         check_context_ ? check_context_ : "", check_context_ ? "] " : "",
-         msg);
+         check_context_ ? check_context_ : "", check_context_ ? "] " : "", msg);
   fflush(stdout);
 }
 
@@ -75,8 +74,9 @@ static inline int check_eq_u64_(const char *file, int line, const char *ta,
                                 const char *tb, uint64_t a, uint64_t b) {
   if (a == b)
     return 1;
-  check_fail_(file, line, "%s == %s: %" PRIu64 " (0x%" PRIx64 ") != %" PRIu64
-              " (0x%" PRIx64 ")",
+  check_fail_(file, line,
+              "%s == %s: %" PRIu64 " (0x%" PRIx64 ") != %" PRIu64 " (0x%" PRIx64
+              ")",
               ta, tb, a, a, b, b);
   return 0;
 }
@@ -244,7 +244,7 @@ static inline void release_all_gates(void) {
 #define REQUIRE_EXIT_BODY_(ok)                                                 \
   do {                                                                         \
     if (!(ok)) {                                                               \
-      printf("stopping: a required check failed\n");                          \
+      printf("stopping: a required check failed\n");                           \
       exit(1);                                                                 \
     }                                                                          \
   } while (0)
