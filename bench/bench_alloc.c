@@ -5,9 +5,11 @@
 #define _GNU_SOURCE
 #endif
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,11 +98,154 @@ static const char *tp_error_name_(int code) {
   return tp_error_name((tp_error_t)code);
 }
 
-static const backend backends[] = {
+/* ---- the CUDA driver's allocators, side by side on the cuda platform ----
+ * Reached through dlopen, as tidepool itself reaches the driver, so that this
+ * program builds without the toolkit. cuMemAllocAsync is the allocator
+ * behind cudaMallocAsync (the device's default pool, release threshold
+ * raised to the maximum as the anchors were measured); cuMemAlloc is the one
+ * behind cudaMalloc. Streams are the driver's own, non-blocking. */
+#define TP_LIKELY_(x) __builtin_expect(!!(x), 1)
+typedef int cu_result;
+typedef void *cu_stream;
+typedef void *cu_pool;
+typedef void *cu_ctx;
+typedef unsigned long long cu_ptr;
+static struct {
+  cu_result (*init)(unsigned);
+  cu_result (*primary_retain)(cu_ctx *, int);
+  cu_result (*ctx_set)(cu_ctx);
+  cu_result (*default_pool)(cu_pool *, int);
+  cu_result (*pool_set)(cu_pool, int, void *);
+  cu_result (*stream_create)(cu_stream *, unsigned);
+  cu_result (*stream_destroy)(cu_stream);
+  cu_result (*stream_sync)(cu_stream);
+  cu_result (*alloc_async)(cu_ptr *, size_t, cu_stream);
+  cu_result (*free_async)(cu_ptr, cu_stream);
+  cu_result (*alloc)(cu_ptr *, size_t);
+  cu_result (*free)(cu_ptr);
+  cu_result (*error_name)(cu_result, const char **);
+  cu_ctx ctx;
+} cu;
+static _Thread_local bool cu_thread_ready;
+
+static bool cu_load(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib)
+    return false;
+  struct {
+    void *slot;
+    const char *name;
+  } syms[] = {{&cu.init, "cuInit"},
+              {&cu.primary_retain, "cuDevicePrimaryCtxRetain"},
+              {&cu.ctx_set, "cuCtxSetCurrent"},
+              {&cu.default_pool, "cuDeviceGetDefaultMemPool"},
+              {&cu.pool_set, "cuMemPoolSetAttribute"},
+              {&cu.stream_create, "cuStreamCreate"},
+              {&cu.stream_destroy, "cuStreamDestroy_v2"},
+              {&cu.stream_sync, "cuStreamSynchronize"},
+              {&cu.alloc_async, "cuMemAllocAsync"},
+              {&cu.free_async, "cuMemFreeAsync"},
+              {&cu.alloc, "cuMemAlloc_v2"},
+              {&cu.free, "cuMemFree_v2"},
+              {&cu.error_name, "cuGetErrorName"}};
+  for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+    void *f = dlsym(lib, syms[i].name);
+    if (!f)
+      return false;
+    /* ISO C has no cast from object to function pointer; copy the bits. */
+    memcpy(syms[i].slot, &f, sizeof f);
+  }
+  return cu.init(0) == 0 && cu.primary_retain(&cu.ctx, 0) == 0;
+}
+
+/* Each thread works in device 0's primary context, as tidepool's do. */
+static inline int cu_ready(void) {
+  if (TP_LIKELY_(cu_thread_ready))
+    return 0;
+  cu_thread_ready = true;
+  return cu.ctx_set(cu.ctx);
+}
+
+static int cu_prepare_async(void) {
+  cu_pool pool;
+  int rc = cu_ready();
+  if (rc == 0)
+    rc = cu.default_pool(&pool, 0);
+  uint64_t threshold = UINT64_MAX;
+  return rc ? rc : cu.pool_set(pool, 4 /* RELEASE_THRESHOLD */, &threshold);
+}
+static int cu_prepare_plain(void) {
+  return cu_ready();
+}
+static int cu_stream_create_(void **stream) {
+  int rc = cu_ready();
+  return rc ? rc : cu.stream_create((cu_stream *)stream, 1 /* NON_BLOCKING */);
+}
+static int cu_stream_destroy_(void *stream) {
+  return cu.stream_destroy(stream);
+}
+static int cu_stream_synchronize_(void *stream) {
+  return cu.stream_sync(stream);
+}
+static int cu_alloc_async_(void **ptr, size_t size, void *stream) {
+  cu_ptr p = 0;
+  int rc = cu_ready();
+  rc = rc ? rc : cu.alloc_async(&p, size, stream);
+  *ptr = (void *)(uintptr_t)p;
+  return rc;
+}
+static int cu_free_async_(void *ptr, void *stream) {
+  return cu.free_async((cu_ptr)(uintptr_t)ptr, stream);
+}
+static int cu_alloc_(void **ptr, size_t size, void *stream) {
+  (void)stream;
+  cu_ptr p = 0;
+  int rc = cu_ready();
+  rc = rc ? rc : cu.alloc(&p, size);
+  *ptr = (void *)(uintptr_t)p;
+  return rc;
+}
+static int cu_free_(void *ptr, void *stream) {
+  (void)stream;
+  return cu.free((cu_ptr)(uintptr_t)ptr);
+}
+static const char *cu_error_name_(int code) {
+  const char *name = "CUDA_ERROR_UNKNOWN";
+  cu.error_name(code, &name);
+  return name;
+}
+
+static backend backends[3] = {
     {"tidepool", tp_prepare, tp_stream_create_, tp_stream_destroy_,
      tp_stream_synchronize_, tp_alloc_, tp_dealloc_, tp_error_name_},
 };
-#define N_BACKENDS (sizeof backends / sizeof backends[0])
+static size_t N_BACKENDS = 1;
+
+/* On the cuda platform the driver's two allocators run in the same process,
+ * after tidepool, for ratios measured side by side. */
+static void add_driver_backends(bool with_plain) {
+  if (!cu_load()) {
+    printf("note: libcuda could not be loaded; no side-by-side figures\n");
+    return;
+  }
+  backends[N_BACKENDS++] = (backend){"driver cudaMallocAsync (cuMemAllocAsync)",
+                                     cu_prepare_async,
+                                     cu_stream_create_,
+                                     cu_stream_destroy_,
+                                     cu_stream_synchronize_,
+                                     cu_alloc_async_,
+                                     cu_free_async_,
+                                     cu_error_name_};
+  if (with_plain)
+    backends[N_BACKENDS++] = (backend){"driver cudaMalloc (cuMemAlloc)",
+                                       cu_prepare_plain,
+                                       cu_stream_create_,
+                                       cu_stream_destroy_,
+                                       cu_stream_synchronize_,
+                                       cu_alloc_,
+                                       cu_free_,
+                                       cu_error_name_};
+}
 
 /* A failed call ends the program: a benchmark that went on after an error
  * would print figures of something else. */
@@ -124,6 +269,7 @@ static const size_t pair_sizes[] = {256, 4096, 1u << 20, 64u << 20};
 
 typedef struct config {
   int quick;
+  int no_plain; /* leave out cudaMalloc on the cuda platform */
   const char *json_path;
   int thread_counts[MAX_THREAD_COUNTS];
   int n_thread_counts;
@@ -451,6 +597,33 @@ static void run_backend(const backend *b, const config *cfg, results *r) {
   }
 }
 
+/* tidepool against another backend of the same run: their ratio, above 1
+ * when tidepool is faster. */
+static void print_side_by_side(const config *cfg, const backend *other,
+                               const results *tp, const results *o) {
+  printf("\n== side by side in this run: %s / tidepool (above 1: tidepool "
+         "faster)\n",
+         other->name);
+  for (size_t i = 0; i < N_SIZES; i++) {
+    char sz[32];
+    format_size(sz, sizeof sz, tp->pairs[i].size);
+    printf("  same-stream pair %-8s %10.1f ns vs %10.1f ns   %8.1fx\n", sz,
+           o->pairs[i].ns, tp->pairs[i].ns, o->pairs[i].ns / tp->pairs[i].ns);
+  }
+  printf("  10k allocs, per alloc   %10.1f ns vs %10.1f ns   %8.1fx\n",
+         o->bulk_alloc_ns, tp->bulk_alloc_ns,
+         o->bulk_alloc_ns / tp->bulk_alloc_ns);
+  printf("  10k frees, per free     %10.1f ns vs %10.1f ns   %8.1fx\n",
+         o->bulk_free_ns, tp->bulk_free_ns, o->bulk_free_ns / tp->bulk_free_ns);
+  printf("  two streams alternating %10.1f ns vs %10.1f ns   %8.1fx\n",
+         o->two_streams_ns, tp->two_streams_ns,
+         o->two_streams_ns / tp->two_streams_ns);
+  for (int i = 0; i < cfg->n_thread_counts; i++)
+    printf("  %2d threads, M pairs/s  %10.3f    vs %10.3f      %8.1fx\n",
+           tp->threads[i].threads, o->threads[i].mpairs, tp->threads[i].mpairs,
+           tp->threads[i].mpairs / o->threads[i].mpairs);
+}
+
 static void write_json(const char *path, const config *cfg,
                        const char *platform, const results *all) {
   FILE *f = fopen(path, "w");
@@ -527,6 +700,8 @@ static void usage(FILE *out) {
   fprintf(out,
           "usage: bench_alloc [--quick] [--json FILE] [--threads LIST]\n"
           "  --quick         short runs (a smoke test; figures are rough)\n"
+          "  --no-cudamalloc on cuda, leave cudaMalloc out of the side by "
+          "side\n"
           "  --json FILE     also write every figure to FILE as one JSON "
           "object\n"
           "  --threads LIST  thread counts, comma-separated (default "
@@ -558,6 +733,8 @@ static void parse_args(config *cfg, int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--quick") == 0) {
       cfg->quick = 1;
+    } else if (strcmp(argv[i], "--no-cudamalloc") == 0) {
+      cfg->no_plain = 1;
     } else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
       cfg->json_path = argv[++i];
     } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
@@ -624,11 +801,15 @@ int main(int argc, char **argv) {
          ANCHOR_PAIR_NS / 1000, ANCHOR_T1_MPAIRS, ANCHOR_TN_MPAIRS_LO,
          ANCHOR_TN_MPAIRS_HI);
 
-  results all[N_BACKENDS];
+  if (strcmp(platform, "cuda") == 0)
+    add_driver_backends(!cfg.no_plain);
+  results all[3];
   memset(all, 0, sizeof all);
   for (size_t k = 0; k < N_BACKENDS; k++)
     run_backend(&backends[k], &cfg, &all[k]);
 
+  for (size_t k = 1; k < N_BACKENDS; k++)
+    print_side_by_side(&cfg, &backends[k], &all[0], &all[k]);
   if (cfg.json_path) {
     write_json(cfg.json_path, &cfg, platform, all);
     printf("\nwrote %s\n", cfg.json_path);

@@ -153,8 +153,7 @@ TP_API tp_error_t tp_device_get_mem_pool(tp_pool_t *pool, int device) {
   return tp_mem_get_pool(pool, &loc, TP_ALLOCATION_PINNED);
 }
 
-/* ---- pools
- * -------------------------------------------------------------------- */
+/* ---- pools --------------------------------------------------------------- */
 
 static tp_error_t check_props(const tp_pool_props_t *pr) {
   TP_RETURN_IF(!pr, TP_ERROR_INVALID_VALUE);
@@ -266,8 +265,7 @@ TP_API tp_error_t tp_pool_set_access(tp_pool_t pool,
   return tp__pool_set_access(p, desc_list, count);
 }
 
-/* ---- allocation
- * ------------------------------------------------------------------- */
+/* ---- allocation ---------------------------------------------------------- */
 
 TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream) {
   TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);

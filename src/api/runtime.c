@@ -165,8 +165,7 @@ TP_API tp_error_t tp_device_synchronize(void) {
   return err;
 }
 
-/* ---- events
- * -------------------------------------------------------------------- */
+/* ---- events -------------------------------------------------------------- */
 
 TP_API tp_error_t tp_event_create(tp_event_t *event) {
   TP_RETURN_IF(!event, TP_ERROR_INVALID_VALUE);
@@ -206,8 +205,7 @@ TP_API tp_error_t tp_event_synchronize(tp_event_t event) {
   return tp__event_synchronize(e);
 }
 
-/* ---- stream-ordered work
- * ------------------------------------------------------- */
+/* ---- stream-ordered work ------------------------------------------------- */
 
 TP_API tp_error_t tp_memset_async(void *ptr, int value, size_t size,
                                   tp_stream_t stream) {

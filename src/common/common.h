@@ -71,12 +71,14 @@ static inline uint64_t tp__min_u64(uint64_t a, uint64_t b) {
   return a < b ? a : b;
 }
 
-/* Raises *high to v if v is larger (a watermark). */
+/* Raises *high to v if v is larger (a watermark, a completed epoch). The
+ * raise is a release, so that a reader who acquires the new value also sees
+ * what the raiser saw before it: the completion of a free's work, say. */
 static inline void tp__atomic_max(_Atomic uint64_t *high, uint64_t v) {
   uint64_t cur = atomic_load_explicit(high, memory_order_relaxed);
   while (v > cur &&
          !atomic_compare_exchange_weak_explicit(
-             high, &cur, v, memory_order_relaxed, memory_order_relaxed)) {
+             high, &cur, v, memory_order_release, memory_order_relaxed)) {
   }
 }
 

@@ -508,8 +508,7 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
   return large_slow(p, s, r, size, ptr);
 }
 
-/* ---- free
- * -------------------------------------------------------------------- */
+/* ---- free ---------------------------------------------------------------- */
 
 /* Gives back entries a cache could not keep; no lock held. */
 static void spill(tp__pool *p, tp__stream *s, unsigned cls, const tp__centry *v,
@@ -650,14 +649,15 @@ tp_error_t tp__pool_free(void *ptr, tp__stream *s) {
   return free_large(p, (tp__block *)v, entry, s);
 }
 
-/* ---- synchronize, trim
- * ------------------------------------------------------- */
+/* ---- synchronize, trim ----------------------------------------------------
+ */
 
-static void settle_and_release(tp__pool *p, uint64_t keep) {
+static tp_error_t settle_and_release(tp__pool *p, uint64_t keep) {
   tp__slab_settle(p, false, true);
   tp__fit_settle(p, false);
-  tp__space_release(p, keep);
+  tp_error_t err = tp__space_release(p, keep);
   TP_DEBUG_WALK(p);
+  return err;
 }
 
 void tp__pool_after_sync(tp__stream *s) {
@@ -667,7 +667,8 @@ void tp__pool_after_sync(tp__stream *s) {
     pthread_mutex_lock(&p->lock);
     if (!p->torn_down) {
       flush_one(p, s);
-      settle_and_release(p, atomic_load(&p->release_threshold));
+      /* Best effort: what stays reserved is released at a later try. */
+      (void)settle_and_release(p, atomic_load(&p->release_threshold));
     }
     pthread_mutex_unlock(&p->lock);
   }
@@ -678,9 +679,9 @@ void tp__pool_after_sync(tp__stream *s) {
 tp_error_t tp__pool_trim(tp__pool *p, uint64_t keep) {
   pthread_mutex_lock(&p->lock);
   tp__pool_flush_all(p);
-  settle_and_release(p, keep);
+  tp_error_t err = settle_and_release(p, keep);
   pthread_mutex_unlock(&p->lock);
-  return TP_SUCCESS;
+  return err;
 }
 
 void tp__stream_flush_caches(tp__stream *s, bool drop) {
@@ -729,8 +730,7 @@ tp_error_t tp__pool_set_access(tp__pool *p, const tp_access_desc_t *list,
   return err;
 }
 
-/* ---- attributes
- * -------------------------------------------------------------- */
+/* ---- attributes ---------------------------------------------------------- */
 
 static _Atomic int *int_attr(tp__pool *p, tp_pool_attr_t attr) {
   switch (attr) {

@@ -175,6 +175,8 @@ struct tp__pool {
   uint64_t limit; /* physical bytes the pool may hold */
   size_t nchunks;
   tp__chunk *chunks;
+  tp__phys *orphans; /* unmapped chunks the platform would not release yet */
+  uint32_t norphans, caporphans;
   uint64_t *mapbits;                  /* a bit per chunk: mapped */
   _Atomic(_Atomic uintptr_t *) *gtab; /* per chunk: granule entries */
 
@@ -296,8 +298,9 @@ void tp__space_fini(tp__pool *p);
  * free chunks first, then creating new ones) and returns it, taken out of
  * the bins. */
 tp_error_t tp__space_grow(tp__pool *p, size_t size, tp__block **out);
-/* Unmaps wholly free, completed chunks until reserved <= keep. */
-void tp__space_release(tp__pool *p, uint64_t keep);
+/* Unmaps wholly free, completed chunks until reserved <= keep. Returns the
+ * first platform failure; what could not be released stays reserved. */
+tp_error_t tp__space_release(tp__pool *p, uint64_t keep);
 tp_error_t tp__space_set_access(tp__pool *p, const tp_access_desc_t *list,
                                 size_t n);
 /* Granule entries: the registry of live allocations. */

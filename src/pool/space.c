@@ -290,12 +290,34 @@ static void reserved_add(tp__pool *p, int64_t delta) {
     tp__atomic_max(&p->reserved_high, r);
 }
 
-/* Releases chunks that were unmapped and are not needed. */
-static void release_phys(tp__pool *p, const tp__phys *phys, size_t n) {
+/* Releases chunks that were unmapped and are not needed. One the platform
+ * refuses to release stays reserved, kept as an orphan for the next try, so
+ * that neither the memory nor the accounting is lost. */
+static tp_error_t release_phys(tp__pool *p, const tp__phys *phys, size_t n) {
+  tp_error_t first = TP_SUCCESS;
   for (size_t i = 0; i < n; i++) {
-    if (tp__platform->chunk_release(p->res, phys[i]) == TP_SUCCESS)
+    tp_error_t err = tp__platform->chunk_release(p->res, phys[i]);
+    if (err == TP_SUCCESS) {
       reserved_add(p, -(int64_t)p->gran);
+      continue;
+    }
+    if (first == TP_SUCCESS)
+      first = err;
+    if (TP_RESERVE(p->orphans, p->norphans, p->caporphans))
+      p->orphans[p->norphans++] = phys[i];
   }
+  return first;
+}
+
+static tp_error_t release_orphans(tp__pool *p) {
+  uint32_t n = p->norphans;
+  p->norphans = 0;
+  tp__phys *v = p->orphans;
+  p->orphans = NULL;
+  p->caporphans = 0;
+  tp_error_t err = release_phys(p, v, n);
+  free(v);
+  return err;
 }
 
 tp_error_t tp__space_grow(tp__pool *p, size_t size, tp__block **out) {
@@ -342,7 +364,7 @@ tp_error_t tp__space_grow(tp__pool *p, size_t size, tp__block **out) {
     err = TP_ERROR_OUT_OF_MEMORY;
   }
   if (err != TP_SUCCESS) {
-    release_phys(p, phys, made);
+    (void)release_phys(p, phys, made); /* the first failure is the answer */
     free(phys);
     return err;
   }
@@ -387,18 +409,19 @@ tp_error_t tp__space_grow(tp__pool *p, size_t size, tp__block **out) {
   return TP_SUCCESS;
 }
 
-void tp__space_release(tp__pool *p, uint64_t keep) {
+tp_error_t tp__space_release(tp__pool *p, uint64_t keep) {
+  tp_error_t err = p->norphans ? release_orphans(p) : TP_SUCCESS;
   uint64_t reserved = atomic_load_explicit(&p->reserved, memory_order_relaxed);
   if (reserved <= keep)
-    return;
+    return err;
   size_t want = (size_t)((reserved - keep + p->gran - 1) / p->gran);
   tp__phys *phys = calloc(want, sizeof *phys);
-  if (!phys)
-    return;
-  tp_error_t err = TP_SUCCESS;
-  size_t got = gather(p, want, NULL, phys, &err);
-  release_phys(p, phys, got);
+  TP_RETURN_IF(!phys, TP_ERROR_OUT_OF_MEMORY);
+  tp_error_t gerr = TP_SUCCESS;
+  size_t got = gather(p, want, NULL, phys, &gerr);
+  tp_error_t rerr = release_phys(p, phys, got);
   free(phys);
+  return err != TP_SUCCESS ? err : gerr != TP_SUCCESS ? gerr : rerr;
 }
 
 void tp__space_fini(tp__pool *p) {
@@ -413,6 +436,7 @@ void tp__space_fini(tp__pool *p) {
     }
     c = tp__segment_next(p, e);
   }
+  (void)release_orphans(p);
   for (size_t c = 0; c < p->nchunks; c++)
     free((void *)atomic_load_explicit(&p->gtab[c], memory_order_relaxed));
   tp__registry_remove(p);

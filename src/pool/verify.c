@@ -137,9 +137,10 @@ int tp__pool_walk(tp__pool *p, bool check_used, char *why, size_t len) {
                 "segments",
                 binned, free_blocks);
   uint64_t reserved = atomic_load(&p->reserved);
-  CHECK_OR_FAIL(reserved == mapped * p->gran,
-                "reserved %llu but %llu chunks mapped",
-                (unsigned long long)reserved, (unsigned long long)mapped);
+  CHECK_OR_FAIL(reserved == (mapped + p->norphans) * p->gran,
+                "reserved %llu but %llu chunks mapped and %u unreleased",
+                (unsigned long long)reserved, (unsigned long long)mapped,
+                p->norphans);
   CHECK_OR_FAIL(reserved <= p->limit, "reserved %llu over the limit %llu",
                 (unsigned long long)reserved, (unsigned long long)p->limit);
   for (unsigned cls = 0; cls < TP_NCLASSES; cls++)
