@@ -30,9 +30,58 @@ static void handle_bury(struct tp_pool_opaque *h) {
   atomic_store_explicit(&h->state, TP_POOL_DEAD, memory_order_release);
 }
 
-static void used_add(tp__pool *p, size_t n) {
-  uint64_t u = atomic_fetch_add_explicit(&p->used, n, memory_order_relaxed);
-  tp__atomic_max(&p->used_high, u + n);
+/* ---- bytes in use --------------------------------------------------------
+ * "Used" changes on every allocate and free, and one shared counter would be
+ * a cache line that every thread's pair bounces. So each stream cache counts
+ * its own bytes exactly, and publishes to the pool's total only when its
+ * count rises above what it published, or falls more than a slack below it.
+ * A pair on a warm stream then touches nothing shared. The published total
+ * never falls below the true one, so a true new peak always makes it pass
+ * the high watermark; the peak itself is then taken from the exact sum, so
+ * that the watermark is exact whenever one thread uses the pool, and within
+ * the operations in flight when several do. */
+#define TP_USED_SLACK (INT64_C(1) << 20)
+
+/* Moves a cache's count; stream lock held. Returns the published total when
+ * it rose (a possible new peak for used_peak), else 0. */
+static uint64_t used_move(tp__pool *p, tp__cache *c, int64_t delta) {
+  int64_t u = atomic_load_explicit(&c->used, memory_order_relaxed) + delta;
+  atomic_store_explicit(&c->used, u, memory_order_relaxed);
+  if (u > c->pub) {
+    uint64_t d = (uint64_t)(u - c->pub);
+    c->pub = u;
+    return atomic_fetch_add_explicit(&p->used_pub, d, memory_order_relaxed) + d;
+  }
+  if (c->pub - u > TP_USED_SLACK) {
+    atomic_fetch_sub_explicit(&p->used_pub, (uint64_t)(c->pub - u),
+                              memory_order_relaxed);
+    c->pub = u;
+  }
+  return 0;
+}
+
+/* Bytes counted outside any cache (frees on a stream that has none). */
+static uint64_t used_move_base(tp__pool *p, int64_t delta) {
+  atomic_fetch_add_explicit(&p->used_base, delta, memory_order_relaxed);
+  uint64_t g = atomic_fetch_add_explicit(&p->used_pub, (uint64_t)delta,
+                                         memory_order_relaxed);
+  return delta > 0 ? g + (uint64_t)delta : 0;
+}
+
+uint64_t tp__pool_used(tp__pool *p) {
+  int64_t t = atomic_load_explicit(&p->used_base, memory_order_relaxed);
+  for (tp__cache *c = p->caches; c; c = c->next_in_pool)
+    t += atomic_load_explicit(&c->used, memory_order_relaxed);
+  return t > 0 ? (uint64_t)t : 0;
+}
+
+/* After a count rose to published total `g`, no lock held. */
+static void used_peak(tp__pool *p, uint64_t g) {
+  if (TP_LIKELY(g <= atomic_load_explicit(&p->used_high, memory_order_relaxed)))
+    return;
+  pthread_mutex_lock(&p->lock);
+  tp__atomic_max(&p->used_high, tp__pool_used(p));
+  pthread_mutex_unlock(&p->lock);
 }
 
 /* ---- creation ------------------------------------------------------------ */
@@ -171,6 +220,10 @@ static void cache_free(tp__pool *p, tp__cache *c) {
   *pp = c->next_in_stream;
   if (s->hint == c)
     s->hint = NULL;
+  int64_t u = atomic_load_explicit(&c->used, memory_order_relaxed);
+  atomic_fetch_add_explicit(&p->used_base, u, memory_order_relaxed);
+  atomic_fetch_add_explicit(&p->used_pub, (uint64_t)(u - c->pub),
+                            memory_order_relaxed);
   tp__spin_unlock(&s->lock);
   if (c->prev_in_pool)
     c->prev_in_pool->next_in_pool = c->next_in_pool;
@@ -236,7 +289,7 @@ static void free_blocks(tp__pool *p) {
  * true when the pool is gone. */
 static bool teardown(tp__pool *p, bool poll) {
   pthread_mutex_lock(&p->lock);
-  if (p->torn_down || atomic_load(&p->used) != 0) {
+  if (p->torn_down || tp__pool_used(p) != 0) {
     pthread_mutex_unlock(&p->lock);
     return false;
   }
@@ -406,9 +459,9 @@ static size_t large_slack(size_t r) {
 static tp_error_t finish_small(tp__pool *p, const tp__centry *e, size_t size,
                                void **ptr) {
   tp__slab *s = e->owner;
+  (void)p;
   atomic_store_explicit(&s->req[(e->addr - s->base) / s->bsize], (uint32_t)size,
                         memory_order_release);
-  used_add(p, size);
   *ptr = (void *)e->addr;
   return TP_SUCCESS;
 }
@@ -421,19 +474,19 @@ static tp_error_t finish_large(tp__pool *p, tp__block *b, size_t size,
   _Atomic uintptr_t *e = tp__space_entry(p, b->addr, false);
   atomic_store_explicit(e, (uintptr_t)b, memory_order_release);
   atomic_store_explicit(&b->state, TP_BLOCK_USED, memory_order_release);
-  used_add(p, size);
   *ptr = (void *)b->addr;
   return TP_SUCCESS;
 }
 
 static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
                              size_t size, void **ptr) {
-  tp__centry got[8];
+  tp__centry got[16];
   tp_error_t err = TP_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&p->lock);
   tp__cache *c = cache_ensure(p, s);
-  uint32_t n = c ? tp__slab_take(p, s, cls, got, 8, &err) : 0;
-  if (n > 1) {
+  uint32_t n = c ? tp__slab_take(p, s, cls, got, 16, &err) : 0;
+  uint64_t g = 0;
+  if (n > 0) {
     tp__spin_lock(&s->lock);
     for (uint32_t i = 1; i < n; i++) {
       if (c->cls[cls].n < TP_SMALL_CACHE)
@@ -441,12 +494,15 @@ static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
       else
         tp__slab_put(p, cls, &got[i], s);
     }
+    g = used_move(p, c, (int64_t)size);
     tp__spin_unlock(&s->lock);
   }
   TP_DEBUG_WALK(p);
   pthread_mutex_unlock(&p->lock);
   TP_RETURN_IF(n == 0, err);
-  return finish_small(p, &got[0], size, ptr);
+  finish_small(p, &got[0], size, ptr);
+  used_peak(p, g);
+  return TP_SUCCESS;
 }
 
 static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
@@ -463,12 +519,17 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
     tp__block_release(p, b);
     err = TP_ERROR_OUT_OF_MEMORY;
   }
-  if (err == TP_SUCCESS)
+  uint64_t g = 0;
+  if (err == TP_SUCCESS) {
     tp__tag_clear(&b->tag); /* the user's now, in stream order on `s` */
-  if (err == TP_SUCCESS)
     finish_large(p, b, size, ptr);
+    tp__spin_lock(&s->lock);
+    g = used_move(p, tp__cache_find(s, p), (int64_t)size);
+    tp__spin_unlock(&s->lock);
+  }
   TP_DEBUG_WALK(p);
   pthread_mutex_unlock(&p->lock);
+  used_peak(p, g);
   return err;
 }
 
@@ -483,8 +544,11 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
     tp__cache *c = tp__cache_find(s, p);
     if (TP_LIKELY(c && c->cls[cls].n)) {
       tp__centry e = c->cls[cls].v[--c->cls[cls].n];
+      uint64_t g = used_move(p, c, (int64_t)size);
       tp__spin_unlock(&s->lock);
-      return finish_small(p, &e, size, ptr);
+      finish_small(p, &e, size, ptr);
+      used_peak(p, g);
+      return TP_SUCCESS;
     }
     tp__spin_unlock(&s->lock);
     return small_slow(p, s, cls, size, ptr);
@@ -501,8 +565,11 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
   if (best >= 0) {
     tp__block *b = c->large[best].owner;
     c->large[best] = c->large[--c->nlarge];
+    uint64_t g = used_move(p, c, (int64_t)size);
     tp__spin_unlock(&s->lock);
-    return finish_large(p, b, size, ptr);
+    finish_large(p, b, size, ptr);
+    used_peak(p, g);
+    return TP_SUCCESS;
   }
   tp__spin_unlock(&s->lock);
   return large_slow(p, s, r, size, ptr);
@@ -528,8 +595,9 @@ static void spill(tp__pool *p, tp__stream *s, unsigned cls, const tp__centry *v,
   pthread_mutex_unlock(&p->lock);
 }
 
-static void maybe_reap(tp__pool *p, uint64_t left) {
-  if (left == 0 && atomic_load_explicit(&p->destroyed, memory_order_acquire))
+/* A destroyed pool may go once its last allocation is freed. */
+static void maybe_reap(tp__pool *p) {
+  if (atomic_load_explicit(&p->destroyed, memory_order_acquire))
     reap(false);
 }
 
@@ -542,8 +610,6 @@ static tp_error_t free_small(tp__pool *p, tp__slab *slab, uintptr_t addr,
   uint32_t req = atomic_exchange_explicit(&slab->req[off / slab->bsize], 0,
                                           memory_order_acq_rel);
   TP_RETURN_IF(req == 0, TP_ERROR_INVALID_VALUE);
-  uint64_t left =
-      atomic_fetch_sub_explicit(&p->used, req, memory_order_relaxed) - req;
   unsigned cls = slab->cls;
   tp__centry spilled[TP_SMALL_CACHE / 2];
   uint32_t nspill = 0;
@@ -559,8 +625,10 @@ static tp_error_t free_small(tp__pool *p, tp__slab *slab, uintptr_t addr,
             (TP_SMALL_CACHE - nspill) * sizeof(tp__centry));
     c->cls[cls].n -= nspill;
   }
-  if (c)
+  if (c) {
     c->cls[cls].v[c->cls[cls].n++] = e;
+    used_move(p, c, -(int64_t)req);
+  }
   tp__spin_unlock(&s->lock);
   if (!c) {
     pthread_mutex_lock(&p->lock);
@@ -572,7 +640,10 @@ static tp_error_t free_small(tp__pool *p, tp__slab *slab, uintptr_t addr,
         c->cls[cls].v[c->cls[cls].n++] = e;
         kept = true;
       }
+      used_move(p, c, -(int64_t)req);
       tp__spin_unlock(&s->lock);
+    } else {
+      used_move_base(p, -(int64_t)req);
     }
     if (!kept)
       tp__slab_put(p, cls, &e, s);
@@ -580,7 +651,7 @@ static tp_error_t free_small(tp__pool *p, tp__slab *slab, uintptr_t addr,
   }
   if (nspill)
     spill(p, s, cls, spilled, nspill, false);
-  maybe_reap(p, left);
+  maybe_reap(p);
   return TP_SUCCESS;
 }
 
@@ -592,9 +663,7 @@ static tp_error_t free_large(tp__pool *p, tp__block *b,
                                                         memory_order_relaxed),
                TP_ERROR_INVALID_VALUE);
   size_t req = atomic_load_explicit(&b->req, memory_order_relaxed);
-  uint64_t left =
-      atomic_fetch_sub_explicit(&p->used, req, memory_order_relaxed) - req;
-  tp__centry evicted;
+  tp__centry evicted = {0};
   bool evict = false;
   atomic_store_explicit(&b->state, TP_BLOCK_CACHED, memory_order_relaxed);
   tp__spin_lock(&s->lock);
@@ -607,14 +676,18 @@ static tp_error_t free_large(tp__pool *p, tp__block *b,
     c->nlarge--;
     evict = true;
   }
-  if (c)
+  if (c) {
     c->large[c->nlarge++] = e;
+    used_move(p, c, -(int64_t)req);
+  }
   tp__spin_unlock(&s->lock);
-  if (!c)
+  if (!c) {
+    used_move_base(p, -(int64_t)req);
     spill(p, s, 0, &e, 1, true);
+  }
   if (evict)
     spill(p, s, 0, &evicted, 1, true);
-  maybe_reap(p, left);
+  maybe_reap(p);
   return TP_SUCCESS;
 }
 
@@ -757,7 +830,11 @@ tp_error_t tp__pool_get_attr(tp__pool *p, tp_pool_attr_t attr, void *value) {
   case TP_POOL_ATTR_RESERVED_MEM_HIGH:
     *u = atomic_load(&p->reserved_high);
     break;
-  case TP_POOL_ATTR_USED_MEM_CURRENT: *u = atomic_load(&p->used); break;
+  case TP_POOL_ATTR_USED_MEM_CURRENT:
+    pthread_mutex_lock(&p->lock);
+    *u = tp__pool_used(p);
+    pthread_mutex_unlock(&p->lock);
+    break;
   case TP_POOL_ATTR_USED_MEM_HIGH: *u = atomic_load(&p->used_high); break;
   case TP_POOL_ATTR_ALLOCATION_TYPE: *i = (int)p->props.alloc_type; break;
   case TP_POOL_ATTR_EXPORT_HANDLE_TYPES: *i = (int)p->props.handle_types; break;
@@ -796,7 +873,9 @@ tp_error_t tp__pool_set_attr(tp__pool *p, tp_pool_attr_t attr, void *value) {
   case TP_POOL_ATTR_USED_MEM_HIGH:
     memcpy(&u, value, sizeof u);
     TP_RETURN_IF(u != 0, TP_ERROR_INVALID_VALUE);
-    atomic_store(&p->used_high, atomic_load(&p->used));
+    pthread_mutex_lock(&p->lock);
+    atomic_store(&p->used_high, tp__pool_used(p));
+    pthread_mutex_unlock(&p->lock);
     return TP_SUCCESS;
   default: return TP_ERROR_INVALID_VALUE;
   }

@@ -143,6 +143,12 @@ struct tp__cache {
   } cls[TP_NCLASSES];
   tp__centry large[TP_LARGE_CACHE];
   uint32_t nlarge;
+  /* Bytes asked for by allocations made on this stream, less those freed
+   * on it (negative when it frees others' blocks); written under the
+   * stream's lock, read by anyone. `pub` is what the pool's published total
+   * holds for this cache. */
+  _Atomic int64_t used;
+  int64_t pub;
 };
 
 /* ---- pools ------------------------------------------------------------- */
@@ -164,7 +170,13 @@ struct tp__pool {
 
   _Atomic int follow_events, opportunistic, internal_deps, oom_wait;
   _Atomic uint64_t release_threshold;
-  _Atomic uint64_t used, used_high, reserved, reserved_high;
+  _Atomic uint64_t reserved, reserved_high;
+  /* Bytes in use are counted per stream cache (see pool.c); these are the
+   * published total, never below the true one, and the exact peak. They sit
+   * on a line of their own, away from the fields every call reads. */
+  _Alignas(64) _Atomic uint64_t used_pub;
+  _Atomic uint64_t used_high;
+  _Atomic int64_t used_base; /* bytes counted outside any cache */
   _Atomic uint64_t maps, unmaps;
 
   pthread_mutex_t lock; /* the slow path: everything below */
@@ -349,6 +361,8 @@ tp_error_t tp__pool_get_access(tp__pool *p, const tp_location_t *loc,
 /* Applies checked descriptors to the pool's memory, now and later. */
 tp_error_t tp__pool_set_access(tp__pool *p, const tp_access_desc_t *list,
                                size_t n);
+/* The exact bytes in use (asked for by live allocations); pool lock held. */
+uint64_t tp__pool_used(tp__pool *p);
 /* The bytes asked for by the live allocation at `ptr` (not an interior
  * pointer); INVALID_VALUE when there is none. */
 tp_error_t tp__pool_live_size(tp__pool *p, void *ptr, size_t *size);

@@ -328,7 +328,7 @@ tp_error_t tp__space_grow(tp__pool *p, size_t size, tp__block **out) {
    * a sliver above the peak of what its users asked for. */
   uint64_t reserved = atomic_load_explicit(&p->reserved, memory_order_relaxed);
   uint64_t peak =
-      tp__max_u64(atomic_load(&p->used_high), atomic_load(&p->used) + size);
+      tp__max_u64(atomic_load(&p->used_high), tp__pool_used(p) + size);
   uint64_t budget = peak + peak / TP_GROWTH_SLACK;
   size_t create =
       budget > reserved ? (size_t)((budget - reserved) / p->gran) : 0;

@@ -148,7 +148,7 @@ int tp__pool_walk(tp__pool *p, bool check_used, char *why, size_t len) {
       CHECK_OR_FAIL(s->cls == cls && s->nfree > 0 && s->block &&
                         s->block->slab == s,
                     "partial list of class %u holds a bad slab", cls);
-  uint64_t u = atomic_load(&p->used);
+  uint64_t u = tp__pool_used(p);
   CHECK_OR_FAIL(!check_used || u == used,
                 "used is %llu but live allocations ask %llu",
                 (unsigned long long)u, (unsigned long long)used);
