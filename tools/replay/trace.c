@@ -191,9 +191,20 @@ int trace_load(trace *t, const char *path, char *err, size_t len) {
     lineno++;
     size_t n = strlen(line);
     bool whole = n > 0 && line[n - 1] == '\n';
-    if (!whole && !gzeof(f)) {
-      rc = failf(err, len, "%s:%zu: line too long", path, lineno);
-      break;
+    if (!whole) {
+      /* Without its newline, a line is the file's last, longer than the
+       * buffer, or cut short by a damaged stream; one more read tells. */
+      int c = gzgetc(f), zerr = Z_OK;
+      const char *zmsg = gzerror(f, &zerr);
+      if (zerr != Z_OK && zerr != Z_STREAM_END) {
+        rc = failf(err, len, "%s: corrupt or truncated gzip at line %zu: %s",
+                   path, lineno, zmsg);
+        break;
+      }
+      if (c != -1) {
+        rc = failf(err, len, "%s:%zu: line too long", path, lineno);
+        break;
+      }
     }
     while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
       line[--n] = '\0';

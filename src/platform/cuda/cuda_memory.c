@@ -14,7 +14,8 @@ struct tp__pres {
   size_t gran;
   tp__mem_kind kind;
   CUmemAllocationProp prop;
-  int ctx_device; /* the device whose context the calls run in, or -1 */
+  int ctx_device;   /* the device whose context the calls run in, or -1 */
+  bool host_backed; /* a managed kind made of pinned host chunks */
 };
 
 /* Whether the driver creates managed VMM chunks at non-device locations;
@@ -175,6 +176,31 @@ static tp_error_t probe_managed(const CUmemAllocationProp *prop, int ctx_device,
   return TP_SUCCESS;
 }
 
+/* Managed memory as the driver's VMM cannot make it (it refuses
+ * CU_MEM_ALLOCATION_TYPE_MANAGED in cuMemCreate, seen on the H200 with
+ * driver 580): chunks of pinned host memory, mapped for the host and every
+ * device. They are reachable from everywhere, as managed memory is, but
+ * never migrate to a device. */
+static tp_error_t resolve_managed(const tp__mem_kind *kind,
+                                  CUmemAllocationProp *prop, int ctx_device,
+                                  size_t *gran, bool *host_backed) {
+  *host_backed = false;
+  if (kind->type != TP_ALLOCATION_MANAGED)
+    return TP_SUCCESS;
+  tp_error_t err = probe_managed(prop, ctx_device, *gran);
+  if (err != TP_ERROR_NOT_SUPPORTED)
+    return err;
+  CUmemAllocationProp host = *prop;
+  host.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  host.location = (CUmemLocation){CU_MEM_LOCATION_TYPE_HOST, 0};
+  TP_FORWARD(
+      require(0, CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED));
+  TP_FORWARD(granularity(&host, ctx_device, gran));
+  *prop = host;
+  *host_backed = true;
+  return TP_SUCCESS;
+}
+
 static uint64_t host_memory(void) {
   long pages = sysconf(_SC_PHYS_PAGES);
   long page = sysconf(_SC_PAGESIZE);
@@ -190,10 +216,11 @@ tp_error_t tp__cu_mem_query(const tp__mem_kind *kind, size_t *gran_out,
   size_t gran = 0;
   TP_FORWARD(granularity(&prop, ctx_device, &gran));
   TP_RETURN_IF(gran == 0 || (gran & (gran - 1)) != 0, TP_ERROR_NOT_SUPPORTED);
-  if (kind->type == TP_ALLOCATION_MANAGED)
-    TP_FORWARD(probe_managed(&prop, ctx_device, gran));
+  bool host_backed = false;
+  TP_FORWARD(resolve_managed(kind, &prop, ctx_device, &gran, &host_backed));
+  TP_RETURN_IF(gran == 0 || (gran & (gran - 1)) != 0, TP_ERROR_NOT_SUPPORTED);
   uint64_t cap = host_memory();
-  if (kind->location.type == TP_LOCATION_DEVICE) {
+  if (kind->location.type == TP_LOCATION_DEVICE && !host_backed) {
     size_t total = 0;
     CUresult r = tp__cu.cuDeviceTotalMem(&total, tp__cu_devs[ctx_device].dev);
     TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
@@ -212,6 +239,9 @@ tp_error_t tp__cu_reserve(const tp__mem_kind *kind, size_t size, size_t align,
   tp_error_t err = kind_prop(kind, &res->prop, &res->ctx_device);
   if (err == TP_SUCCESS)
     err = granularity(&res->prop, res->ctx_device, &res->gran);
+  if (err == TP_SUCCESS)
+    err = resolve_managed(kind, &res->prop, res->ctx_device, &res->gran,
+                          &res->host_backed);
   /* The driver wants a power-of-two alignment; the contract only promises
    * a multiple of the granularity. */
   if (err == TP_SUCCESS && (size == 0 || size % res->gran ||
@@ -363,10 +393,10 @@ tp_error_t tp__cu_set_access(tp__pres *res, size_t offset, size_t size,
   TP_RETURN_IF(size % res->gran || !in_range(res, offset, size / res->gran),
                TP_ERROR_INVALID_VALUE);
   TP_RETURN_IF(count == 0 || size == 0, TP_SUCCESS);
-  CUmemAccessDesc on_stack[TP_CU_ACCESS_ON_STACK];
+  CUmemAccessDesc on_stack[TP_CU_ACCESS_ON_STACK + 1];
   CUmemAccessDesc *desc = on_stack;
   if (count > TP_CU_ACCESS_ON_STACK) {
-    desc = calloc(count, sizeof *desc);
+    desc = calloc(count + 1, sizeof *desc);
     TP_RETURN_IF(!desc, TP_ERROR_OUT_OF_MEMORY);
   }
   tp_error_t err = TP_SUCCESS;
@@ -378,6 +408,10 @@ tp_error_t tp__cu_set_access(tp__pres *res, size_t offset, size_t size,
       err = access_location(&list[i].location, &desc[i].location);
     desc[i].flags = (CUmemAccess_flags)f;
   }
+  /* Host-backed managed memory is the host's too, whatever the list says. */
+  if (res->host_backed)
+    desc[count++] = (CUmemAccessDesc){{CU_MEM_LOCATION_TYPE_HOST, 0},
+                                      CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
   tp__cu_scope scope;
   if (err == TP_SUCCESS)
     err = scope_for(res->ctx_device, &scope);
