@@ -52,7 +52,8 @@ if command -v compute-sanitizer >/dev/null; then
     compute-sanitizer --tool memcheck --error-exitcode 9 ./test_stress
 fi
 step bench_cuda 400 ./bench_alloc --json "$OUT/bench_cuda.json"
-step replay_cuda 300 ./tidepool-replay --no-progress --json "$TRACES"/*.csv.gz
+step replay_cuda 300 ./tidepool-replay --no-progress --against driver "$TRACES"/*.csv.gz
+step replay_cuda_json 300 ./tidepool-replay --no-progress --json --against driver "$TRACES"/*.csv.gz
 export TIDEPOOL_PLATFORM=host
 step bench_host 300 ./bench_alloc --json "$OUT/bench_host.json"
 step replay_host 300 ./tidepool-replay --no-progress "$TRACES"/*.csv.gz

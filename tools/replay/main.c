@@ -21,6 +21,10 @@ static void usage(FILE *f) {
       "  --json                one JSON object per trace on stdout\n"
       "  --plot FILE.svg       the used/reserved timeline of the last trace\n"
       "  --perfetto FILE.json  the same as Chrome trace-event counters\n"
+      "  --against driver      on cuda, replay each trace through the "
+      "driver's\n"
+      "                        own pool (cuMemAllocFromPoolAsync) too, in the\n"
+      "                        same run, and print both\n"
       "  --no-progress         no progress bar on stderr\n"
       "On the host platform the emulated device has 32 GiB unless\n"
       "TIDEPOOL_HOST_DEVICE_MEMORY says otherwise.\n"
@@ -94,7 +98,8 @@ static int write_file(const char *path, const char *title,
 
 int main(int argc, char **argv) {
   replay_options o = {.threshold = UINT64_MAX, .progress = true};
-  bool json = false;
+  bool json = false, against = false;
+  replay_result driver;
   const char *plot = NULL, *perfetto = NULL;
   int first = argc;
   for (int i = 1; i < argc; i++) {
@@ -121,6 +126,12 @@ int main(int argc, char **argv) {
       }
     } else if (strcmp(a, "--plot") == 0 && has_value) {
       plot = argv[++i];
+    } else if (strcmp(a, "--against") == 0 && has_value) {
+      if (strcmp(argv[++i], "driver") != 0) {
+        fprintf(stderr, "tidepool-replay: --against takes 'driver'\n");
+        return 2;
+      }
+      against = true;
     } else if (strcmp(a, "--perfetto") == 0 && has_value) {
       perfetto = argv[++i];
     } else if (a[0] == '-' && a[1] != '\0') {
@@ -149,6 +160,15 @@ int main(int argc, char **argv) {
   replay_timeline tl = {0};
   if (plot || perfetto)
     o.timeline = &tl;
+  if (against && strcmp(platform, "cuda") != 0) {
+    fprintf(stderr,
+            "tidepool-replay: --against driver needs the cuda "
+            "platform (this process runs on %s)\n",
+            platform);
+    return 2;
+  }
+  if (against)
+    o.driver = &driver;
   if (!json)
     printf("%-20s %9s %11s %11s %7s %7s %7s %10s\n", "trace", "allocs",
            "peak used", "peak resv", "ratio", "maps", "unmaps", "ops/s");
@@ -189,6 +209,25 @@ int main(int argc, char **argv) {
              (double)r.peak_reserved / 1048576.0, r.ratio,
              (unsigned long long)r.maps, (unsigned long long)r.unmaps,
              ops_per_s);
+    if (against) {
+      double dops =
+          driver.seconds > 0 ? (double)driver.ops / driver.seconds : 0;
+      if (json)
+        printf("{\"trace\":\"%s\",\"allocator\":\"driver\","
+               "\"allocs\":%zu,\"ops\":%zu,\"peak_used\":%llu,"
+               "\"peak_reserved\":%llu,\"ratio\":%.4f,\"seconds\":%.6f,"
+               "\"ops_per_s\":%.0f}\n",
+               name, driver.allocs, driver.ops,
+               (unsigned long long)driver.peak_used,
+               (unsigned long long)driver.peak_reserved, driver.ratio,
+               driver.seconds, dops);
+      else
+        printf("%-20s %9zu %9.1fMi %9.1fMi %7.4f %7s %7s %10.3g  "
+               "(the driver's pool; tidepool %.1fx its speed)\n",
+               "  driver", driver.allocs, (double)driver.peak_used / 1048576.0,
+               (double)driver.peak_reserved / 1048576.0, driver.ratio, "-", "-",
+               dops, dops > 0 ? ops_per_s / dops : 0);
+    }
     fflush(stdout);
     snprintf(last, sizeof last, "%s: peak reserved / peak used = %.4f (%s)",
              name, r.ratio, platform);

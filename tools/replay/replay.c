@@ -133,6 +133,8 @@ int replay_trace(const replay_options *o, const trace *t, replay_result *r,
     if (ptrs[n])
       (void)tp_free_async(ptrs[n], NULL);
   (void)tp_device_synchronize();
+  if (rc == 0 && o->driver)
+    rc = replay_driver(t, (void *const *)streams, o->driver, err, errlen);
   for (uint16_t s = 1; streams && s < t->nstreams; s++)
     if (streams[s])
       (void)tp_stream_destroy(streams[s]);

@@ -22,9 +22,10 @@ typedef struct replay_timeline {
 } replay_timeline;
 
 typedef struct replay_options {
-  uint64_t threshold;        /* the pool's release threshold */
-  bool progress;             /* a progress bar on stderr */
-  replay_timeline *timeline; /* NULL: no sampling */
+  uint64_t threshold;           /* the pool's release threshold */
+  bool progress;                /* a progress bar on stderr */
+  replay_timeline *timeline;    /* NULL: no sampling */
+  struct replay_result *driver; /* non-NULL: replay through the driver too */
 } replay_options;
 
 typedef struct replay_result {
@@ -37,6 +38,11 @@ typedef struct replay_result {
  * a message in err. */
 int replay_trace(const replay_options *o, const trace *t, replay_result *r,
                  char *err, size_t errlen);
+
+/* The same trace through the CUDA driver's own pool (cuda platform only),
+ * on the streams the tidepool replay used (cast CUstreams). */
+int replay_driver(const trace *t, void *const *streams, replay_result *r,
+                  char *err, size_t errlen);
 
 void replay_timeline_add(replay_timeline *tl, double x, uint64_t used,
                          uint64_t reserved);

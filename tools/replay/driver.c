@@ -1,0 +1,142 @@
+/* The CUDA driver's own stream-ordered allocator as the replay's yardstick:
+ * the same trace through cuMemAllocFromPoolAsync on a fresh driver pool of
+ * device 0, in the same process and on the same streams. libcuda is reached
+ * through dlopen, as tidepool's cuda platform reaches it, so the tool builds
+ * without the CUDA toolkit. */
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "replay.h"
+
+/* The few driver types used, laid out as cuda.h declares them. */
+typedef int cu_result;
+typedef void *cu_pool;
+typedef void *cu_stream;
+typedef unsigned long long cu_ptr;
+typedef struct cu_pool_props {
+  int alloc_type;
+  int handle_types;
+  struct {
+    int type;
+    int id;
+  } location;
+  void *win32_security;
+  size_t max_size;
+  unsigned short usage;
+  unsigned char reserved[54];
+} cu_pool_props;
+enum {
+  CU_ALLOC_PINNED = 1,
+  CU_LOCATION_DEVICE = 1,
+  CU_POOL_RELEASE_THRESHOLD = 4,
+  CU_POOL_RESERVED_HIGH = 6,
+  CU_POOL_USED_HIGH = 8
+};
+
+static struct {
+  cu_result (*pool_create)(cu_pool *, const cu_pool_props *);
+  cu_result (*pool_destroy)(cu_pool);
+  cu_result (*pool_set)(cu_pool, int, void *);
+  cu_result (*pool_get)(cu_pool, int, void *);
+  cu_result (*alloc)(cu_ptr *, size_t, cu_pool, cu_stream);
+  cu_result (*free)(cu_ptr, cu_stream);
+  cu_result (*ctx_sync)(void);
+  cu_result (*error_name)(cu_result, const char **);
+} cu;
+
+static int load(char *err, size_t len) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    snprintf(err, len, "--against driver: libcuda.so.1 cannot be loaded");
+    return -1;
+  }
+  struct {
+    void *slot;
+    const char *name;
+  } syms[] = {{&cu.pool_create, "cuMemPoolCreate"},
+              {&cu.pool_destroy, "cuMemPoolDestroy"},
+              {&cu.pool_set, "cuMemPoolSetAttribute"},
+              {&cu.pool_get, "cuMemPoolGetAttribute"},
+              {&cu.alloc, "cuMemAllocFromPoolAsync"},
+              {&cu.free, "cuMemFreeAsync"},
+              {&cu.ctx_sync, "cuCtxSynchronize"},
+              {&cu.error_name, "cuGetErrorName"}};
+  for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+    void *f = dlsym(lib, syms[i].name);
+    if (!f) {
+      snprintf(err, len, "--against driver: libcuda lacks %s", syms[i].name);
+      return -1;
+    }
+    /* ISO C has no cast from object to function pointer; copy the bits. */
+    memcpy(syms[i].slot, &f, sizeof f);
+  }
+  return 0;
+}
+
+static const char *name_of(cu_result r) {
+  const char *n = "CUDA_ERROR_UNKNOWN";
+  cu.error_name(r, &n);
+  return n;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int replay_driver(const trace *t, void *const *streams, replay_result *r,
+                  char *err, size_t len) {
+  memset(r, 0, sizeof *r);
+  r->allocs = t->nallocs;
+  if (!cu.alloc && load(err, len) != 0)
+    return -1;
+  cu_pool_props props = {.alloc_type = CU_ALLOC_PINNED,
+                         .location = {CU_LOCATION_DEVICE, 0}};
+  cu_pool pool = NULL;
+  cu_result rc = cu.pool_create(&pool, &props);
+  if (rc) {
+    snprintf(err, len, "%s: cuMemPoolCreate: %s", t->path, name_of(rc));
+    return -1;
+  }
+  /* As the anchors were measured: the pool keeps what it reserved. */
+  uint64_t keep = UINT64_MAX;
+  (void)cu.pool_set(pool, CU_POOL_RELEASE_THRESHOLD, &keep);
+  cu_ptr *ptrs = calloc(t->nnames ? t->nnames : 1, sizeof *ptrs);
+  int ret = ptrs ? 0 : -1;
+  if (!ptrs)
+    snprintf(err, len, "%s: out of memory", t->path);
+  double t0 = now_s();
+  for (size_t i = 0; ret == 0 && i < t->nops; i++) {
+    const trace_op *op = &t->ops[i];
+    if (op->action == TRACE_ALLOC && op->size > 0) {
+      rc = cu.alloc(&ptrs[op->name], (size_t)op->size, pool,
+                    streams[op->stream]);
+      r->ops++;
+    } else if (op->action == TRACE_FREE && op->name != UINT32_MAX &&
+               ptrs[op->name]) {
+      rc = cu.free(ptrs[op->name], streams[op->stream]);
+      ptrs[op->name] = 0;
+      r->ops++;
+    }
+    if (rc) {
+      snprintf(err, len, "%s: driver, operation %zu: %s", t->path, i + 2,
+               name_of(rc));
+      ret = -1;
+    }
+  }
+  r->seconds = now_s() - t0;
+  (void)cu.pool_get(pool, CU_POOL_USED_HIGH, &r->peak_used);
+  (void)cu.pool_get(pool, CU_POOL_RESERVED_HIGH, &r->peak_reserved);
+  r->ratio =
+      r->peak_used ? (double)r->peak_reserved / (double)r->peak_used : 0.0;
+  for (uint32_t n = 0; ptrs && n < t->nnames; n++)
+    if (ptrs[n])
+      (void)cu.free(ptrs[n], NULL);
+  (void)cu.ctx_sync();
+  (void)cu.pool_destroy(pool);
+  free(ptrs);
+  return ret;
+}
