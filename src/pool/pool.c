@@ -460,7 +460,7 @@ static tp_error_t finish_small(tp__pool *p, const tp__centry *e, size_t size,
                                void **ptr) {
   tp__slab *s = e->owner;
   (void)p;
-  atomic_store_explicit(&s->req[(e->addr - s->base) / s->bsize], (uint32_t)size,
+  atomic_store_explicit(&s->req[tp__slab_index(s, e->addr)], (uint32_t)size,
                         memory_order_release);
   *ptr = (void *)e->addr;
   return TP_SUCCESS;
@@ -603,12 +603,10 @@ static void maybe_reap(tp__pool *p) {
 
 static tp_error_t free_small(tp__pool *p, tp__slab *slab, uintptr_t addr,
                              tp__stream *s) {
-  size_t off = addr - slab->base;
-  TP_RETURN_IF(addr < slab->base || off % slab->bsize ||
-                   off / slab->bsize >= slab->nblocks,
-               TP_ERROR_INVALID_VALUE);
-  uint32_t req = atomic_exchange_explicit(&slab->req[off / slab->bsize], 0,
-                                          memory_order_acq_rel);
+  int64_t idx = tp__slab_index(slab, addr);
+  TP_RETURN_IF(idx < 0, TP_ERROR_INVALID_VALUE);
+  uint32_t req =
+      atomic_exchange_explicit(&slab->req[idx], 0, memory_order_acq_rel);
   TP_RETURN_IF(req == 0, TP_ERROR_INVALID_VALUE);
   unsigned cls = slab->cls;
   tp__centry spilled[TP_SMALL_CACHE / 2];
@@ -702,9 +700,9 @@ tp_error_t tp__pool_live_size(tp__pool *p, void *ptr, size_t *size) {
     return TP_SUCCESS;
   }
   tp__slab *slab = (tp__slab *)(v & ~(uintptr_t)1);
-  size_t off = addr - slab->base;
-  TP_RETURN_IF(addr < slab->base || off % slab->bsize, TP_ERROR_INVALID_VALUE);
-  *size = atomic_load(&slab->req[off / slab->bsize]);
+  int64_t idx = tp__slab_index(slab, addr);
+  TP_RETURN_IF(idx < 0, TP_ERROR_INVALID_VALUE);
+  *size = atomic_load(&slab->req[idx]);
   TP_RETURN_IF(*size == 0, TP_ERROR_INVALID_VALUE);
   return TP_SUCCESS;
 }

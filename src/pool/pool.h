@@ -109,12 +109,27 @@ struct tp__block {
 struct tp__slab {
   tp__block *block;
   uintptr_t base;
+  uint64_t inv; /* 2^40 / bsize, rounded up: an index without a division */
   uint32_t cls, bsize, nblocks, nfree; /* nfree: bits set in `free` */
   uint64_t free[2];                    /* bit set: free and completed */
   tp__slab *next, *prev; /* the class's list of slabs with free bits */
   _Atomic uint32_t *req; /* bytes asked for per block; 0 when not used */
   bool listed;
 };
+
+/* The index of the block at `addr` in slab `s`, or -1 when `addr` is not
+ * the start of one of its blocks. A multiplication by the precomputed
+ * inverse stands in for the division: offsets stay below 2^22 and sizes
+ * below 2^16, so the product's rounding error (under 2^-18) cannot cross an
+ * integer that the true quotient's fraction (a multiple of 1/bsize, at
+ * least 2^-15 from it) does not cross. */
+static inline int64_t tp__slab_index(const tp__slab *s, uintptr_t addr) {
+  uint64_t off = (uint64_t)(addr - s->base);
+  if (addr < s->base || off >= (uint64_t)s->nblocks * s->bsize)
+    return -1;
+  uint64_t i = (off * s->inv) >> 40;
+  return i * s->bsize == off ? (int64_t)i : -1;
+}
 
 /* A small block that was freed and left a stream cache before completing. */
 typedef struct tp__pending {
