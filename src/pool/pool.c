@@ -453,7 +453,7 @@ tp_error_t tp__large_get(tp__pool *p, tp__stream *a, size_t size, bool grow,
  */
 
 static size_t large_slack(size_t r) {
-  return r / 8;
+  return r / 64;
 }
 
 static tp_error_t finish_small(tp__pool *p, const tp__centry *e, size_t size,
