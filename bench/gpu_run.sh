@@ -51,6 +51,7 @@ if command -v compute-sanitizer >/dev/null; then
   step stress_memcheck 400 env TP_STRESS_THREADS=2 TP_STRESS_OPS=400 \
     compute-sanitizer --tool memcheck --error-exitcode 9 ./test_stress
 fi
+step vmm_cost 300 ./vmm_cost
 step bench_cuda 400 ./bench_alloc --json "$OUT/bench_cuda.json"
 step replay_cuda 300 ./tidepool-replay --no-progress --against driver "$TRACES"/*.csv.gz
 step replay_cuda_json 300 ./tidepool-replay --no-progress --json --against driver "$TRACES"/*.csv.gz
