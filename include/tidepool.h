@@ -19,6 +19,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h> /* ssize_t, for the PyTorch entry points */
 
 #ifdef __cplusplus
 extern "C" {
@@ -400,6 +401,66 @@ TP_API tp_error_t tp_memcpy_async(void *dst, const void *src, size_t size,
  * functions that wait on the same stream. Errors: INVALID_VALUE. */
 TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
                                       void *arg);
+
+/* ========================================================================
+ * PyTorch pluggable allocator
+ *
+ * Entry points with the signatures of torch.cuda.memory.
+ * CUDAPluggableAllocator, so that PyTorch hands all its device allocations
+ * to tidepool: integrations/pytorch/ loads the library and installs them
+ * (tidepool_torch.install()). Unlike the rest of this header, the allocation
+ * pair cannot return a tp_error_t: PyTorch fixes their signatures.
+ *
+ * Each call works on the current pool of `device` (tp_device_get_mem_pool)
+ * with `stream` as PyTorch passes it (a cudaStream_t; NULL is the legacy
+ * default stream of `device`). The calling thread's CUDA context is left as
+ * it is: tidepool's notion of the thread's current device is set to
+ * `device` for the call and put back afterwards.
+ *
+ * Configuration, read from the environment once, at the first of these
+ * calls, and applied to a device's current pool at the first call that
+ * names that device (a pool made current later keeps its own settings):
+ *
+ *   TIDEPOOL_TORCH_RELEASE_THRESHOLD   TP_POOL_ATTR_RELEASE_THRESHOLD, in
+ *       bytes with an optional K, M, G or T suffix (powers of 1024), or
+ *       "max". Default: max, as PyTorch's backend:cudaMallocAsync sets it:
+ *       memory stays reserved for reuse until tp_torch_trim.
+ *   TIDEPOOL_TORCH_REUSE_FOLLOW_EVENTS  (..._REUSE_FOLLOW_EVENT_DEPENDENCIES)
+ *   TIDEPOOL_TORCH_REUSE_OPPORTUNISTIC  (..._REUSE_ALLOW_OPPORTUNISTIC)
+ *   TIDEPOOL_TORCH_REUSE_INTERNAL_DEPS  (..._REUSE_ALLOW_INTERNAL_DEPENDENCIES)
+ *       0 or 1: the TP_POOL_ATTR_ reuse policy in parentheses. Default: the
+ *       pool's own setting (1 for each, as in CUDA).
+ *
+ * A value that does not parse is reported on stderr and ignored.
+ * ======================================================================== */
+
+/* Allocates `size` bytes in stream order on `stream`. Returns NULL for size
+ * <= 0 and on failure, which is reported on stderr (the first few times):
+ * PyTorch (2.11) does not check the pointer, so a failed allocation shows
+ * up as a fault of the first kernel that touches the tensor. */
+TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream);
+
+/* Frees `ptr` in stream order on `stream`, the stream it was allocated on
+ * (PyTorch remembers it). `size` is unused. NULL is ignored; a pointer that
+ * tidepool did not give out is reported on stderr and otherwise ignored. */
+TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream);
+
+/* The current pool's statistics of `device`: out[0] reserved bytes,
+ * out[1] reserved high watermark, out[2] bytes in use (as asked for),
+ * out[3] in-use high watermark. Errors: INVALID_VALUE (out NULL),
+ * INVALID_DEVICE. */
+TP_API tp_error_t tp_torch_stats(int device, uint64_t out[4]);
+
+/* Resets both high watermarks of the current pool of `device` to the
+ * current values. Errors: INVALID_DEVICE. */
+TP_API tp_error_t tp_torch_reset_peaks(int device);
+
+/* Waits for all work on `device` (tp_device_synchronize), then releases the
+ * current pool's free memory until at most `keep` bytes stay reserved. What
+ * torch.cuda.empty_cache() does for PyTorch's own allocators; PyTorch does
+ * not forward that call to a pluggable allocator. Errors: INVALID_DEVICE,
+ * ILLEGAL_ADDRESS, PLATFORM. */
+TP_API tp_error_t tp_torch_trim(int device, size_t keep);
 
 #ifdef __cplusplus
 }

@@ -27,4 +27,13 @@ static inline void tp__work_end(tp__stream *s) {
 /* A destroyed pool that was current for its location stops being so. */
 void tp__current_pools_forget(tp_pool_t pool);
 
+/* torch.c's configuration from the TIDEPOOL_TORCH_* variables (see the
+ * header's PyTorch section). The entry points read it once; it is exposed
+ * so that a test can read it again after changing the environment. */
+typedef struct tp__torch_config {
+  uint64_t release_threshold;
+  int reuse[3]; /* follow events, opportunistic, internal deps; -1: unset */
+} tp__torch_config;
+void tp__torch_read_config(tp__torch_config *cfg);
+
 #endif /* TP_API_H */

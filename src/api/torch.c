@@ -1,0 +1,224 @@
+/* PyTorch's pluggable-allocator entry points (tp_torch_alloc, tp_torch_free)
+ * with the signatures CUDAPluggableAllocator calls, their configuration from
+ * the TIDEPOOL_TORCH_* variables, and the statistics, peak reset and trim
+ * that the Python side (integrations/pytorch) reaches through ctypes. */
+#include <pthread.h>
+#include <string.h>
+#include <strings.h>
+
+#include "api/api.h"
+
+/* ---- configuration -------------------------------------------------------
+ */
+
+static const struct {
+  const char *env;
+  tp_pool_attr_t attr;
+} reuse_vars[3] = {
+    {"TIDEPOOL_TORCH_REUSE_FOLLOW_EVENTS",
+     TP_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES},
+    {"TIDEPOOL_TORCH_REUSE_OPPORTUNISTIC",
+     TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC},
+    {"TIDEPOOL_TORCH_REUSE_INTERNAL_DEPS",
+     TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES},
+};
+
+static void warn_invalid(const char *name, const char *expected) {
+  fprintf(stderr, "tidepool: %s=\"%s\" is invalid (expected %s); ignored\n",
+          name, getenv(name), expected);
+}
+
+void tp__torch_read_config(tp__torch_config *cfg) {
+  /* UINT64_MAX by default, as PyTorch's backend:cudaMallocAsync sets its
+   * pool: a training loop frees and reallocates the same sizes every step,
+   * and giving memory back at each synchronize would map it again. */
+  cfg->release_threshold = UINT64_MAX;
+  const char *name = "TIDEPOOL_TORCH_RELEASE_THRESHOLD";
+  const char *s = getenv(name);
+  if (s && strcasecmp(s, "max") == 0) {
+    cfg->release_threshold = UINT64_MAX;
+  } else {
+    bool bad = false;
+    uint64_t v = tp__env_size(name, UINT64_MAX, &bad);
+    if (bad)
+      warn_invalid(name, "bytes with an optional K, M, G or T suffix, or max");
+    else
+      cfg->release_threshold = v;
+  }
+  for (int i = 0; i < 3; i++) {
+    cfg->reuse[i] = -1;
+    s = getenv(reuse_vars[i].env);
+    if (!s || !*s)
+      continue;
+    if (strcmp(s, "0") == 0 || strcmp(s, "1") == 0)
+      cfg->reuse[i] = s[0] - '0';
+    else
+      warn_invalid(reuse_vars[i].env, "0 or 1");
+  }
+}
+
+static pthread_once_t config_once = PTHREAD_ONCE_INIT;
+static tp__torch_config config;
+static pthread_mutex_t configure_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_bool configured[TP_MAX_DEVICES];
+
+static void read_config_once(void) {
+  tp__torch_read_config(&config);
+}
+
+/* Applies the configuration to the device's current pool, once. A failed
+ * attempt leaves the device unconfigured, so that the next call retries. */
+static tp_error_t configure(int device) {
+  if (TP_LIKELY(
+          atomic_load_explicit(&configured[device], memory_order_acquire)))
+    return TP_SUCCESS;
+  pthread_once(&config_once, read_config_once);
+  pthread_mutex_lock(&configure_lock);
+  tp_error_t err = TP_SUCCESS;
+  if (!atomic_load_explicit(&configured[device], memory_order_relaxed)) {
+    tp_pool_t pool = NULL;
+    uint64_t threshold = config.release_threshold;
+    err = tp_device_get_mem_pool(&pool, device);
+    if (err == TP_SUCCESS)
+      err = tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD,
+                                  &threshold);
+    for (int i = 0; i < 3 && err == TP_SUCCESS; i++) {
+      int on = config.reuse[i];
+      if (on >= 0)
+        err = tp_pool_set_attribute(pool, reuse_vars[i].attr, &on);
+    }
+    if (err == TP_SUCCESS)
+      atomic_store_explicit(&configured[device], true, memory_order_release);
+  }
+  pthread_mutex_unlock(&configure_lock);
+  return err;
+}
+
+/* ---- the calling thread's device -------------------------------------------
+ * tidepool's per-thread current device decides which legacy stream NULL
+ * means. tp_set_device would also make the device's context current, which
+ * is the CUDA runtime's current device: PyTorch frees a tensor of device 1
+ * while device 0 is current, and must find device 0 current afterwards. So
+ * only tidepool's notion is switched, and put back on the way out. */
+
+static tp_error_t enter(int device, int *saved) {
+  TP_RETURN_IF(device < 0 || device >= TP_MAX_DEVICES,
+               TP_ERROR_INVALID_DEVICE);
+  *saved = tp__current_device();
+  /* Set before the thread's first initialisation, which makes the context
+   * of the thread's current device current: `device` is PyTorch's current
+   * device in every allocation. */
+  tp__set_current_device(device);
+  tp_error_t err = tp__api_init();
+  if (err == TP_SUCCESS)
+    err = tp__check_device(device);
+  if (err == TP_SUCCESS)
+    err = configure(device);
+  if (err != TP_SUCCESS)
+    tp__set_current_device(*saved);
+  return err;
+}
+
+static void leave(int saved) {
+  tp__set_current_device(saved);
+}
+
+/* PyTorch has no error channel from a pluggable allocator, so failures go to
+ * stderr; the first few only, since a program that runs out of memory
+ * tends to fail many allocations in a row. */
+#define TORCH_REPORTS 8
+static atomic_uint reports;
+
+static void report(const char *what, tp_error_t err, ssize_t size,
+                   int device) {
+  unsigned n = atomic_fetch_add_explicit(&reports, 1, memory_order_relaxed);
+  if (n >= TORCH_REPORTS)
+    return;
+  fprintf(stderr, "tidepool: %s of %lld bytes on device %d failed: %s (%s)%s\n",
+          what, (long long)size, device, tp_error_name(err),
+          tp_error_string(err),
+          n + 1 == TORCH_REPORTS ? "; further failures are not reported" : "");
+}
+
+/* ---- entry points --------------------------------------------------------
+ */
+
+TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream) {
+  if (size <= 0) {
+    if (size < 0)
+      report("tp_torch_alloc", TP_ERROR_INVALID_VALUE, size, device);
+    return NULL;
+  }
+  void *ptr = NULL;
+  int saved;
+  tp_error_t err = enter(device, &saved);
+  if (err == TP_SUCCESS) {
+    err = tp_malloc_async(&ptr, (size_t)size, (tp_stream_t)stream);
+    leave(saved);
+  }
+  if (err != TP_SUCCESS) {
+    report("tp_torch_alloc", err, size, device);
+    return NULL;
+  }
+  return ptr;
+}
+
+TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream) {
+  if (!ptr)
+    return;
+  int saved;
+  tp_error_t err = enter(device, &saved);
+  if (err == TP_SUCCESS) {
+    err = tp_free_async(ptr, (tp_stream_t)stream);
+    leave(saved);
+  }
+  if (err != TP_SUCCESS)
+    report("tp_torch_free", err, size, device);
+}
+
+TP_API tp_error_t tp_torch_stats(int device, uint64_t out[4]) {
+  TP_RETURN_IF(!out, TP_ERROR_INVALID_VALUE);
+  static const tp_pool_attr_t attrs[4] = {
+      TP_POOL_ATTR_RESERVED_MEM_CURRENT, TP_POOL_ATTR_RESERVED_MEM_HIGH,
+      TP_POOL_ATTR_USED_MEM_CURRENT, TP_POOL_ATTR_USED_MEM_HIGH};
+  int saved;
+  TP_FORWARD(enter(device, &saved));
+  tp_pool_t pool = NULL;
+  tp_error_t err = tp_device_get_mem_pool(&pool, device);
+  uint64_t v[4] = {0};
+  for (int i = 0; i < 4 && err == TP_SUCCESS; i++)
+    err = tp_pool_get_attribute(pool, attrs[i], &v[i]);
+  leave(saved);
+  if (err == TP_SUCCESS)
+    memcpy(out, v, sizeof v);
+  return err;
+}
+
+TP_API tp_error_t tp_torch_reset_peaks(int device) {
+  int saved;
+  TP_FORWARD(enter(device, &saved));
+  tp_pool_t pool = NULL;
+  uint64_t zero = 0;
+  tp_error_t err = tp_device_get_mem_pool(&pool, device);
+  if (err == TP_SUCCESS)
+    err = tp_pool_set_attribute(pool, TP_POOL_ATTR_RESERVED_MEM_HIGH, &zero);
+  if (err == TP_SUCCESS)
+    err = tp_pool_set_attribute(pool, TP_POOL_ATTR_USED_MEM_HIGH, &zero);
+  leave(saved);
+  return err;
+}
+
+TP_API tp_error_t tp_torch_trim(int device, size_t keep) {
+  int saved;
+  TP_FORWARD(enter(device, &saved));
+  /* Trimming releases only frees known to have completed; PyTorch's own
+   * synchronizations do not pass through tidepool, so wait here. */
+  tp_error_t err = tp_device_synchronize();
+  tp_pool_t pool = NULL;
+  if (err == TP_SUCCESS)
+    err = tp_device_get_mem_pool(&pool, device);
+  if (err == TP_SUCCESS)
+    err = tp_pool_trim_to(pool, keep);
+  leave(saved);
+  return err;
+}
