@@ -140,9 +140,13 @@ typedef enum tp_pool_attr {
   TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3, /* int, read-write */
   TP_POOL_ATTR_RELEASE_THRESHOLD = 4,                 /* uint64_t, rw */
   TP_POOL_ATTR_RESERVED_MEM_CURRENT = 5,              /* uint64_t, read-only */
-  TP_POOL_ATTR_RESERVED_MEM_HIGH = 6,      /* uint64_t, reset to 0 only */
-  TP_POOL_ATTR_USED_MEM_CURRENT = 7,       /* uint64_t, read-only */
-  TP_POOL_ATTR_USED_MEM_HIGH = 8,          /* uint64_t, reset to 0 only */
+  TP_POOL_ATTR_RESERVED_MEM_HIGH = 6, /* uint64_t, reset to 0 only */
+  TP_POOL_ATTR_USED_MEM_CURRENT = 7,  /* uint64_t, read-only */
+  /* uint64_t, reset to 0 only. Exact when one thread at a time allocates
+   * from the pool; with several threads at once it is the peak of the exact
+   * sum taken when a stream's count rises, so a peak can be missed by at
+   * most the bytes of allocations in flight on other threads. */
+  TP_POOL_ATTR_USED_MEM_HIGH = 8,
   TP_POOL_ATTR_ALLOCATION_TYPE = 9,        /* int, read-only */
   TP_POOL_ATTR_EXPORT_HANDLE_TYPES = 10,   /* int, read-only */
   TP_POOL_ATTR_LOCATION_ID = 11,           /* int, read-only */
@@ -225,7 +229,10 @@ TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream);
  * locations, usage != 0, handle types the location cannot export (host
  * pools are not IPC-capable), managed pools with max_size != 0,
  * TP_LOCATION_HOST_NUMA_CURRENT; NOT_SUPPORTED for handle types the
- * platform lacks; OUT_OF_MEMORY when the virtual range cannot be reserved. */
+ * platform lacks; OUT_OF_MEMORY when the virtual range cannot be reserved.
+ * On cuda, where the driver's virtual memory API makes no managed memory,
+ * managed pools are made of pinned host memory mapped for the host and
+ * every device: reachable from everywhere, never migrated. */
 TP_API tp_error_t tp_pool_create(tp_pool_t *pool, const tp_pool_props_t *props);
 
 /* Destroys a pool. With allocations still live, succeeds and defers: the
@@ -262,7 +269,10 @@ TP_API tp_error_t tp_pool_set_access(tp_pool_t pool,
 
 /* Releases free memory of the pool until at most min_bytes_to_keep stay
  * reserved, whatever the release threshold. Only frees already known to
- * have completed count as free. Errors: INVALID_VALUE (unknown pool). */
+ * have completed count as free; every stream's cached blocks are given back
+ * first. Errors: INVALID_VALUE (unknown pool), PLATFORM (the platform would
+ * not unmap or release a chunk: it stays reserved and counted, and a later
+ * trim or synchronize tries again). */
 TP_API tp_error_t tp_pool_trim_to(tp_pool_t pool, size_t min_bytes_to_keep);
 
 /* ========================================================================

@@ -1,0 +1,292 @@
+/* The PyTorch entry points (tp_torch_*) as PyTorch calls them: the
+ * configuration variables, allocation and free on the legacy stream and on
+ * a stream of the program's own, statistics, peaks, trim, errors, devices
+ * and threads. Runs on whatever platform is chosen (host in CI). */
+#include <pthread.h>
+#include <string.h>
+
+#include "api/api.h"
+#include "check.h"
+
+#define MiB ((size_t)1 << 20)
+
+static const char *const vars[] = {
+    "TIDEPOOL_TORCH_RELEASE_THRESHOLD", "TIDEPOOL_TORCH_REUSE_FOLLOW_EVENTS",
+    "TIDEPOOL_TORCH_REUSE_OPPORTUNISTIC", "TIDEPOOL_TORCH_REUSE_INTERNAL_DEPS"};
+
+static void unset_vars(void) {
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+    unsetenv(vars[i]);
+}
+
+/* Reads the configuration with one variable set to `value`. */
+static tp__torch_config config_with(const char *name, const char *value) {
+  unset_vars();
+  if (name)
+    setenv(name, value, 1);
+  tp__torch_config cfg;
+  memset(&cfg, 0x55, sizeof cfg);
+  tp__torch_read_config(&cfg);
+  return cfg;
+}
+
+/* Runs before any entry point: the entry points read the environment once,
+ * at their first call, and main() sets it for them afterwards. */
+static void test_config(void) {
+  tp__torch_config c = config_with(NULL, NULL);
+  CHECK_EQ_U64(c.release_threshold, UINT64_MAX);
+  for (int i = 0; i < 3; i++)
+    CHECK_EQ_INT(c.reuse[i], -1);
+
+  const char *thr = "TIDEPOOL_TORCH_RELEASE_THRESHOLD";
+  CHECK_EQ_U64(config_with(thr, "64M").release_threshold, 64 * MiB);
+  CHECK_EQ_U64(config_with(thr, "1G").release_threshold, (uint64_t)1 << 30);
+  CHECK_EQ_U64(config_with(thr, "4096").release_threshold, 4096);
+  CHECK_EQ_U64(config_with(thr, "0").release_threshold, 0);
+  CHECK_EQ_U64(config_with(thr, "max").release_threshold, UINT64_MAX);
+  CHECK_EQ_U64(config_with(thr, "MAX").release_threshold, UINT64_MAX);
+  /* Unparsable values are reported and leave the default. */
+  CHECK_EQ_U64(config_with(thr, "lots").release_threshold, UINT64_MAX);
+  CHECK_EQ_U64(config_with(thr, "-1").release_threshold, UINT64_MAX);
+
+  for (int i = 0; i < 3; i++) {
+    const char *name = vars[1 + i];
+    CHECK_EQ_INT(config_with(name, "0").reuse[i], 0);
+    CHECK_EQ_INT(config_with(name, "1").reuse[i], 1);
+    CHECK_EQ_INT(config_with(name, "yes").reuse[i], -1);
+    c = config_with(name, "1");
+    CHECK_EQ_INT(c.reuse[(i + 1) % 3], -1);
+  }
+  unset_vars();
+}
+
+static void stats(int device, uint64_t out[4]) {
+  memset(out, 0xff, 4 * sizeof out[0]);
+  CHECK_OK(tp_torch_stats(device, out));
+}
+
+/* The environment main() set before the first call is applied to the
+ * device's current pool at that call. */
+static void test_config_applied(void) {
+  void *p = tp_torch_alloc(4096, 0, NULL);
+  REQUIRE(p != NULL);
+  tp_pool_t pool;
+  REQUIRE_OK(tp_device_get_mem_pool(&pool, 0));
+  uint64_t threshold = 0;
+  int follow = -1, opportunistic = -1, internal = -1;
+  CHECK_OK(tp_pool_get_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD,
+                                 &threshold));
+  CHECK_OK(tp_pool_get_attribute(
+      pool, TP_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, &follow));
+  CHECK_OK(tp_pool_get_attribute(pool, TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+                                 &opportunistic));
+  CHECK_OK(tp_pool_get_attribute(
+      pool, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &internal));
+  CHECK_EQ_U64(threshold, 64 * MiB);
+  CHECK_EQ_INT(follow, 1); /* unset: the pool's default */
+  CHECK_EQ_INT(opportunistic, 0);
+  CHECK_EQ_INT(internal, 1);
+  tp_torch_free(p, 4096, 0, NULL);
+  CHECK_OK(tp_stream_synchronize(NULL));
+}
+
+/* Allocation and free on the legacy stream (PyTorch's default stream is
+ * NULL), with the bytes written and read back through the stream. */
+static void test_alloc_free_legacy(void) {
+  const size_t n = MiB + 12345;
+  uint64_t before[4], during[4], after[4];
+  CHECK_OK(tp_torch_reset_peaks(0));
+  stats(0, before);
+  void *p = tp_torch_alloc((ssize_t)n, 0, NULL);
+  REQUIRE(p != NULL);
+  CHECK(((uintptr_t)p & 511) == 0);
+  stats(0, during);
+  CHECK_EQ_U64(during[2], before[2] + n);
+  CHECK(during[0] >= during[2]);
+  CHECK(during[1] >= during[0]);
+  CHECK(during[3] >= during[2]);
+
+  unsigned char *host = malloc(n);
+  REQUIRE(host != NULL);
+  memset(host, 0, n);
+  CHECK_OK(tp_memset_async(p, 0xab, n, NULL));
+  CHECK_OK(tp_memcpy_async(host, p, n, NULL));
+  CHECK_OK(tp_stream_synchronize(NULL));
+  CHECK(host[0] == 0xab && host[n / 2] == 0xab && host[n - 1] == 0xab);
+  free(host);
+
+  tp_torch_free(p, (ssize_t)n, 0, NULL);
+  stats(0, after);
+  CHECK_EQ_U64(after[2], before[2]);
+  CHECK_EQ_U64(after[3], during[3]); /* the peak stays */
+  CHECK(after[0] >= during[2]);      /* kept for reuse: threshold 64 MiB */
+
+  /* A free is reusable at once by later work on the same stream. */
+  void *q = tp_torch_alloc((ssize_t)n, 0, NULL);
+  CHECK_EQ_PTR(q, p);
+  tp_torch_free(q, (ssize_t)n, 0, NULL);
+  CHECK_OK(tp_stream_synchronize(NULL));
+}
+
+/* A stream of the program's own, as PyTorch's side streams are. */
+static void test_alloc_free_stream(void) {
+  tp_stream_t s;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  uint64_t before[4], during[4], after[4];
+  stats(0, before);
+  void *ptrs[16];
+  size_t total = 0;
+  for (int i = 0; i < 16; i++) {
+    size_t n = (size_t)(i + 1) * 100000;
+    ptrs[i] = tp_torch_alloc((ssize_t)n, 0, s);
+    CHECK(ptrs[i] != NULL);
+    total += n;
+  }
+  stats(0, during);
+  CHECK_EQ_U64(during[2], before[2] + total);
+  for (int i = 0; i < 16; i++)
+    tp_torch_free(ptrs[i], (ssize_t)(i + 1) * 100000, 0, s);
+  stats(0, after);
+  CHECK_EQ_U64(after[2], before[2]);
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
+static void test_peaks_and_trim(void) {
+  void *p = tp_torch_alloc((ssize_t)(8 * MiB), 0, NULL);
+  REQUIRE(p != NULL);
+  tp_torch_free(p, (ssize_t)(8 * MiB), 0, NULL);
+  uint64_t v[4];
+  stats(0, v);
+  CHECK(v[3] >= 8 * MiB);
+  CHECK(v[0] >= 8 * MiB); /* below the 64 MiB threshold: kept */
+  CHECK_OK(tp_torch_reset_peaks(0));
+  stats(0, v);
+  CHECK_EQ_U64(v[1], v[0]);
+  CHECK_EQ_U64(v[3], v[2]);
+  CHECK_OK(tp_torch_trim(0, 0));
+  stats(0, v);
+  CHECK_EQ_U64(v[2], 0);
+  CHECK_EQ_U64(v[0], 0);
+}
+
+static void test_errors(void) {
+  int count = 0;
+  REQUIRE_OK(tp_get_device_count(&count));
+  uint64_t v[4];
+  CHECK(tp_torch_alloc(0, 0, NULL) == NULL);
+  printf("   (the failures reported below on stderr are expected)\n");
+  fflush(stdout);
+  CHECK(tp_torch_alloc(-5, 0, NULL) == NULL);
+  CHECK(tp_torch_alloc(4096, -1, NULL) == NULL);
+  CHECK(tp_torch_alloc(4096, count, NULL) == NULL);
+  CHECK(tp_torch_alloc(4096, 1000000, NULL) == NULL);
+  CHECK(tp_torch_alloc((ssize_t)1 << 60, 0, NULL) == NULL); /* OOM */
+  /* Frees that tidepool refuses change nothing and do not crash. */
+  tp_torch_free(NULL, 0, 0, NULL);
+  int local = 0;
+  tp_torch_free(&local, 4, 0, NULL);
+  tp_torch_free(&local, 4, -3, NULL);
+  CHECK_ERR(tp_torch_stats(0, NULL), TP_ERROR_INVALID_VALUE);
+  CHECK_ERR(tp_torch_stats(count, v), TP_ERROR_INVALID_DEVICE);
+  CHECK_ERR(tp_torch_stats(-1, v), TP_ERROR_INVALID_DEVICE);
+  CHECK_ERR(tp_torch_reset_peaks(count), TP_ERROR_INVALID_DEVICE);
+  CHECK_ERR(tp_torch_trim(count, 0), TP_ERROR_INVALID_DEVICE);
+  stats(0, v);
+  CHECK_EQ_U64(v[2], 0);
+}
+
+/* The device argument picks the pool and the legacy stream, and the
+ * thread's own current device is left as it was. */
+static void test_devices(void) {
+  int count = 0, dev = -1;
+  REQUIRE_OK(tp_get_device_count(&count));
+  int last = count - 1;
+  REQUIRE_OK(tp_set_device(0));
+  uint64_t v0[4], v1[4], w0[4], w1[4];
+  stats(0, v0);
+  stats(last, v1);
+  void *p = tp_torch_alloc((ssize_t)MiB, last, NULL);
+  REQUIRE(p != NULL);
+  CHECK_OK(tp_get_device(&dev));
+  CHECK_EQ_INT(dev, 0);
+  stats(0, w0);
+  stats(last, w1);
+  CHECK_EQ_U64(w1[2], v1[2] + MiB);
+  if (last != 0)
+    CHECK_EQ_U64(w0[2], v0[2]);
+  tp_torch_free(p, (ssize_t)MiB, last, NULL);
+  CHECK_OK(tp_get_device(&dev));
+  CHECK_EQ_INT(dev, 0);
+  stats(last, w1);
+  CHECK_EQ_U64(w1[2], v1[2]);
+  if (last != 0) {
+    CHECK_OK(tp_set_device(last));
+    CHECK_OK(tp_stream_synchronize(NULL));
+    CHECK_OK(tp_set_device(0));
+  }
+  CHECK_OK(tp_stream_synchronize(NULL));
+}
+
+/* PyTorch frees on whichever thread drops the last reference (autograd
+ * runs backward on threads of its own), and a thread's first call into the
+ * library comes through these entry points. */
+typedef struct thread_job {
+  int device;
+  void *ptr;
+  int device_after;
+} thread_job;
+
+static void *alloc_thread(void *arg) {
+  thread_job *job = arg;
+  job->ptr = tp_torch_alloc((ssize_t)(3 * MiB), job->device, NULL);
+  (void)tp_get_device(&job->device_after);
+  return NULL;
+}
+
+static void *free_thread(void *arg) {
+  thread_job *job = arg;
+  tp_torch_free(job->ptr, (ssize_t)(3 * MiB), job->device, NULL);
+  (void)tp_get_device(&job->device_after);
+  return NULL;
+}
+
+static void test_threads(void) {
+  int count = 0;
+  REQUIRE_OK(tp_get_device_count(&count));
+  uint64_t before[4], during[4], after[4];
+  thread_job job = {count - 1, NULL, -1};
+  stats(job.device, before);
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, alloc_thread, &job) == 0);
+  pthread_join(t, NULL);
+  REQUIRE(job.ptr != NULL);
+  CHECK_EQ_INT(job.device_after, 0); /* a new thread's device, put back */
+  stats(job.device, during);
+  CHECK_EQ_U64(during[2], before[2] + 3 * MiB);
+  job.device_after = -1;
+  REQUIRE(pthread_create(&t, NULL, free_thread, &job) == 0);
+  pthread_join(t, NULL);
+  CHECK_EQ_INT(job.device_after, 0);
+  stats(job.device, after);
+  CHECK_EQ_U64(after[2], before[2]);
+  CHECK_OK(tp_torch_trim(job.device, 0));
+}
+
+int main(void) {
+  RUN_TEST(test_config);
+  /* What the entry points will read at their first call. */
+  setenv("TIDEPOOL_TORCH_RELEASE_THRESHOLD", "64M", 1);
+  setenv("TIDEPOOL_TORCH_REUSE_OPPORTUNISTIC", "0", 1);
+  const char *platform = tp_platform_name();
+  printf("tp_torch_* on platform %s\n", platform ? platform : "(none)");
+  REQUIRE_EXIT(platform != NULL);
+  RUN_TEST(test_config_applied);
+  RUN_TEST(test_alloc_free_legacy);
+  RUN_TEST(test_alloc_free_stream);
+  RUN_TEST(test_peaks_and_trim);
+  RUN_TEST(test_errors);
+  RUN_TEST(test_devices);
+  RUN_TEST(test_threads);
+  return check_done();
+}
