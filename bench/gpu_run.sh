@@ -52,6 +52,8 @@ if command -v compute-sanitizer >/dev/null; then
     compute-sanitizer --tool memcheck --error-exitcode 9 ./test_stress
 fi
 step vmm_cost 300 ./vmm_cost
+step multidevice 120 ./test_multidevice
+step peer_copy 200 ./peer_copy
 step bench_cuda 400 ./bench_alloc --json "$OUT/bench_cuda.json"
 step replay_cuda 300 ./tidepool-replay --no-progress --against driver "$TRACES"/*.csv.gz
 step replay_cuda_json 300 ./tidepool-replay --no-progress --json --against driver "$TRACES"/*.csv.gz

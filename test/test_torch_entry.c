@@ -74,8 +74,8 @@ static void test_config_applied(void) {
   REQUIRE_OK(tp_device_get_mem_pool(&pool, 0));
   uint64_t threshold = 0;
   int follow = -1, opportunistic = -1, internal = -1;
-  CHECK_OK(tp_pool_get_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD,
-                                 &threshold));
+  CHECK_OK(
+      tp_pool_get_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &threshold));
   CHECK_OK(tp_pool_get_attribute(
       pool, TP_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, &follow));
   CHECK_OK(tp_pool_get_attribute(pool, TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,

@@ -102,8 +102,7 @@ static tp_error_t configure(int device) {
  * only tidepool's notion is switched, and put back on the way out. */
 
 static tp_error_t enter(int device, int *saved) {
-  TP_RETURN_IF(device < 0 || device >= TP_MAX_DEVICES,
-               TP_ERROR_INVALID_DEVICE);
+  TP_RETURN_IF(device < 0 || device >= TP_MAX_DEVICES, TP_ERROR_INVALID_DEVICE);
   *saved = tp__current_device();
   /* Set before the thread's first initialisation, which makes the context
    * of the thread's current device current: `device` is PyTorch's current
@@ -129,8 +128,7 @@ static void leave(int saved) {
 #define TORCH_REPORTS 8
 static atomic_uint reports;
 
-static void report(const char *what, tp_error_t err, ssize_t size,
-                   int device) {
+static void report(const char *what, tp_error_t err, ssize_t size, int device) {
   unsigned n = atomic_fetch_add_explicit(&reports, 1, memory_order_relaxed);
   if (n >= TORCH_REPORTS)
     return;

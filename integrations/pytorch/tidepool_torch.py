@@ -1,0 +1,187 @@
+"""tidepool as PyTorch's CUDA allocator.
+
+    import tidepool_torch
+    tidepool_torch.install()          # before anything allocates on the GPU
+    x = torch.randn(1024, 1024, device="cuda")
+    print(tidepool_torch.stats())     # reserved/used bytes, current and peak
+
+install() loads libtidepool.so and hands PyTorch its tp_torch_alloc and
+tp_torch_free through torch.cuda.memory.CUDAPluggableAllocator. PyTorch's
+own memory statistics (torch.cuda.memory_allocated and friends) do not work
+with a pluggable allocator; stats(), reset_peaks() and trim() read and manage
+the tidepool pool instead. See README.md next to this file.
+"""
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+__all__ = [
+    "find_library",
+    "install",
+    "installed",
+    "library_path",
+    "stats",
+    "reset_peaks",
+    "trim",
+]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_lib = None  # the ctypes handle, once loaded
+_lib_path = None
+_installed = False
+
+
+def find_library(path=None):
+    """The path of libtidepool.so that install() would load.
+
+    In order: the argument, $TIDEPOOL_LIB (either must exist when given),
+    the repository's build directory (this file lives in
+    <repo>/integrations/pytorch), this file's directory, the usual install
+    prefixes, then the dynamic linker's search path. Raises
+    FileNotFoundError listing what was tried.
+    """
+    for explicit, what in ((path, "the path given"), (os.environ.get("TIDEPOOL_LIB"), "TIDEPOOL_LIB")):
+        if explicit:
+            if not os.path.isfile(explicit):
+                raise FileNotFoundError(f"tidepool: {what} names no file: {explicit}")
+            return os.path.realpath(explicit)
+    repo = os.path.normpath(os.path.join(_HERE, "..", ".."))
+    candidates = [
+        os.path.join(repo, "build", "libtidepool.so"),
+        os.path.join(_HERE, "libtidepool.so"),
+    ]
+    for prefix in (sys.prefix, os.path.expanduser("~/.local"), "/usr/local", "/usr"):
+        for libdir in ("lib", "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu"):
+            candidates.append(os.path.join(prefix, libdir, "libtidepool.so"))
+    for c in candidates:
+        if os.path.isfile(c):
+            return os.path.realpath(c)
+    # A bare soname ("libtidepool.so.0") that dlopen resolves by itself.
+    found = ctypes.util.find_library("tidepool")
+    if found:
+        return found
+    raise FileNotFoundError(
+        "tidepool: libtidepool.so not found; build it (cmake -S . -B build && "
+        "cmake --build build) or set TIDEPOOL_LIB. Tried:\n  " + "\n  ".join(candidates)
+    )
+
+
+def _load(path=None):
+    """Loads the library once (ctypes) and declares the entry points' types."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    # PyTorch hands tidepool CUDA streams: the emulated host platform must
+    # never be picked silently in a PyTorch process.
+    os.environ.setdefault("TIDEPOOL_PLATFORM", "cuda")
+    p = find_library(path)
+    lib = ctypes.CDLL(p)
+    lib.tp_platform_name.restype = ctypes.c_char_p
+    lib.tp_platform_name.argtypes = []
+    lib.tp_error_name.restype = ctypes.c_char_p
+    lib.tp_error_name.argtypes = [ctypes.c_int]
+    lib.tp_torch_stats.restype = ctypes.c_int
+    lib.tp_torch_stats.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]
+    lib.tp_torch_reset_peaks.restype = ctypes.c_int
+    lib.tp_torch_reset_peaks.argtypes = [ctypes.c_int]
+    lib.tp_torch_trim.restype = ctypes.c_int
+    lib.tp_torch_trim.argtypes = [ctypes.c_int, ctypes.c_size_t]
+    _lib, _lib_path = lib, p
+    return lib
+
+
+def _check(rc, what):
+    if rc != 0:
+        name = _lib.tp_error_name(rc).decode()
+        raise RuntimeError(f"tidepool: {what} failed: {name}")
+
+
+def install(path=None):
+    """Makes tidepool PyTorch's CUDA allocator for this process.
+
+    Must run before PyTorch initialises CUDA's allocator, that is before the
+    first tensor on a GPU (torch.cuda.is_available() and device_count() are
+    fine). Returns the library's path. Calling it again is a no-op.
+    """
+    global _installed
+    if _installed:
+        return _lib_path
+    import torch  # imported here so that the module loads without torch
+
+    lib = _load(path)
+    platform = lib.tp_platform_name()
+    if platform != b"cuda":
+        raise RuntimeError(
+            "tidepool: the library did not start on the cuda platform "
+            f"(got {platform!r}; TIDEPOOL_PLATFORM="
+            f"{os.environ.get('TIDEPOOL_PLATFORM')!r}); is a GPU visible?"
+        )
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(
+        _lib_path, "tp_torch_alloc", "tp_torch_free"
+    )
+    try:
+        torch.cuda.memory.change_current_allocator(allocator)
+    except RuntimeError as e:
+        raise RuntimeError(
+            "tidepool: install() must run before the first CUDA allocation "
+            f"of the process ({e})"
+        ) from e
+    _installed = True
+    return _lib_path
+
+
+def installed():
+    """Whether install() has made tidepool PyTorch's allocator."""
+    return _installed
+
+
+def library_path():
+    """The loaded library's path, or None before the first use."""
+    return _lib_path
+
+
+def _device_index(device):
+    if device is None:
+        import torch
+
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    import torch
+
+    d = torch.device(device)
+    return d.index if d.index is not None else torch.cuda.current_device()
+
+
+def stats(device=None):
+    """The current pool's figures for a device (default: the current one).
+
+    A dict of bytes: reserved_current, reserved_peak (memory the pool holds
+    from the GPU) and used_current, used_peak (bytes of live allocations, as
+    PyTorch asked for them). The peaks run from the start of the process or
+    the last reset_peaks().
+    """
+    lib = _load()
+    out = (ctypes.c_uint64 * 4)()
+    dev = _device_index(device)
+    _check(lib.tp_torch_stats(dev, out), f"tp_torch_stats(device {dev})")
+    keys = ("reserved_current", "reserved_peak", "used_current", "used_peak")
+    return dict(zip(keys, (int(v) for v in out)))
+
+
+def reset_peaks(device=None):
+    """Resets both peaks of the device's pool to the current figures."""
+    lib = _load()
+    dev = _device_index(device)
+    _check(lib.tp_torch_reset_peaks(dev), f"tp_torch_reset_peaks(device {dev})")
+
+
+def trim(device=None, keep=0):
+    """Waits for the device's work, then gives free memory back to the GPU
+    until at most `keep` bytes stay reserved: what torch.cuda.empty_cache()
+    does for PyTorch's own allocators (it is a no-op with a pluggable one)."""
+    lib = _load()
+    dev = _device_index(device)
+    _check(lib.tp_torch_trim(dev, keep), f"tp_torch_trim(device {dev})")
