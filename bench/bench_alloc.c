@@ -5,7 +5,6 @@
 #define _GNU_SOURCE
 #endif
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -16,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "dl_table.h"
 #include "tidepool.h"
 
 /* ========================================================================
@@ -129,32 +129,21 @@ static struct {
 static _Thread_local bool cu_thread_ready;
 
 static bool cu_load(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib)
+  const dl_sym syms[] = {{&cu.init, "cuInit"},
+                         {&cu.primary_retain, "cuDevicePrimaryCtxRetain"},
+                         {&cu.ctx_set, "cuCtxSetCurrent"},
+                         {&cu.default_pool, "cuDeviceGetDefaultMemPool"},
+                         {&cu.pool_set, "cuMemPoolSetAttribute"},
+                         {&cu.stream_create, "cuStreamCreate"},
+                         {&cu.stream_destroy, "cuStreamDestroy_v2"},
+                         {&cu.stream_sync, "cuStreamSynchronize"},
+                         {&cu.alloc_async, "cuMemAllocAsync"},
+                         {&cu.free_async, "cuMemFreeAsync"},
+                         {&cu.alloc, "cuMemAlloc_v2"},
+                         {&cu.free, "cuMemFree_v2"},
+                         {&cu.error_name, "cuGetErrorName"}};
+  if (dl_table_load("libcuda.so.1", syms, sizeof syms / sizeof syms[0]))
     return false;
-  struct {
-    void *slot;
-    const char *name;
-  } syms[] = {{&cu.init, "cuInit"},
-              {&cu.primary_retain, "cuDevicePrimaryCtxRetain"},
-              {&cu.ctx_set, "cuCtxSetCurrent"},
-              {&cu.default_pool, "cuDeviceGetDefaultMemPool"},
-              {&cu.pool_set, "cuMemPoolSetAttribute"},
-              {&cu.stream_create, "cuStreamCreate"},
-              {&cu.stream_destroy, "cuStreamDestroy_v2"},
-              {&cu.stream_sync, "cuStreamSynchronize"},
-              {&cu.alloc_async, "cuMemAllocAsync"},
-              {&cu.free_async, "cuMemFreeAsync"},
-              {&cu.alloc, "cuMemAlloc_v2"},
-              {&cu.free, "cuMemFree_v2"},
-              {&cu.error_name, "cuGetErrorName"}};
-  for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-    void *f = dlsym(lib, syms[i].name);
-    if (!f)
-      return false;
-    /* ISO C has no cast from object to function pointer; copy the bits. */
-    memcpy(syms[i].slot, &f, sizeof f);
-  }
   return cu.init(0) == 0 && cu.primary_retain(&cu.ctx, 0) == 0;
 }
 

@@ -3,12 +3,12 @@
  * GB/s; on cuda beside the same copies through a driver pool
  * (cudaMallocAsync's) with the same access, in the same run. Needs two
  * devices (on the host platform: TIDEPOOL_HOST_DEVICES=2). */
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "dl_table.h"
 #include "tidepool.h"
 
 static double now_s(void) {
@@ -62,24 +62,13 @@ static struct {
 } cu;
 
 static int load_driver(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib)
-    return -1;
-  struct {
-    void *slot;
-    const char *name;
-  } syms[] = {{&cu.create, "cuMemPoolCreate"},
-              {&cu.set_access, "cuMemPoolSetAccess"},
-              {&cu.alloc, "cuMemAllocFromPoolAsync"},
-              {&cu.free, "cuMemFreeAsync"},
-              {&cu.destroy, "cuMemPoolDestroy"}};
-  for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-    void *f = dlsym(lib, syms[i].name);
-    if (!f)
-      return -1;
-    memcpy(syms[i].slot, &f, sizeof f);
-  }
-  return 0;
+  const dl_sym syms[] = {{&cu.create, "cuMemPoolCreate"},
+                         {&cu.set_access, "cuMemPoolSetAccess"},
+                         {&cu.alloc, "cuMemAllocFromPoolAsync"},
+                         {&cu.free, "cuMemFreeAsync"},
+                         {&cu.destroy, "cuMemPoolDestroy"}};
+  return dl_table_load("libcuda.so.1", syms, sizeof syms / sizeof syms[0]) ? -1
+                                                                           : 0;
 }
 
 int main(int argc, char **argv) {

@@ -4,11 +4,12 @@
  * side by side with one access call over them, as tidepool's pools grow.
  * It tells how much of a pool's growth is per-call overhead. Needs a GPU. */
 #include <cuda.h>
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "dl_table.h"
 
 static struct {
   CUresult (*init)(unsigned);
@@ -40,29 +41,18 @@ static void ok(CUresult r, const char *what) {
 }
 
 static int load(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib)
-    return -1;
-  struct {
-    void *slot;
-    const char *name;
-  } syms[] = {{&cu.init, "cuInit"},
-              {&cu.retain, "cuDevicePrimaryCtxRetain"},
-              {&cu.set, "cuCtxSetCurrent"},
-              {&cu.reserve, "cuMemAddressReserve"},
-              {&cu.unreserve, "cuMemAddressFree"},
-              {&cu.create, "cuMemCreate"},
-              {&cu.release, "cuMemRelease"},
-              {&cu.map, "cuMemMap"},
-              {&cu.unmap, "cuMemUnmap"},
-              {&cu.access, "cuMemSetAccess"}};
-  for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-    void *f = dlsym(lib, syms[i].name);
-    if (!f)
-      return -1;
-    memcpy(syms[i].slot, &f, sizeof f);
-  }
-  return 0;
+  const dl_sym syms[] = {{&cu.init, "cuInit"},
+                         {&cu.retain, "cuDevicePrimaryCtxRetain"},
+                         {&cu.set, "cuCtxSetCurrent"},
+                         {&cu.reserve, "cuMemAddressReserve"},
+                         {&cu.unreserve, "cuMemAddressFree"},
+                         {&cu.create, "cuMemCreate"},
+                         {&cu.release, "cuMemRelease"},
+                         {&cu.map, "cuMemMap"},
+                         {&cu.unmap, "cuMemUnmap"},
+                         {&cu.access, "cuMemSetAccess"}};
+  return dl_table_load("libcuda.so.1", syms, sizeof syms / sizeof syms[0]) ? -1
+                                                                           : 0;
 }
 
 int main(void) {

@@ -21,6 +21,16 @@ static void set_mapped(tp__pool *p, size_t c, tp__phys phys) {
     p->mapbits[c / 64] &= ~(UINT64_C(1) << (c % 64));
 }
 
+/* The chunk map, the granule tables' index and the mapped bits. */
+static void free_maps(tp__pool *p) {
+  free(p->chunks);
+  free((void *)p->gtab);
+  free(p->mapbits);
+  p->chunks = NULL;
+  p->gtab = NULL;
+  p->mapbits = NULL;
+}
+
 tp_error_t tp__space_init(tp__pool *p) {
   uint64_t va = p->limit * 4;
   if (va < TP_VA_MIN || va / 4 != p->limit)
@@ -32,23 +42,15 @@ tp_error_t tp__space_init(tp__pool *p) {
   p->gtab = calloc(p->nchunks, sizeof *p->gtab);
   p->mapbits = calloc((p->nchunks + 63) / 64, sizeof *p->mapbits);
   if (!p->chunks || !p->gtab || !p->mapbits) {
-    free(p->chunks);
-    free((void *)p->gtab);
-    free(p->mapbits);
+    free_maps(p);
     return TP_ERROR_OUT_OF_MEMORY;
   }
   tp_error_t err =
       tp__platform->reserve(&p->kind, va, TP_VA_MIN, &p->res, &p->base);
   if (err == TP_SUCCESS && (err = tp__registry_add(p)) != TP_SUCCESS)
     (void)tp__platform->unreserve(p->res);
-  if (err != TP_SUCCESS) {
-    free(p->chunks);
-    free((void *)p->gtab);
-    free(p->mapbits);
-    p->chunks = NULL;
-    p->gtab = NULL;
-    p->mapbits = NULL;
-  }
+  if (err != TP_SUCCESS)
+    free_maps(p);
   return err;
 }
 
@@ -441,10 +443,5 @@ void tp__space_fini(tp__pool *p) {
     free((void *)atomic_load_explicit(&p->gtab[c], memory_order_relaxed));
   tp__registry_remove(p);
   (void)tp__platform->unreserve(p->res);
-  free(p->chunks);
-  free((void *)p->gtab);
-  free(p->mapbits);
-  p->chunks = NULL;
-  p->gtab = NULL;
-  p->mapbits = NULL;
+  free_maps(p);
 }

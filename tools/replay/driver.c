@@ -3,11 +3,11 @@
  * device 0, in the same process and on the same streams. libcuda is reached
  * through dlopen, as tidepool's cuda platform reaches it, so the tool builds
  * without the CUDA toolkit. */
-#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "dl_table.h"
 #include "replay.h"
 
 /* The few driver types used, laid out as cuda.h declares them. */
@@ -47,32 +47,21 @@ static struct {
 } cu;
 
 static int load(char *err, size_t len) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
+  const dl_sym syms[] = {{&cu.pool_create, "cuMemPoolCreate"},
+                         {&cu.pool_destroy, "cuMemPoolDestroy"},
+                         {&cu.pool_set, "cuMemPoolSetAttribute"},
+                         {&cu.pool_get, "cuMemPoolGetAttribute"},
+                         {&cu.alloc, "cuMemAllocFromPoolAsync"},
+                         {&cu.free, "cuMemFreeAsync"},
+                         {&cu.ctx_sync, "cuCtxSynchronize"},
+                         {&cu.error_name, "cuGetErrorName"}};
+  const char *missing =
+      dl_table_load("libcuda.so.1", syms, sizeof syms / sizeof syms[0]);
+  if (missing && !*missing)
     snprintf(err, len, "--against driver: libcuda.so.1 cannot be loaded");
-    return -1;
-  }
-  struct {
-    void *slot;
-    const char *name;
-  } syms[] = {{&cu.pool_create, "cuMemPoolCreate"},
-              {&cu.pool_destroy, "cuMemPoolDestroy"},
-              {&cu.pool_set, "cuMemPoolSetAttribute"},
-              {&cu.pool_get, "cuMemPoolGetAttribute"},
-              {&cu.alloc, "cuMemAllocFromPoolAsync"},
-              {&cu.free, "cuMemFreeAsync"},
-              {&cu.ctx_sync, "cuCtxSynchronize"},
-              {&cu.error_name, "cuGetErrorName"}};
-  for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-    void *f = dlsym(lib, syms[i].name);
-    if (!f) {
-      snprintf(err, len, "--against driver: libcuda lacks %s", syms[i].name);
-      return -1;
-    }
-    /* ISO C has no cast from object to function pointer; copy the bits. */
-    memcpy(syms[i].slot, &f, sizeof f);
-  }
-  return 0;
+  else if (missing)
+    snprintf(err, len, "--against driver: libcuda lacks %s", missing);
+  return missing ? -1 : 0;
 }
 
 static const char *name_of(cu_result r) {
