@@ -34,13 +34,15 @@ static void handle_bury(struct tp_pool_opaque *h) {
  * "Used" changes on every allocate and free, and one shared counter would be
  * a cache line that every thread's pair bounces. So each stream cache counts
  * its own bytes exactly, and publishes to the pool's total only when its
- * count rises above what it published, or falls more than a slack below it.
+ * count rises above what it published, or falls more than a slack below it
+ * (1 MiB, or the stream's largest allocation up to 1 GiB).
  * A pair on a warm stream then touches nothing shared. The published total
  * never falls below the true one, so a true new peak always makes it pass
  * the high watermark; the peak itself is then taken from the exact sum, so
  * that the watermark is exact whenever one thread uses the pool, and within
  * the operations in flight when several do. */
 #define TP_USED_SLACK (INT64_C(1) << 20)
+#define TP_USED_SLACK_MAX (INT64_C(1) << 30)
 
 /* Moves a cache's count; stream lock held. Returns the published total when
  * it rose (a possible new peak for used_peak), else 0. */
@@ -52,7 +54,11 @@ static uint64_t used_move(tp__pool *p, tp__cache *c, int64_t delta) {
     c->pub = u;
     return atomic_fetch_add_explicit(&p->used_pub, d, memory_order_relaxed) + d;
   }
-  if (c->pub - u > TP_USED_SLACK) {
+  /* The slack grows to the largest allocation the stream makes, so that a
+   * pair of big blocks does not publish twice either. */
+  if (delta > c->slack)
+    c->slack = delta < TP_USED_SLACK_MAX ? delta : TP_USED_SLACK_MAX;
+  if (c->pub - u > c->slack) {
     atomic_fetch_sub_explicit(&p->used_pub, (uint64_t)(c->pub - u),
                               memory_order_relaxed);
     c->pub = u;
@@ -180,6 +186,7 @@ static tp__cache *cache_ensure(tp__pool *p, tp__stream *s) {
   c = calloc(1, sizeof *c);
   if (!c)
     return NULL;
+  c->slack = TP_USED_SLACK;
   c->pool = p;
   c->stream = s;
   tp__stream_ref(s);

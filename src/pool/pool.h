@@ -163,7 +163,7 @@ struct tp__cache {
    * stream's lock, read by anyone. `pub` is what the pool's published total
    * holds for this cache. */
   _Atomic int64_t used;
-  int64_t pub;
+  int64_t pub, slack;
 };
 
 /* ---- pools ------------------------------------------------------------- */
