@@ -423,9 +423,11 @@ TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
  *
  * Each call works on the current pool of `device` (tp_device_get_mem_pool)
  * with `stream` as PyTorch passes it (a cudaStream_t; NULL is the legacy
- * default stream of `device`). The calling thread's CUDA context is left as
- * it is: tidepool's notion of the thread's current device is set to
- * `device` for the call and put back afterwards.
+ * default stream of `device`). Only tidepool's notion of the thread's
+ * current device is set to `device`, for the call: the thread's CUDA
+ * context stays as it is, except that a thread's first call into tidepool
+ * makes the context of `device` current (in an allocation, PyTorch's
+ * current device already).
  *
  * Configuration, read from the environment once, at the first of these
  * calls, and applied to a device's current pool at the first call that

@@ -42,7 +42,9 @@ def find_library(path=None):
     prefixes, then the dynamic linker's search path. Raises
     FileNotFoundError listing what was tried.
     """
-    for explicit, what in ((path, "the path given"), (os.environ.get("TIDEPOOL_LIB"), "TIDEPOOL_LIB")):
+    explicit_choices = ((path, "the path given"),
+                        (os.environ.get("TIDEPOOL_LIB"), "TIDEPOOL_LIB"))
+    for explicit, what in explicit_choices:
         if explicit:
             if not os.path.isfile(explicit):
                 raise FileNotFoundError(f"tidepool: {what} names no file: {explicit}")
@@ -78,6 +80,10 @@ def _load(path=None):
     os.environ.setdefault("TIDEPOOL_PLATFORM", "cuda")
     p = find_library(path)
     lib = ctypes.CDLL(p)
+    for sym in ("tp_torch_alloc", "tp_torch_free", "tp_torch_stats"):
+        if not hasattr(lib, sym):
+            raise RuntimeError(f"tidepool: {p} has no {sym}: a build older than "
+                               "the PyTorch entry points? Rebuild it.")
     lib.tp_platform_name.restype = ctypes.c_char_p
     lib.tp_platform_name.argtypes = []
     lib.tp_error_name.restype = ctypes.c_char_p
