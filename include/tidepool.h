@@ -442,6 +442,10 @@ TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
  *   TIDEPOOL_TORCH_REUSE_INTERNAL_DEPS  (..._REUSE_ALLOW_INTERNAL_DEPENDENCIES)
  *       0 or 1: the TP_POOL_ATTR_ reuse policy in parentheses. Default: the
  *       pool's own setting (1 for each, as in CUDA).
+ *   TIDEPOOL_TORCH_TRACE  a file that records every allocation and free in
+ *       the CSV format of traces/, for tidepool-replay. Streams are numbered
+ *       in order of first use, 0 being the legacy default stream; streams
+ *       after the 64th all get number 64.
  *
  * A value that does not parse is reported on stderr and ignored.
  * ======================================================================== */

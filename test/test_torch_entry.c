@@ -4,6 +4,7 @@
  * and threads. Runs on whatever platform is chosen (host in CI). */
 #include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "api/api.h"
 #include "check.h"
@@ -273,11 +274,47 @@ static void test_threads(void) {
   CHECK_OK(tp_torch_trim(job.device, 0));
 }
 
+/* Reads back what TIDEPOOL_TORCH_TRACE recorded: the header, and the 16
+ * allocations and frees of test_alloc_free_stream on stream number 1 (the
+ * first stream other than the legacy one to be used). */
+static char trace_path[64];
+
+static void test_trace_recorded(void) {
+  tp__torch_trace_flush();
+  FILE *f = fopen(trace_path, "r");
+  REQUIRE(f != NULL);
+  char line[256];
+  REQUIRE(fgets(line, sizeof line, f) != NULL);
+  CHECK(strcmp(line, "action,addr,size,stream\n") == 0);
+  int allocs = 0, frees = 0, on_stream = 0, lines = 0;
+  while (fgets(line, sizeof line, f)) {
+    char action[32];
+    unsigned long long addr;
+    long long size;
+    int stream;
+    REQUIRE(sscanf(line, "%31[^,],%llu,%lld,%d", action, &addr, &size,
+                   &stream) == 4);
+    lines++;
+    allocs += strcmp(action, "alloc") == 0;
+    frees += strcmp(action, "free_requested") == 0;
+    if (stream == 1 && size % 100000 == 0 && size <= 1600000)
+      on_stream++;
+  }
+  fclose(f);
+  CHECK_EQ_INT(allocs + frees, lines);
+  CHECK(allocs >= 16 && frees >= 16);
+  CHECK_EQ_INT(on_stream, 32);
+  remove(trace_path);
+}
+
 int main(void) {
   RUN_TEST(test_config);
   /* What the entry points will read at their first call. */
   setenv("TIDEPOOL_TORCH_RELEASE_THRESHOLD", "64M", 1);
   setenv("TIDEPOOL_TORCH_REUSE_OPPORTUNISTIC", "0", 1);
+  snprintf(trace_path, sizeof trace_path, "/tmp/tp_torch_trace_%d.csv",
+           (int)getpid());
+  setenv("TIDEPOOL_TORCH_TRACE", trace_path, 1);
   const char *platform = tp_platform_name();
   printf("tp_torch_* on platform %s\n", platform ? platform : "(none)");
   REQUIRE_EXIT(platform != NULL);
@@ -288,5 +325,6 @@ int main(void) {
   RUN_TEST(test_errors);
   RUN_TEST(test_devices);
   RUN_TEST(test_threads);
+  RUN_TEST(test_trace_recorded);
   return check_done();
 }

@@ -36,4 +36,8 @@ typedef struct tp__torch_config {
 } tp__torch_config;
 void tp__torch_read_config(tp__torch_config *cfg);
 
+/* Writes out what TIDEPOOL_TORCH_TRACE has recorded so far (a no-op when it
+ * is not set), for tests that read the file back while the process runs. */
+void tp__torch_trace_flush(void);
+
 #endif /* TP_API_H */

@@ -57,6 +57,51 @@ void tp__torch_read_config(tp__torch_config *cfg) {
   }
 }
 
+/* ---- recording ------------------------------------------------------------
+ * With TIDEPOOL_TORCH_TRACE=FILE, every allocation and free goes to FILE in
+ * the CSV format of traces/ (action,addr,size,stream), so that a real
+ * workload can be replayed with tidepool-replay. Streams are numbered in
+ * order of first use, the legacy default stream first. */
+#define TRACE_STREAMS 64
+static pthread_mutex_t trace_lock = PTHREAD_MUTEX_INITIALIZER;
+static FILE *trace_file;
+static void *trace_streams[TRACE_STREAMS];
+static int trace_nstreams = 1; /* 0: the legacy default stream (NULL) */
+
+static void trace_open(void) {
+  const char *path = getenv("TIDEPOOL_TORCH_TRACE");
+  if (!path || !*path)
+    return;
+  trace_file = fopen(path, "w");
+  if (!trace_file) {
+    fprintf(stderr, "tidepool: TIDEPOOL_TORCH_TRACE=%s cannot be written\n",
+            path);
+    return;
+  }
+  fputs("action,addr,size,stream\n", trace_file);
+}
+
+static void trace(const char *action, void *ptr, ssize_t size, void *stream) {
+  pthread_mutex_lock(&trace_lock);
+  int id = 0;
+  if (stream) {
+    while (id < trace_nstreams && trace_streams[id] != stream)
+      id++;
+    if (id == trace_nstreams && id < TRACE_STREAMS)
+      trace_streams[trace_nstreams++] = stream;
+  }
+  fprintf(trace_file, "%s,%llu,%lld,%d\n", action,
+          (unsigned long long)(uintptr_t)ptr, (long long)size, id);
+  pthread_mutex_unlock(&trace_lock);
+}
+
+void tp__torch_trace_flush(void) {
+  pthread_mutex_lock(&trace_lock);
+  if (trace_file)
+    fflush(trace_file);
+  pthread_mutex_unlock(&trace_lock);
+}
+
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
 static tp__torch_config config;
 static pthread_mutex_t configure_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -64,6 +109,7 @@ static atomic_bool configured[TP_MAX_DEVICES];
 
 static void read_config_once(void) {
   tp__torch_read_config(&config);
+  trace_open();
 }
 
 /* Applies the configuration to the device's current pool, once. A failed
@@ -158,6 +204,8 @@ TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream) {
     report("tp_torch_alloc", err, size, device);
     return NULL;
   }
+  if (TP_UNLIKELY(trace_file != NULL))
+    trace("alloc", ptr, size, stream);
   return ptr;
 }
 
@@ -166,6 +214,8 @@ TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream) {
     return;
   int saved;
   tp_error_t err = enter(device, &saved);
+  if (err == TP_SUCCESS && TP_UNLIKELY(trace_file != NULL))
+    trace("free_requested", ptr, size, stream);
   if (err == TP_SUCCESS) {
     err = tp_free_async(ptr, (tp_stream_t)stream);
     leave(saved);
