@@ -212,7 +212,9 @@ TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
 
 /* Frees `ptr` in stream order: the bytes may be reused by work ordered after
  * this call on `stream`, and by other streams as the pool's reuse policies
- * allow. NULL succeeds and does nothing.
+ * allow. NULL succeeds and does nothing. A pointer imported from another
+ * process gives its hold back once `stream` reaches the free; an exported
+ * allocation that importers still hold is reused only after they free it.
  * Errors: INVALID_VALUE (a pointer no tidepool pool gave out, an interior
  * pointer, a pointer already freed, unknown stream). A rejected free changes
  * nothing. */
@@ -237,7 +239,9 @@ TP_API tp_error_t tp_pool_create(tp_pool_t *pool, const tp_pool_props_t *props);
 
 /* Destroys a pool. With allocations still live, succeeds and defers: the
  * pool's memory goes when the last of them is freed (and its free has
- * completed). A pool that was current for its location stops being so.
+ * completed), and, for an exported pool, importers hold no block of it; it
+ * accepts no new importers meanwhile. A pool that was current for its
+ * location stops being so.
  * Errors: INVALID_VALUE (unknown or destroyed pool, a default pool). */
 TP_API tp_error_t tp_pool_destroy(tp_pool_t pool);
 
@@ -313,32 +317,76 @@ TP_API tp_error_t tp_device_get_attribute(int *value, tp_device_attr_t attr,
 
 /* ========================================================================
  * Sharing between processes
+ *
+ * A pool created with TP_HANDLE_POSIX_FD exports a descriptor; a process
+ * that receives it (over a Unix socket with SCM_RIGHTS, or by inheritance
+ * across fork and exec) imports the pool, then imports pointers that the
+ * exporter describes in 64 bytes. An imported pointer maps the exporter's
+ * own bytes, at an address of the importer's; chunks the exporter maps
+ * after the export are reachable too. The rules are the driver's:
+ *  - imported memory is not accessed before the allocation has completed in
+ *    the exporter (synchronize, or an event, before handing the record on);
+ *  - importers free before the exporter does. An importer's tp_free_async
+ *    is stream-ordered: its hold on the block goes when its stream reaches
+ *    the free.
+ * Beyond the driver: the exporter knows which blocks importers hold, and a
+ * block it frees while an importer holds it stays out of reuse (and counts
+ * as used) until the importer's free has completed; an importer that exits
+ * or dies releases all it held. The exporter can still trim every chunk
+ * that no importer maps. Only processes of the exporter's user may import.
+ * TP_HANDLE_FABRIC is not supported for pools on any platform yet.
  * ======================================================================== */
 
 /* Exports a pool created with `type` among its handle types. For
- * TP_HANDLE_POSIX_FD, *(int *)handle receives a descriptor that the caller
- * owns. Errors: INVALID_VALUE (pool not created for `type`, flags != 0, NULL
- * handle), NOT_SUPPORTED. */
+ * TP_HANDLE_POSIX_FD, *(int *)handle receives a new descriptor (close on
+ * exec) that the caller owns and closes once it has passed it on; each call
+ * gives another, and any number of processes may import through one. The
+ * pool serves importers from a thread of its own, started by the first
+ * export and stopped when the destroyed pool goes.
+ * Errors: INVALID_VALUE (pool not created for `type`, imported pool, flags
+ * != 0, NULL handle), NOT_SUPPORTED (TP_HANDLE_FABRIC), PLATFORM. */
 TP_API tp_error_t tp_pool_export_to_shareable_handle(void *handle,
                                                      tp_pool_t pool,
                                                      tp_handle_type_t type,
                                                      unsigned flags);
 
-/* Imports a pool from a handle another process exported. An imported pool
- * cannot allocate. Errors: INVALID_VALUE, NOT_SUPPORTED. */
+/* Imports a pool from a descriptor another process (or this one) exported;
+ * the caller keeps *(int *)handle and may close it afterwards. Waits for the
+ * exporter's answer (30 s at most). The imported pool cannot allocate; it
+ * reports the exporter's allocation type and size limit, no export handle
+ * types, and the exporter's location as this process names it:
+ * TP_LOCATION_INVISIBLE (id -2) where the exporter's device is not one of
+ * this process's (access then goes to the calling thread's device). Its
+ * reserved and used figures are this process's mappings and imports.
+ * tp_pool_set_access grants further devices; tp_pool_trim_to unmaps chunks
+ * no imported pointer uses (a synchronize does so too). Destroying it waits
+ * for frees of its pointers still queued on streams, then releases every
+ * pointer not freed.
+ * Errors: INVALID_VALUE (not an exported descriptor, no answer),
+ * NOT_PERMITTED (the exporter runs as another user), NOT_SUPPORTED
+ * (TP_HANDLE_FABRIC, a chunk size this process cannot map), OUT_OF_MEMORY,
+ * PLATFORM. */
 TP_API tp_error_t tp_pool_import_from_shareable_handle(tp_pool_t *pool,
                                                        void *handle,
                                                        tp_handle_type_t type,
                                                        unsigned flags);
 
-/* Describes a live allocation of an exportable pool in 64 opaque bytes.
- * Errors: INVALID_VALUE (pointer not from an exportable pool, NULL). */
+/* Describes a live allocation of an exportable pool in 64 opaque bytes,
+ * good until the allocation is freed; every export of one allocation gives
+ * the same bytes.
+ * Errors: INVALID_VALUE (pointer not the start of a live allocation of an
+ * exportable pool, NULL), OUT_OF_MEMORY. */
 TP_API tp_error_t tp_pool_export_pointer(tp_pool_ptr_export_data_t *data,
                                          void *ptr);
 
-/* Maps an exported allocation into this process through an imported pool.
- * Errors: INVALID_VALUE (forged or stale data, pool not imported),
- * NOT_SUPPORTED. */
+/* Maps an exported allocation through a pool imported from its exporter,
+ * and holds it there until tp_free_async of the returned pointer (on any
+ * stream) has completed. Importing the same allocation twice gives the same
+ * pointer, to be freed twice. The exporter checks every record: a
+ * corrupted, forged or stale one (its allocation freed), or one of another
+ * pool, maps nothing.
+ * Errors: INVALID_VALUE (such records, NULL arguments, pool not imported,
+ * exporter gone or its pool destroyed), OUT_OF_MEMORY, PLATFORM. */
 TP_API tp_error_t tp_pool_import_pointer(void **ptr, tp_pool_t pool,
                                          tp_pool_ptr_export_data_t *data);
 

@@ -16,6 +16,12 @@ typedef struct tp__pevent tp__pevent;   /* a platform event */
 typedef struct tp__pres tp__pres; /* a virtual reservation and its backing */
 typedef uint64_t tp__phys;        /* a physical chunk; 0 is never valid */
 
+/* What another process needs to map one chunk (see share_chunk). */
+typedef struct tp__chunk_share {
+  uint64_t offset; /* where the chunk lies in the reservation's backing */
+  int fd;          /* a descriptor of the chunk itself, or -1 */
+} tp__chunk_share;
+
 /* What kind of memory a reservation holds. location.type is DEVICE, HOST,
  * HOST_NUMA, or NONE (managed only); the core has validated it. */
 typedef struct tp__mem_kind {
@@ -113,6 +119,37 @@ typedef struct tp__platform_ops {
    * memory) to a mapped range; locations not listed keep theirs. */
   tp_error_t (*set_access)(tp__pres *res, size_t offset, size_t size,
                            const tp_access_desc_t *list, size_t count);
+
+  /* ---- sharing between processes -----------------------------------------
+   * The exporting process describes its chunks; the importing process maps
+   * them into a reservation of its own. Descriptors handed out belong to the
+   * caller, who closes them once they have travelled (SCM_RIGHTS).
+   *
+   * share_reservation: a descriptor that backs every chunk of a reservation
+   * made for TP_HANDLE_POSIX_FD (host: its memfd), sent once to each
+   * importer; -1 where each chunk travels with a descriptor of its own
+   * (cuda). */
+  tp_error_t (*share_reservation)(tp__pres *res, int *fd);
+  /* What an importer needs to map chunk `phys`, mapped in `res`: its offset
+   * in the reservation's backing, or a descriptor of its own. NOT_SUPPORTED
+   * for chunks made without TP_HANDLE_POSIX_FD. */
+  tp_error_t (*share_chunk)(tp__pres *res, tp__phys phys,
+                            tp__chunk_share *share);
+  /* As reserve, for another process's chunks: `fd` is the descriptor its
+   * share_reservation gave (or -1), which the reservation owns from now on,
+   * on failure too. The kind names a location of this process. */
+  tp_error_t (*reserve_imported)(const tp__mem_kind *kind, size_t size,
+                                 size_t align, int fd, tp__pres **res,
+                                 uintptr_t *base);
+  /* A chunk of another process, from its share_chunk description, for a
+   * reservation made by reserve_imported; share->fd is consumed, on failure
+   * too. It maps, unmaps and releases like a chunk of chunk_create, but
+   * releasing it never frees the exporter's memory. */
+  tp_error_t (*chunk_import)(tp__pres *res, const tp__chunk_share *share,
+                             tp__phys *phys);
+  /* An identity of the device that every process on the machine sees the
+   * same (cuda: its UUID), whatever ordinal the device has there. */
+  tp_error_t (*device_uuid)(int device, unsigned char uuid[16]);
 } tp__platform_ops;
 
 /* The platforms compiled into this library. Where the build found no CUDA

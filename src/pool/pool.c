@@ -4,7 +4,6 @@
  * DESIGN.md's order, then growth, then the host-side wait. */
 #include <string.h>
 #include <sys/random.h>
-#include <unistd.h>
 
 #include "pool/pool.h"
 
@@ -111,7 +110,6 @@ tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
   p->props = *props;
   p->kind = kind;
   p->is_default = is_default;
-  p->channel = -1;
   if (props->handle_types && getrandom(&p->export_key, sizeof p->export_key,
                                        0) != (ssize_t)sizeof p->export_key)
     p->export_key = (uint64_t)(uintptr_t)p ^ p->serial * 0x9E3779B97F4A7C15ull;
@@ -133,6 +131,8 @@ tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
         p->access[d] = TP_ACCESS_READ_WRITE;
   }
   tp_error_t err = tp__space_init(p);
+  if (err == TP_SUCCESS && props->handle_types)
+    err = tp__ipc_export_init(p);
   pthread_mutex_lock(&pools_lock);
   if (err == TP_SUCCESS && !TP_RESERVE(pools, npools, cappools))
     err = TP_ERROR_OUT_OF_MEMORY;
@@ -140,6 +140,7 @@ tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
     pools[npools++] = p;
   pthread_mutex_unlock(&pools_lock);
   if (err != TP_SUCCESS) {
+    tp__ipc_export_free(p);
     tp__space_fini(p);
     pthread_mutex_destroy(&p->lock);
     free(p);
@@ -295,6 +296,11 @@ static void free_blocks(tp__pool *p) {
 /* Tries to finish a destroyed pool; pools_lock held, pool lock not. Returns
  * true when the pool is gone. */
 static bool teardown(tp__pool *p, bool poll) {
+  /* An exporting pool stops serving importers first, with no lock held:
+   * its service thread takes the pool lock. A block an importer still
+   * holds keeps the pool. */
+  if (p->exp && !tp__ipc_export_stop(p))
+    return false;
   pthread_mutex_lock(&p->lock);
   if (p->torn_down || tp__pool_used(p) != 0) {
     pthread_mutex_unlock(&p->lock);
@@ -322,6 +328,7 @@ static bool teardown(tp__pool *p, bool poll) {
     if (pools[i] == p)
       pools[i] = pools[--npools];
   handle_bury(p->handle);
+  tp__ipc_export_free(p);
   pthread_mutex_destroy(&p->lock);
   free(p);
   return true;
@@ -345,21 +352,21 @@ tp_error_t tp__pool_destroy(tp__pool *p) {
   TP_RETURN_IF(!atomic_compare_exchange_strong(&p->handle->state, &live,
                                                TP_POOL_DESTROYING),
                TP_ERROR_INVALID_VALUE);
-  if (p->channel >= 0)
-    close(p->channel);
-  p->channel = -1;
   if (p->imported) {
+    tp__ipc_import_destroy(p);
     handle_bury(p->handle);
     pthread_mutex_destroy(&p->lock);
     free(p);
     return TP_SUCCESS;
   }
+  if (p->exp)
+    tp__ipc_export_close(p);
   atomic_store(&p->destroyed, true);
   reap(true);
   return TP_SUCCESS;
 }
 
-tp_error_t tp__pool_new_imported(int channel, tp_pool_t *out) {
+tp_error_t tp__pool_new_imported(const tp_pool_props_t *props, tp_pool_t *out) {
   tp__pool *p = calloc(1, sizeof *p);
   struct tp_pool_opaque *h = calloc(1, sizeof *h);
   if (!p || !h) {
@@ -369,10 +376,12 @@ tp_error_t tp__pool_new_imported(int channel, tp_pool_t *out) {
   }
   p->handle = h;
   p->imported = true;
-  p->channel = channel;
   p->serial = atomic_fetch_add(&pool_serial, 1) + 1;
-  p->props.alloc_type = TP_ALLOCATION_PINNED;
-  p->props.location.type = TP_LOCATION_INVISIBLE;
+  p->props = *props;
+  atomic_init(&p->follow_events, 1);
+  atomic_init(&p->opportunistic, 1);
+  atomic_init(&p->internal_deps, 1);
+  atomic_init(&p->oom_wait, 1);
   pthread_mutex_init(&p->lock, NULL);
   h->magic = TP_POOL_MAGIC;
   h->pool = p;
@@ -718,6 +727,17 @@ tp_error_t tp__pool_free(void *ptr, tp__stream *s) {
   uintptr_t addr = (uintptr_t)ptr;
   tp__pool *p = tp__registry_find(addr);
   TP_RETURN_IF(!p || addr % TP_GRANULE, TP_ERROR_INVALID_VALUE);
+  /* Another process's memory: the importer only gives up its hold. */
+  if (TP_UNLIKELY(p->imported))
+    return tp__ipc_import_free(p, addr, s);
+  /* An exported allocation that an importer still holds stays out of
+   * reuse; ipc.c frees it with this free's tag once the importer lets go. */
+  if (TP_UNLIKELY(atomic_load_explicit(&p->ipc_watch, memory_order_relaxed))) {
+    bool kept = false;
+    TP_FORWARD(tp__ipc_on_free(p, addr, s, &kept));
+    if (kept)
+      return TP_SUCCESS;
+  }
   _Atomic uintptr_t *entry = tp__space_entry(p, addr, false);
   TP_RETURN_IF(!entry, TP_ERROR_INVALID_VALUE);
   uintptr_t v = atomic_load_explicit(entry, memory_order_acquire);
@@ -725,6 +745,38 @@ tp_error_t tp__pool_free(void *ptr, tp__stream *s) {
   if (v & 1u)
     return free_small(p, (tp__slab *)(v & ~(uintptr_t)1), addr, s);
   return free_large(p, (tp__block *)v, entry, s);
+}
+
+tp_error_t tp__pool_free_tagged(tp__pool *p, void *ptr, tp__tag tag) {
+  uintptr_t addr = (uintptr_t)ptr;
+  _Atomic uintptr_t *entry = tp__space_entry(p, addr, false);
+  uintptr_t v = entry ? atomic_load_explicit(entry, memory_order_acquire) : 0;
+  tp_error_t err = TP_ERROR_INVALID_VALUE;
+  tp__centry e = {addr, NULL, tag.epoch, tag.lseq};
+  if (v & 1u) {
+    tp__slab *slab = (tp__slab *)(v & ~(uintptr_t)1);
+    int64_t idx = tp__slab_index(slab, addr);
+    uint32_t req = idx < 0 ? 0
+                           : atomic_exchange_explicit(&slab->req[idx], 0,
+                                                      memory_order_acq_rel);
+    if (req) {
+      used_move_base(p, -(int64_t)req);
+      e.owner = slab;
+      spill(p, tag.stream, slab->cls, &e, 1, false);
+      err = TP_SUCCESS;
+    }
+  } else if (v &&
+             atomic_compare_exchange_strong_explicit(
+                 entry, &v, 0, memory_order_acq_rel, memory_order_relaxed)) {
+    tp__block *b = (tp__block *)v;
+    used_move_base(p, -(int64_t)atomic_load(&b->req));
+    atomic_store_explicit(&b->state, TP_BLOCK_CACHED, memory_order_relaxed);
+    e.owner = b;
+    spill(p, tag.stream, 0, &e, 1, true);
+    err = TP_SUCCESS;
+  }
+  tp__stream_unref(tag.stream);
+  return err;
 }
 
 /* ---- synchronize, trim ----------------------------------------------------
@@ -752,9 +804,14 @@ void tp__pool_after_sync(tp__stream *s) {
   }
   pthread_mutex_unlock(&pools_lock);
   reap(false);
+  tp__ipc_settle();
 }
 
 tp_error_t tp__pool_trim(tp__pool *p, uint64_t keep) {
+  if (p->imported) {
+    tp__ipc_import_trim(p);
+    return TP_SUCCESS;
+  }
   pthread_mutex_lock(&p->lock);
   tp__pool_flush_all(p);
   tp_error_t err = settle_and_release(p, keep);
@@ -798,10 +855,10 @@ tp_error_t tp__pool_get_access(tp__pool *p, const tp_location_t *loc,
 
 tp_error_t tp__pool_set_access(tp__pool *p, const tp_access_desc_t *list,
                                size_t n) {
+  if (p->imported) /* its mappings are ipc.c's, under a lock of its own */
+    return tp__ipc_import_set_access(p, list, n);
   pthread_mutex_lock(&p->lock);
-  tp_error_t err = p->imported || p->torn_down
-                       ? TP_SUCCESS
-                       : tp__space_set_access(p, list, n);
+  tp_error_t err = p->torn_down ? TP_SUCCESS : tp__space_set_access(p, list, n);
   for (size_t i = 0; err == TP_SUCCESS && i < n; i++)
     p->access[list[i].location.id] = list[i].flags;
   pthread_mutex_unlock(&p->lock);

@@ -56,7 +56,10 @@
   X(cuMemRelease, 10020, 1)                                                    \
   X(cuMemMap, 10020, 1)                                                        \
   X(cuMemUnmap, 10020, 1)                                                      \
-  X(cuMemSetAccess, 10020, 1)
+  X(cuMemSetAccess, 10020, 1)                                                  \
+  X(cuMemExportToShareableHandle, 10020, 0)                                    \
+  X(cuMemImportFromShareableHandle, 10020, 0)                                  \
+  X(cuDeviceGetUuid, 11040, 0)
 
 typedef struct tp__cu_api {
 #define TP_CU_FIELD_(name, version, required) PFN_##name##_v##version name;
@@ -204,5 +207,14 @@ tp_error_t tp__cu_map(tp__pres *res, size_t offset, const tp__phys *phys,
 tp_error_t tp__cu_unmap(tp__pres *res, size_t offset, size_t n);
 tp_error_t tp__cu_set_access(tp__pres *res, size_t offset, size_t size,
                              const tp_access_desc_t *list, size_t count);
+tp_error_t tp__cu_share_reservation(tp__pres *res, int *fd);
+tp_error_t tp__cu_share_chunk(tp__pres *res, tp__phys phys,
+                              tp__chunk_share *share);
+tp_error_t tp__cu_reserve_imported(const tp__mem_kind *kind, size_t size,
+                                   size_t align, int fd, tp__pres **res,
+                                   uintptr_t *base);
+tp_error_t tp__cu_chunk_import(tp__pres *res, const tp__chunk_share *share,
+                               tp__phys *phys);
+tp_error_t tp__cu_device_uuid(int device, unsigned char uuid[16]);
 
 #endif /* TP_CUDA_INTERNAL_H */

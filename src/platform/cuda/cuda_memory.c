@@ -1,7 +1,9 @@
 /* Memory of the cuda platform, on the driver's virtual memory management:
  * kinds of memory and their granularity, reservations of virtual ranges,
- * physical chunks, and mapping them with access rights. */
+ * physical chunks, mapping them with access rights, and chunks shared with
+ * other processes as posix file descriptors. */
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "platform/cuda/cuda_internal.h"
@@ -423,4 +425,86 @@ tp_error_t tp__cu_set_access(tp__pres *res, size_t offset, size_t size,
   if (desc != on_stack)
     free(desc);
   return err;
+}
+
+/* ---- sharing between processes ------------------------------------------
+ * Each chunk travels as a descriptor of its own (cuMemExportToShareableHandle
+ * with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR); nothing stands for the
+ * whole reservation. An imported chunk is a handle of this process to the
+ * exporter's memory: cuMemRelease drops this process's reference only. */
+
+tp_error_t tp__cu_share_reservation(tp__pres *res, int *fd) {
+  TP_RETURN_IF(!res || !fd, TP_ERROR_INVALID_VALUE);
+  *fd = -1;
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__cu_share_chunk(tp__pres *res, tp__phys phys,
+                              tp__chunk_share *share) {
+  TP_RETURN_IF(!res || !share || !phys, TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(!(res->kind.handle_types & TP_HANDLE_POSIX_FD) ||
+                   !tp__cu.cuMemExportToShareableHandle,
+               TP_ERROR_NOT_SUPPORTED);
+  tp__cu_scope scope;
+  TP_FORWARD(scope_for(res->ctx_device, &scope));
+  int fd = -1;
+  CUresult r = tp__cu.cuMemExportToShareableHandle(
+      &fd, (CUmemGenericAllocationHandle)phys,
+      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  tp__cu_scope_leave(&scope);
+  TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
+  *share = (tp__chunk_share){.offset = 0, .fd = fd};
+  return TP_SUCCESS;
+}
+
+/* The range is an ordinary reservation of the importer's kind: what makes
+ * its chunks another process's is how they are made (chunk_import). */
+tp_error_t tp__cu_reserve_imported(const tp__mem_kind *kind, size_t size,
+                                   size_t align, int fd, tp__pres **res,
+                                   uintptr_t *base) {
+  if (fd >= 0)
+    close(fd); /* chunks bring descriptors of their own here */
+  return tp__cu_reserve(kind, size, align, res, base);
+}
+
+tp_error_t tp__cu_chunk_import(tp__pres *res, const tp__chunk_share *share,
+                               tp__phys *phys) {
+  int fd = share ? share->fd : -1;
+  tp_error_t err = TP_SUCCESS;
+  if (!res || !phys || fd < 0)
+    err = TP_ERROR_INVALID_VALUE;
+  else if (!tp__cu.cuMemImportFromShareableHandle)
+    err = TP_ERROR_NOT_SUPPORTED;
+  tp__cu_scope scope;
+  if (err == TP_SUCCESS)
+    err = scope_for(res->ctx_device, &scope);
+  CUmemGenericAllocationHandle h = 0;
+  if (err == TP_SUCCESS) {
+    /* For posix descriptors the driver takes the descriptor's value in
+     * place of a pointer, and keeps its own reference: ours is closed. */
+    CUresult r = tp__cu.cuMemImportFromShareableHandle(
+        &h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    tp__cu_scope_leave(&scope);
+    err = tp__cu_error(r);
+    if (err == TP_SUCCESS && h == 0)
+      err = tp__platform_fail(0, "cuMemImportFromShareableHandle gave 0");
+  }
+  if (fd >= 0)
+    close(fd);
+  TP_FORWARD(err);
+  *phys = (tp__phys)h;
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__cu_device_uuid(int device, unsigned char uuid[16]) {
+  TP_RETURN_IF(!uuid, TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(device < 0 || device >= tp__cu_device_count,
+               TP_ERROR_INVALID_DEVICE);
+  TP_RETURN_IF(!tp__cu.cuDeviceGetUuid, TP_ERROR_NOT_SUPPORTED);
+  CUuuid u;
+  CUresult r = tp__cu.cuDeviceGetUuid(&u, tp__cu_devs[device].dev);
+  TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
+  _Static_assert(sizeof u.bytes == 16, "a CUuuid is 16 bytes");
+  memcpy(uuid, u.bytes, sizeof u.bytes);
+  return TP_SUCCESS;
 }

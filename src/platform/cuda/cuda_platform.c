@@ -33,4 +33,9 @@ const tp__platform_ops tp__cuda_platform = {
     .map = tp__cu_map,
     .unmap = tp__cu_unmap,
     .set_access = tp__cu_set_access,
+    .share_reservation = tp__cu_share_reservation,
+    .share_chunk = tp__cu_share_chunk,
+    .reserve_imported = tp__cu_reserve_imported,
+    .chunk_import = tp__cu_chunk_import,
+    .device_uuid = tp__cu_device_uuid,
 };

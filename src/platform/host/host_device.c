@@ -152,6 +152,18 @@ static tp_error_t host_mem_query(const tp__mem_kind *kind, size_t *granularity,
   return TP_SUCCESS;
 }
 
+/* Emulated devices are numbered alike in every process of the machine that
+ * configures them alike: device d is the same device everywhere. */
+static tp_error_t host_device_uuid(int device, unsigned char uuid[16]) {
+  TP_RETURN_IF(!uuid, TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(device < 0 || device >= tp__host_devices,
+               TP_ERROR_INVALID_DEVICE);
+  static const char prefix[15] = "tidepool-host:";
+  memcpy(uuid, prefix, sizeof prefix);
+  uuid[15] = (unsigned char)device;
+  return TP_SUCCESS;
+}
+
 void tp__host_fault_arm(tp__host_fault_kind kind, uint64_t nth) {
   if ((unsigned)kind >= TP__HOST_FAULT_KINDS)
     return;
@@ -223,4 +235,9 @@ const tp__platform_ops tp__host_platform = {
     .map = tp__host_map,
     .unmap = tp__host_unmap,
     .set_access = tp__host_set_access,
+    .share_reservation = tp__host_share_reservation,
+    .share_chunk = tp__host_share_chunk,
+    .reserve_imported = tp__host_reserve_imported,
+    .chunk_import = tp__host_chunk_import,
+    .device_uuid = host_device_uuid,
 };

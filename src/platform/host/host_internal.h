@@ -91,8 +91,19 @@ tp_error_t tp__host_set_access(tp__pres *res, size_t offset, size_t size,
                                const tp_access_desc_t *list, size_t count);
 
 /* The memfd backing a reservation: chunk k lives at offset (k - 1) times the
- * granularity. For inter-process sharing; the reservation keeps ownership. */
+ * granularity. The reservation keeps ownership. */
 int tp__host_res_fd(tp__pres *res);
+
+/* Sharing between processes (host_memory.c): the memfd travels once, chunks
+ * as offsets in it. */
+tp_error_t tp__host_share_reservation(tp__pres *res, int *fd);
+tp_error_t tp__host_share_chunk(tp__pres *res, tp__phys phys,
+                                tp__chunk_share *share);
+tp_error_t tp__host_reserve_imported(const tp__mem_kind *kind, size_t size,
+                                     size_t align, int fd, tp__pres **res,
+                                     uintptr_t *base);
+tp_error_t tp__host_chunk_import(tp__pres *res, const tp__chunk_share *share,
+                                 tp__phys *phys);
 
 /* Runs a memset (src NULL) or memcpy as device `device` would: every granule
  * of a reservation that the range touches must be mapped and grant the

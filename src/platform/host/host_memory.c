@@ -1,11 +1,14 @@
 /* Memory of the emulated device: virtual reservations made with mmap, each
  * backed by a memfd whose 2 MiB pieces are its physical chunks, capacity
- * accounting per location, and the access checks of stream memory work. */
+ * accounting per location, the access checks of stream memory work, and
+ * reservations that map another process's memfd (sharing between
+ * processes). */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "platform/host/host_internal.h"
@@ -30,6 +33,10 @@ struct tp__pres {
   size_t size;
   int fd;
   int account;
+  unsigned handle_types;
+  /* Maps another process's memfd: its chunks are that process's memory,
+   * never charged, punched or reused here. */
+  bool imported;
   /* Map, unmap and set_access take it for writing; stream memory work holds
    * it for reading while it checks access and touches the memory, so that
    * what it checked stays true until it is done. */
@@ -115,7 +122,7 @@ static void res_free(tp__pres *r) {
 
 /* Reserves size + align bytes and trims both ends, which leaves an aligned
  * range of exactly `size`. */
-static tp_error_t res_open(tp__pres *r, size_t size, size_t align) {
+static tp_error_t range_open(tp__pres *r, size_t size, size_t align) {
   size_t len = size + align;
   void *raw = mmap(NULL, len, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -132,6 +139,12 @@ static tp_error_t res_open(tp__pres *r, size_t size, size_t align) {
   }
   r->base = base;
   r->size = size;
+  return TP_SUCCESS;
+}
+
+/* The range and the memfd behind it. */
+static tp_error_t res_open(tp__pres *r, size_t size, size_t align) {
+  TP_FORWARD(range_open(r, size, align));
   r->fd = memfd_create("tidepool", MFD_CLOEXEC);
   TP_RETURN_IF(r->fd < 0, tp__platform_fail(errno, "memfd_create"));
   TP_RETURN_IF(ftruncate(r->fd, (off_t)size) != 0,
@@ -197,13 +210,15 @@ tp_error_t tp__host_reserve(const tp__mem_kind *kind, size_t size, size_t align,
     res_free(r);
     return err;
   }
+  r->handle_types = kind->handle_types;
   atomic_fetch_add(&tp__host_counted.reservations, 1);
   *res = r;
   *base = r->base;
   return TP_SUCCESS;
 }
 
-/* Chunks still alive go with the memfd, so their capacity is given back. */
+/* Chunks still alive go with the memfd, so their capacity is given back
+ * (an imported reservation's chunks were never charged here). */
 tp_error_t tp__host_unreserve(tp__pres *res) {
   TP_RETURN_IF(!res, TP_ERROR_INVALID_VALUE);
   pthread_rwlock_rdlock(&res->map_lock);
@@ -214,7 +229,7 @@ tp_error_t tp__host_unreserve(tp__pres *res) {
                tp__platform_fail(errno, "munmap"));
   registry_remove(res);
   res->base = 0;
-  for (uint32_t i = 0; i < res->nchunks; i++) {
+  for (uint32_t i = 0; i < res->nchunks && !res->imported; i++) {
     if (res->chunks[i].live) {
       uncharge(res->account);
       atomic_fetch_sub(&tp__host_counted.chunks, 1);
@@ -269,8 +284,13 @@ static tp_error_t chunk_take(tp__pres *r, size_t *index) {
 }
 
 /* Punches the chunk out of the memfd, so that its memory really goes back
- * to the system, and makes its index reusable. Under chunk_mu. */
+ * to the system, and makes its index reusable. An imported chunk is only
+ * forgotten: its memory is the exporter's. Under chunk_mu. */
 static tp_error_t chunk_free(tp__pres *r, size_t index) {
+  if (r->imported) {
+    r->chunks[index] = (chunk){0};
+    return TP_SUCCESS;
+  }
   TP_RETURN_IF(fallocate(r->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                          (off_t)(index * GRAN), (off_t)GRAN) != 0,
                tp__platform_fail(errno, "fallocate"));
@@ -292,7 +312,7 @@ static chunk *chunk_of(tp__pres *r, tp__phys phys) {
 tp_error_t tp__host_chunk_create(tp__pres *res, tp__phys *phys) {
   TP_RETURN_IF(tp__host_fault_fires(TP__HOST_FAULT_MEMORY),
                TP_ERROR_OUT_OF_MEMORY);
-  TP_RETURN_IF(!res || !phys, TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(!res || !phys || res->imported, TP_ERROR_INVALID_VALUE);
   size_t index = 0;
   pthread_mutex_lock(&res->chunk_mu);
   tp_error_t err = chunk_take(res, &index);
@@ -496,4 +516,100 @@ bool tp__host_mem_run(int device, void *dst, const void *src, int value,
       pthread_rwlock_unlock(&registry[i]->map_lock);
   pthread_rwlock_unlock(&registry_lock);
   return ok;
+}
+
+/* ---- sharing between processes ------------------------------------------
+ * The exporter sends its memfd once; chunk k of it is the piece at k times
+ * the granularity in both processes, so a chunk travels as its offset. */
+
+tp_error_t tp__host_share_reservation(tp__pres *res, int *fd) {
+  TP_RETURN_IF(!res || !fd || res->imported ||
+                   !(res->handle_types & TP_HANDLE_POSIX_FD),
+               TP_ERROR_INVALID_VALUE);
+  *fd = fcntl(res->fd, F_DUPFD_CLOEXEC, 0);
+  TP_RETURN_IF(*fd < 0, tp__platform_fail(errno, "fcntl"));
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__host_share_chunk(tp__pres *res, tp__phys phys,
+                                tp__chunk_share *share) {
+  TP_RETURN_IF(!res || !share || res->imported, TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(!(res->handle_types & TP_HANDLE_POSIX_FD),
+               TP_ERROR_NOT_SUPPORTED);
+  pthread_mutex_lock(&res->chunk_mu);
+  bool live = chunk_of(res, phys) != NULL;
+  pthread_mutex_unlock(&res->chunk_mu);
+  TP_RETURN_IF(!live, TP_ERROR_INVALID_VALUE);
+  *share = (tp__chunk_share){.offset = (phys - 1) * GRAN, .fd = -1};
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__host_reserve_imported(const tp__mem_kind *kind, size_t size,
+                                     size_t align, int fd, tp__pres **res,
+                                     uintptr_t *base) {
+  struct stat st;
+  int account = 0;
+  tp_error_t err = TP_SUCCESS;
+  align = align ? align : GRAN;
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || !res || !base ||
+      size == 0 || size % GRAN || align % GRAN || (align & (align - 1)) ||
+      size > SIZE_MAX - align)
+    err = TP_ERROR_INVALID_VALUE;
+  if (err == TP_SUCCESS)
+    err = tp__host_account_of(kind, &account);
+  tp__pres *r = err == TP_SUCCESS ? res_alloc(size, account) : NULL;
+  if (err == TP_SUCCESS && !r)
+    err = TP_ERROR_OUT_OF_MEMORY;
+  if (!r) {
+    if (fd >= 0)
+      close(fd);
+    return err;
+  }
+  r->fd = fd;
+  r->imported = true;
+  err = range_open(r, size, align);
+  if (err == TP_SUCCESS)
+    err = registry_add(r);
+  if (err != TP_SUCCESS) {
+    res_free(r);
+    return err;
+  }
+  atomic_fetch_add(&tp__host_counted.reservations, 1);
+  *res = r;
+  *base = r->base;
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__host_chunk_import(tp__pres *res, const tp__chunk_share *share,
+                                 tp__phys *phys) {
+  int fd = share ? share->fd : -1;
+  if (fd >= 0)
+    close(fd); /* chunks travel as offsets here, never as descriptors */
+  TP_RETURN_IF(!res || !share || !phys || !res->imported || fd >= 0,
+               TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(share->offset % GRAN || share->offset / GRAN >= UINT32_MAX,
+               TP_ERROR_INVALID_VALUE);
+  /* A chunk past the end of the file would fault when touched, not when
+   * mapped: refuse it now. */
+  struct stat st;
+  TP_RETURN_IF(fstat(res->fd, &st) != 0, tp__platform_fail(errno, "fstat"));
+  TP_RETURN_IF(st.st_size < 0 || share->offset + GRAN > (uint64_t)st.st_size,
+               TP_ERROR_INVALID_VALUE);
+  size_t index = (size_t)(share->offset / GRAN);
+  tp_error_t err = TP_SUCCESS;
+  pthread_mutex_lock(&res->chunk_mu);
+  while (err == TP_SUCCESS && res->nchunks <= index) {
+    if (!TP_RESERVE(res->chunks, res->nchunks, res->chunk_cap))
+      err = TP_ERROR_OUT_OF_MEMORY;
+    else
+      res->chunks[res->nchunks++] = (chunk){0};
+  }
+  if (err == TP_SUCCESS && res->chunks[index].live)
+    err = TP_ERROR_INVALID_VALUE; /* already imported */
+  if (err == TP_SUCCESS)
+    res->chunks[index] = (chunk){.live = true};
+  pthread_mutex_unlock(&res->chunk_mu);
+  TP_FORWARD(err);
+  *phys = (tp__phys)index + 1;
+  return TP_SUCCESS;
 }
