@@ -6,6 +6,7 @@
 # cores. Everything goes to one log, $OUT/gpu_run.log, plus JSON files.
 #
 # Usage (repo root): OUT=/some/dir bash bench/gpu_run.sh
+# (STEPS="ipc replay_cuda" to run only some steps.)
 # Expects the traces in .device/traces (or TRACES=dir) and, where the machine
 # has no zlib headers, zlib.h and zconf.h in .device/zlib.
 set -u
@@ -33,9 +34,13 @@ if ! cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DTP_WERROR=ON \
 fi
 cd "$BUILD" || exit 1
 
+# STEPS="a b ..." runs only the named steps (the names below).
 step() {
   local name=$1 limit=$2
   shift 2
+  if [[ -n ${STEPS:-} && " $STEPS " != *" $name "* ]]; then
+    return
+  fi
   echo
   echo "== $name: $*"
   local t0=$SECONDS
@@ -51,6 +56,8 @@ if command -v compute-sanitizer >/dev/null; then
   step stress_memcheck 400 env TP_STRESS_THREADS=2 TP_STRESS_OPS=400 \
     compute-sanitizer --tool memcheck --error-exitcode 9 ./test_stress
 fi
+step ipc 180 ./test_ipc
+step ipc_example 60 ./example_ipc_producer_consumer
 step vmm_cost 300 ./vmm_cost
 step multidevice 120 ./test_multidevice
 step peer_copy 200 ./peer_copy
