@@ -91,6 +91,36 @@ static void used_peak(tp__pool *p, uint64_t g) {
 
 /* ---- creation ------------------------------------------------------------ */
 
+/* A pool and its handle with the settings every pool starts with (CUDA's
+ * reuse policies on); NULL when memory runs out. */
+static tp__pool *pool_alloc(const tp_pool_props_t *props) {
+  tp__pool *p = calloc(1, sizeof *p);
+  struct tp_pool_opaque *h = calloc(1, sizeof *h);
+  if (!p || !h) {
+    free(p);
+    free(h);
+    return NULL;
+  }
+  p->handle = h;
+  p->serial = atomic_fetch_add(&pool_serial, 1) + 1;
+  p->props = *props;
+  atomic_init(&p->follow_events, 1);
+  atomic_init(&p->opportunistic, 1);
+  atomic_init(&p->internal_deps, 1);
+  atomic_init(&p->oom_wait, 1);
+  pthread_mutex_init(&p->lock, NULL);
+  return p;
+}
+
+/* Makes a finished pool's handle answer. */
+static tp_pool_t pool_publish(tp__pool *p) {
+  struct tp_pool_opaque *h = p->handle;
+  h->magic = TP_POOL_MAGIC;
+  h->pool = p;
+  atomic_store_explicit(&h->state, TP_POOL_LIVE, memory_order_release);
+  return h;
+}
+
 tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
                         tp_pool_t *out) {
   tp__mem_kind kind = {props->location, props->alloc_type, props->handle_types};
@@ -98,16 +128,9 @@ tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
   uint64_t capacity = 0;
   TP_FORWARD(tp__platform->mem_query(&kind, &gran, &capacity));
   TP_RETURN_IF(gran < TP_GRANULE || (gran & (gran - 1)), TP_ERROR_PLATFORM);
-  tp__pool *p = calloc(1, sizeof *p);
-  struct tp_pool_opaque *h = calloc(1, sizeof *h);
-  if (!p || !h) {
-    free(p);
-    free(h);
-    return TP_ERROR_OUT_OF_MEMORY;
-  }
-  p->handle = h;
-  p->serial = atomic_fetch_add(&pool_serial, 1) + 1;
-  p->props = *props;
+  tp__pool *p = pool_alloc(props);
+  TP_RETURN_IF(!p, TP_ERROR_OUT_OF_MEMORY);
+  struct tp_pool_opaque *h = p->handle;
   p->kind = kind;
   p->is_default = is_default;
   if (props->handle_types && getrandom(&p->export_key, sizeof p->export_key,
@@ -117,11 +140,6 @@ tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
   p->limit = capacity / gran * gran;
   if (props->max_size && props->max_size < p->limit)
     p->limit = tp__align_up(props->max_size, gran);
-  atomic_init(&p->follow_events, 1);
-  atomic_init(&p->opportunistic, 1);
-  atomic_init(&p->internal_deps, 1);
-  atomic_init(&p->oom_wait, 1);
-  pthread_mutex_init(&p->lock, NULL);
   if (kind.location.type == TP_LOCATION_DEVICE)
     p->access[kind.location.id] = TP_ACCESS_READ_WRITE;
   if (kind.type == TP_ALLOCATION_MANAGED) {
@@ -147,10 +165,7 @@ tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
     free(h);
     return err;
   }
-  h->magic = TP_POOL_MAGIC;
-  h->pool = p;
-  atomic_store_explicit(&h->state, TP_POOL_LIVE, memory_order_release);
-  *out = h;
+  *out = pool_publish(p);
   return TP_SUCCESS;
 }
 
@@ -367,26 +382,10 @@ tp_error_t tp__pool_destroy(tp__pool *p) {
 }
 
 tp_error_t tp__pool_new_imported(const tp_pool_props_t *props, tp_pool_t *out) {
-  tp__pool *p = calloc(1, sizeof *p);
-  struct tp_pool_opaque *h = calloc(1, sizeof *h);
-  if (!p || !h) {
-    free(p);
-    free(h);
-    return TP_ERROR_OUT_OF_MEMORY;
-  }
-  p->handle = h;
+  tp__pool *p = pool_alloc(props);
+  TP_RETURN_IF(!p, TP_ERROR_OUT_OF_MEMORY);
   p->imported = true;
-  p->serial = atomic_fetch_add(&pool_serial, 1) + 1;
-  p->props = *props;
-  atomic_init(&p->follow_events, 1);
-  atomic_init(&p->opportunistic, 1);
-  atomic_init(&p->internal_deps, 1);
-  atomic_init(&p->oom_wait, 1);
-  pthread_mutex_init(&p->lock, NULL);
-  h->magic = TP_POOL_MAGIC;
-  h->pool = p;
-  atomic_store_explicit(&h->state, TP_POOL_LIVE, memory_order_release);
-  *out = h;
+  *out = pool_publish(p);
   return TP_SUCCESS;
 }
 
