@@ -220,26 +220,33 @@ static bool pending(const tp__tag *t) {
   return t->stream && !tp__stream_done(t);
 }
 
-/* Takes `size` bytes of `b` out of the bins. From a block that starts its
- * segment and has a neighbour in use, the high end goes, so that the rest
- * stays at the segment's edge where whole chunks of it can be moved or
- * given back, and growth can extend it (bert_train: 1.019 to 1.015). The
- * taken block stops being free before the split, so that the rest does not
- * merge back into it; the rest keeps b's own tag. */
-static tp__block *take(tp__pool *p, tp__stream *a, tp__block *b, size_t size) {
-  tp__bin_remove(p, b);
-  tp__block *left = NULL, *got = b;
-  if (!b->prev && b->next && b->size - size >= TP_GRANULE &&
-      (got = tp__block_split(p, b, b->size - size)) != NULL)
-    left = b;
-  else
-    got = b;
-  atomic_store_explicit(&got->state, TP_BLOCK_CACHED, memory_order_relaxed);
-  tp__block *rest = tp__block_split(p, got, size);
+/* Marks `b`, already out of the bins, as taken and gives back all of it
+ * beyond its first `size` bytes. It stops being free before the split, so
+ * that the rest does not merge back into it; the rest keeps b's own tag. */
+static void keep_head(tp__pool *p, tp__block *b, size_t size) {
+  atomic_store_explicit(&b->state, TP_BLOCK_CACHED, memory_order_relaxed);
+  tp__block *rest = tp__block_split(p, b, size);
   if (rest) {
     atomic_store_explicit(&rest->state, TP_BLOCK_FREE, memory_order_relaxed);
     tp__block_release(p, rest);
   }
+}
+
+/* Takes `size` bytes of `b` out of the bins. From a block that starts its
+ * segment and has a neighbour in use, the high end goes, so that the rest
+ * stays at the segment's edge where whole chunks of it can be moved or
+ * given back, and growth can extend it (bert_train: 1.019 to 1.015). */
+static tp__block *take(tp__pool *p, tp__stream *a, tp__block *b, size_t size) {
+  tp__bin_remove(p, b);
+  tp__block *left = NULL, *got = b;
+  if (!b->prev && b->next && b->size - size >= TP_GRANULE) {
+    tp__block *high = tp__block_split(p, b, b->size - size);
+    if (high) {
+      left = b;
+      got = high;
+    }
+  }
+  keep_head(p, got, size);
   if (left)
     tp__block_release(p, left);
   retag(a, &got->tag, pending(&got->tag));
@@ -298,12 +305,7 @@ tp__block *tp__fit_take_run(tp__pool *p, tp__stream *a, size_t size,
   /* The last block gives only what is needed; its remainder keeps its own
    * tag, since whoever freed it may still be using it. */
   tp__bin_remove(p, last);
-  atomic_store_explicit(&last->state, TP_BLOCK_CACHED, memory_order_relaxed);
-  tp__block *rest = tp__block_split(p, last, size - before);
-  if (rest) {
-    atomic_store_explicit(&rest->state, TP_BLOCK_FREE, memory_order_relaxed);
-    tp__block_release(p, rest);
-  }
+  keep_head(p, last, size - before);
   if (best != last) {
     tp__bin_remove(p, best);
     atomic_store_explicit(&best->state, TP_BLOCK_CACHED, memory_order_relaxed);
