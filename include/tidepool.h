@@ -88,6 +88,11 @@ TP_API const char *tp_platform_name(void);
 
 typedef struct tp_stream_opaque *tp_stream_t; /* NULL: legacy default stream */
 typedef struct tp_event_opaque *tp_event_t;
+/* A pool handle. Any value may be passed: one that is not a pool's, or a
+ * destroyed pool's, answers TP_ERROR_INVALID_VALUE, also while another
+ * thread destroys the pool (a call that raced with the destroy either
+ * completes or answers so). A destroyed pool's handle stays recognised
+ * until four million more pools have been created. */
 typedef struct tp_pool_opaque *tp_pool_t;
 
 /* Location types. As in CUDA, TP_LOCATION_NONE and TP_LOCATION_INVALID are
@@ -129,7 +134,9 @@ typedef struct tp_pool_props {
   unsigned handle_types; /* tp_handle_type_t bits */
   tp_location_t location;
   size_t max_size;      /* bytes of physical memory the pool may hold; 0: no
-                           limit but the location's capacity */
+                           limit but the location's capacity. The pool holds
+                           whole chunks (TP_POOL_ATTR_CHUNK_SIZE, 2 MiB on
+                           both platforms), as many as fit in max_size */
   unsigned short usage; /* must be 0 */
 } tp_pool_props_t;
 
@@ -142,10 +149,12 @@ typedef enum tp_pool_attr {
   TP_POOL_ATTR_RESERVED_MEM_CURRENT = 5,              /* uint64_t, read-only */
   TP_POOL_ATTR_RESERVED_MEM_HIGH = 6, /* uint64_t, reset to 0 only */
   TP_POOL_ATTR_USED_MEM_CURRENT = 7,  /* uint64_t, read-only */
-  /* uint64_t, reset to 0 only. Exact when one thread at a time allocates
-   * from the pool; with several threads at once it is the peak of the exact
-   * sum taken when a stream's count rises, so a peak can be missed by at
-   * most the bytes of allocations in flight on other threads. */
+  /* uint64_t, reset to 0 only. Never below the current figure when read.
+   * Exact when one thread allocates and frees in the pool (on any number of
+   * streams). Each thread takes the exact total when its own bytes in use
+   * rise above the highest they reached since it last did so (or since the
+   * last reset); with several threads, a peak made only of allocations that
+   * each stayed below its own thread's mark is missed. */
   TP_POOL_ATTR_USED_MEM_HIGH = 8,
   TP_POOL_ATTR_ALLOCATION_TYPE = 9,        /* int, read-only */
   TP_POOL_ATTR_EXPORT_HANDLE_TYPES = 10,   /* int, read-only */
@@ -199,7 +208,8 @@ typedef enum tp_device_attr {
 /* Allocates `size` bytes from the current pool of the stream's device,
  * usable by work ordered after this call on `stream` (and by any work that
  * follows it through events). size 0 succeeds with *ptr = NULL. The pointer
- * is aligned to at least 512 bytes.
+ * is aligned to at least 512 bytes. Should another thread destroy the
+ * current pool meanwhile, the allocation comes from the pool current then.
  * Errors: INVALID_VALUE (ptr NULL, unknown stream), OUT_OF_MEMORY (size too
  * large for the pool, including sizes whose rounding overflows). */
 TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream);
@@ -229,11 +239,11 @@ TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream);
  * (TP_LOCATION_HOST_NUMA), or, for managed memory, TP_LOCATION_NONE.
  * Errors: INVALID_VALUE for NULL pointers, unknown allocation types or
  * locations, usage != 0, handle types the location cannot export (host
- * pools are not IPC-capable), managed pools with max_size != 0,
- * TP_LOCATION_HOST_NUMA_CURRENT; NOT_SUPPORTED for handle types the
- * platform lacks; OUT_OF_MEMORY when the virtual range cannot be reserved.
- * On cuda, where the driver's virtual memory API makes no managed memory,
- * managed pools are made of pinned host memory mapped for the host and
+ * pools are not IPC-capable), managed pools with max_size != 0, a
+ * max_size below one chunk, TP_LOCATION_HOST_NUMA_CURRENT; NOT_SUPPORTED for
+ * handle types the platform lacks; OUT_OF_MEMORY when the virtual range cannot
+ * be reserved. On cuda, where the driver's virtual memory API makes no managed
+ * memory, managed pools are made of pinned host memory mapped for the host and
  * every device: reachable from everywhere, never migrated. */
 TP_API tp_error_t tp_pool_create(tp_pool_t *pool, const tp_pool_props_t *props);
 
@@ -447,8 +457,9 @@ TP_API tp_error_t tp_event_synchronize(tp_event_t event);
 TP_API tp_error_t tp_device_synchronize(void);
 
 /* Stream-ordered memset and memcpy (any direction). On host, an access the
- * memory's pool does not grant to the stream's device faults the stream:
- * TP_ERROR_ILLEGAL_ADDRESS at its next synchronize.
+ * memory's pool does not grant to the stream's device, or an address the
+ * process does not have, faults the stream: TP_ERROR_ILLEGAL_ADDRESS at its
+ * next synchronize (bytes before the faulting one may have been written).
  * Errors: INVALID_VALUE (NULL pointers with size > 0, unknown stream). */
 TP_API tp_error_t tp_memset_async(void *ptr, int value, size_t size,
                                   tp_stream_t stream);

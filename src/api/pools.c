@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "common/guard.h"
 
 /* ---- default and current pools --------------------------------------------
  * Keyed by location and type: device d pinned, device d managed, host, host
@@ -124,11 +125,8 @@ static bool same_location(const tp_location_t *a, const tp_location_t *b) {
          a->id == b->id;
 }
 
-TP_API tp_error_t tp_mem_set_pool(const tp_location_t *location,
-                                  tp_allocation_type_t type, tp_pool_t pool) {
-  TP_FORWARD(tp__api_init());
-  int slot;
-  TP_FORWARD(slot_of(location, type, &slot));
+static tp_error_t set_pool(int slot, const tp_location_t *location,
+                           tp_allocation_type_t type, tp_pool_t pool) {
   tp__pool *p;
   TP_FORWARD(tp__pool_get(pool, &p));
   TP_RETURN_IF(p->imported || p->props.alloc_type != type ||
@@ -136,6 +134,14 @@ TP_API tp_error_t tp_mem_set_pool(const tp_location_t *location,
                TP_ERROR_INVALID_VALUE);
   atomic_store_explicit(&currents[slot], pool, memory_order_release);
   return TP_SUCCESS;
+}
+
+TP_API tp_error_t tp_mem_set_pool(const tp_location_t *location,
+                                  tp_allocation_type_t type, tp_pool_t pool) {
+  TP_FORWARD(tp__api_init());
+  int slot;
+  TP_FORWARD(slot_of(location, type, &slot));
+  return TP_GUARDED(set_pool(slot, location, type, pool));
 }
 
 TP_API tp_error_t tp_device_get_default_mem_pool(tp_pool_t *pool, int device) {
@@ -197,8 +203,10 @@ TP_API tp_error_t tp_pool_create(tp_pool_t *pool,
   return err == TP_ERROR_INVALID_DEVICE ? TP_ERROR_INVALID_VALUE : err;
 }
 
-TP_API tp_error_t tp_pool_destroy(tp_pool_t pool) {
-  TP_FORWARD(tp__api_init());
+/* Each entry point below that reaches a pool does so inside the guard
+ * (common/guard.h), so that a pool destroyed by another thread meanwhile
+ * stays readable until the call returns. */
+static tp_error_t pool_destroy(tp_pool_t pool) {
   tp__pool *p;
   TP_FORWARD(tp__pool_get(pool, &p));
   TP_RETURN_IF(p->is_default, TP_ERROR_INVALID_VALUE);
@@ -206,35 +214,46 @@ TP_API tp_error_t tp_pool_destroy(tp_pool_t pool) {
   return tp__pool_destroy(p);
 }
 
+TP_API tp_error_t tp_pool_destroy(tp_pool_t pool) {
+  TP_FORWARD(tp__api_init());
+  return TP_GUARDED(pool_destroy(pool));
+}
+
+static tp_error_t pool_attribute(tp_pool_t pool, tp_pool_attr_t attr,
+                                 void *value, bool set) {
+  tp__pool *p;
+  TP_FORWARD(tp__pool_get(pool, &p));
+  return set ? tp__pool_set_attr(p, attr, value)
+             : tp__pool_get_attr(p, attr, value);
+}
+
 TP_API tp_error_t tp_pool_get_attribute(tp_pool_t pool, tp_pool_attr_t attr,
                                         void *value) {
   TP_RETURN_IF(!value, TP_ERROR_INVALID_VALUE);
   TP_FORWARD(tp__api_init());
-  tp__pool *p;
-  TP_FORWARD(tp__pool_get(pool, &p));
-  return tp__pool_get_attr(p, attr, value);
+  return TP_GUARDED(pool_attribute(pool, attr, value, false));
 }
 
 TP_API tp_error_t tp_pool_set_attribute(tp_pool_t pool, tp_pool_attr_t attr,
                                         void *value) {
   TP_RETURN_IF(!value, TP_ERROR_INVALID_VALUE);
   TP_FORWARD(tp__api_init());
+  return TP_GUARDED(pool_attribute(pool, attr, value, true));
+}
+
+static tp_error_t pool_trim(tp_pool_t pool, size_t keep) {
   tp__pool *p;
   TP_FORWARD(tp__pool_get(pool, &p));
-  return tp__pool_set_attr(p, attr, value);
+  return tp__pool_trim(p, keep);
 }
 
 TP_API tp_error_t tp_pool_trim_to(tp_pool_t pool, size_t min_bytes_to_keep) {
   TP_FORWARD(tp__api_init());
-  tp__pool *p;
-  TP_FORWARD(tp__pool_get(pool, &p));
-  return tp__pool_trim(p, min_bytes_to_keep);
+  return TP_GUARDED(pool_trim(pool, min_bytes_to_keep));
 }
 
-TP_API tp_error_t tp_pool_get_access(tp_access_flags_t *flags, tp_pool_t pool,
-                                     const tp_location_t *location) {
-  TP_RETURN_IF(!flags || !location, TP_ERROR_INVALID_VALUE);
-  TP_FORWARD(tp__api_init());
+static tp_error_t pool_get_access(tp_access_flags_t *flags, tp_pool_t pool,
+                                  const tp_location_t *location) {
   tp__pool *p;
   TP_FORWARD(tp__pool_get(pool, &p));
   if (location->type == TP_LOCATION_DEVICE)
@@ -242,11 +261,16 @@ TP_API tp_error_t tp_pool_get_access(tp_access_flags_t *flags, tp_pool_t pool,
   return tp__pool_get_access(p, location, flags);
 }
 
-TP_API tp_error_t tp_pool_set_access(tp_pool_t pool,
-                                     const tp_access_desc_t *desc_list,
-                                     size_t count) {
-  TP_RETURN_IF(!desc_list && count, TP_ERROR_INVALID_VALUE);
+TP_API tp_error_t tp_pool_get_access(tp_access_flags_t *flags, tp_pool_t pool,
+                                     const tp_location_t *location) {
+  TP_RETURN_IF(!flags || !location, TP_ERROR_INVALID_VALUE);
   TP_FORWARD(tp__api_init());
+  return TP_GUARDED(pool_get_access(flags, pool, location));
+}
+
+static tp_error_t pool_set_access(tp_pool_t pool,
+                                  const tp_access_desc_t *desc_list,
+                                  size_t count) {
   tp__pool *p;
   TP_FORWARD(tp__pool_get(pool, &p));
   for (size_t i = 0; i < count; i++) {
@@ -265,7 +289,36 @@ TP_API tp_error_t tp_pool_set_access(tp_pool_t pool,
   return tp__pool_set_access(p, desc_list, count);
 }
 
+TP_API tp_error_t tp_pool_set_access(tp_pool_t pool,
+                                     const tp_access_desc_t *desc_list,
+                                     size_t count) {
+  TP_RETURN_IF(!desc_list && count, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  return TP_GUARDED(pool_set_access(pool, desc_list, count));
+}
+
 /* ---- allocation ---------------------------------------------------------- */
+
+/* The current pool of the stream's device. A pool destroyed by another
+ * thread stops being current before it stops answering, and the core
+ * answers INVALID_VALUE only for a pool destroyed while the call was on its
+ * way in: either way the call looks again. Should a destroyed pool still be
+ * found there (made current while it was being destroyed), the slot goes
+ * back to the default pool, which cannot be destroyed. */
+static tp_error_t malloc_current(void **ptr, size_t size, tp__stream *s) {
+  tp_error_t err = TP_ERROR_INVALID_VALUE;
+  for (int tries = 0; err == TP_ERROR_INVALID_VALUE; tries++) {
+    tp_pool_t pool;
+    tp__pool *p;
+    TP_FORWARD(current_of(s->device * 2, &pool));
+    err = tp__pool_get(pool, &p);
+    if (err == TP_SUCCESS)
+      err = tp__pool_malloc(p, ptr, size, s);
+    if (err == TP_ERROR_INVALID_VALUE && tries > 0)
+      tp__current_pools_forget(pool);
+  }
+  return err;
+}
 
 TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream) {
   TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);
@@ -276,18 +329,11 @@ TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream) {
     *ptr = NULL;
     return TP_SUCCESS;
   }
-  tp_pool_t pool;
-  TP_FORWARD(current_of(s->device * 2, &pool));
-  tp__pool *p;
-  TP_FORWARD(tp__pool_get(pool, &p));
-  return tp__pool_malloc(p, ptr, size, s);
+  return TP_GUARDED(malloc_current(ptr, size, s));
 }
 
-TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
-                                            tp_pool_t pool,
-                                            tp_stream_t stream) {
-  TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);
-  TP_FORWARD(tp__api_init());
+static tp_error_t malloc_from(void **ptr, size_t size, tp_pool_t pool,
+                              tp_stream_t stream) {
   tp__pool *p;
   TP_FORWARD(tp__pool_get(pool, &p));
   TP_RETURN_IF(p->imported, TP_ERROR_INVALID_VALUE);
@@ -300,11 +346,19 @@ TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
   return tp__pool_malloc(p, ptr, size, s);
 }
 
+TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
+                                            tp_pool_t pool,
+                                            tp_stream_t stream) {
+  TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  return TP_GUARDED(malloc_from(ptr, size, pool, stream));
+}
+
 TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream) {
   TP_FORWARD(tp__api_init());
   tp__stream *s;
   TP_FORWARD(tp__stream_get(stream, &s));
   if (!ptr)
     return TP_SUCCESS;
-  return tp__pool_free(ptr, s);
+  return TP_GUARDED(tp__pool_free(ptr, s));
 }

@@ -355,3 +355,20 @@ void tp__fit_settle(tp__pool *p, bool poll) {
     }
   }
 }
+
+void tp__fit_fini(tp__pool *p) {
+  for (size_t c = p->chunks ? tp__segment_next(p, 0) : p->nchunks;
+       c < p->nchunks; c = tp__segment_next(p, c + 1)) {
+    for (tp__block *b = p->chunks[c].seg_first, *n; b; b = n) {
+      n = b->next;
+      if (b->tag.stream)
+        tp__stream_unref(b->tag.stream);
+      free(b);
+    }
+  }
+  while (p->spare_blocks) {
+    tp__block *b = p->spare_blocks;
+    p->spare_blocks = b->fnext;
+    free(b);
+  }
+}

@@ -1160,9 +1160,9 @@ tp_error_t tp__ipc_import_pointer(tp__pool *p,
     pthread_mutex_unlock(&m->rel_mu);
   }
   if (err == TP_SUCCESS) {
-    atomic_fetch_add(&p->used_base, (int64_t)r.size);
-    uint64_t used = atomic_fetch_add(&p->used_pub, r.size) + r.size;
-    tp__atomic_max(&p->used_high, used);
+    int64_t used =
+        atomic_fetch_add(&p->used_base, (int64_t)r.size) + (int64_t)r.size;
+    tp__atomic_max(&p->used_high, (uint64_t)used);
   }
   pthread_mutex_unlock(&m->mu);
   TP_FORWARD(err);
@@ -1192,7 +1192,6 @@ tp_error_t tp__ipc_import_free(tp__pool *p, uintptr_t addr, tp__stream *s) {
     m->nptrs--;
   }
   atomic_fetch_sub(&p->used_base, (int64_t)size);
-  atomic_fetch_sub(&p->used_pub, size);
   /* The hold goes when the stream reaches the free, not before: work
    * queued ahead of it may still use the memory. */
   release_job *j = malloc(sizeof *j);

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "common/guard.h"
 #include "pool/pool.h"
 
 static _Atomic uint64_t pool_serial;
@@ -15,63 +16,24 @@ static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
 static tp__pool **pools;
 static uint32_t npools, cappools;
 
-/* Handles of destroyed pools, kept so that a stale handle is recognised; a
- * few bytes each for the life of the process. */
-static pthread_mutex_t dead_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct tp_pool_opaque *dead_handles;
-
-static void handle_bury(struct tp_pool_opaque *h) {
-  h->pool = NULL;
-  pthread_mutex_lock(&dead_lock);
-  h->next_dead = dead_handles;
-  dead_handles = h;
-  pthread_mutex_unlock(&dead_lock);
-  atomic_store_explicit(&h->state, TP_POOL_DEAD, memory_order_release);
-}
-
 /* ---- bytes in use --------------------------------------------------------
  * "Used" changes on every allocate and free, and one shared counter would be
  * a cache line that every thread's pair bounces. So each stream cache counts
- * its own bytes exactly, and publishes to the pool's total only when its
- * count rises above what it published, or falls more than a slack below it
- * (1 MiB, or the stream's largest allocation up to 1 GiB).
- * A pair on a warm stream then touches nothing shared. The published total
- * never falls below the true one, so a true new peak always makes it pass
- * the high watermark; the peak itself is then taken from the exact sum, so
- * that the watermark is exact whenever one thread uses the pool, and within
- * the operations in flight when several do. */
-#define TP_USED_SLACK (INT64_C(1) << 20)
-#define TP_USED_SLACK_MAX (INT64_C(1) << 30)
-
-/* Moves a cache's count; stream lock held. Returns the published total when
- * it rose (a possible new peak for used_peak), else 0. */
-static uint64_t used_move(tp__pool *p, tp__cache *c, int64_t delta) {
-  int64_t u = atomic_load_explicit(&c->used, memory_order_relaxed) + delta;
-  atomic_store_explicit(&c->used, u, memory_order_relaxed);
-  if (u > c->pub) {
-    uint64_t d = (uint64_t)(u - c->pub);
-    c->pub = u;
-    return atomic_fetch_add_explicit(&p->used_pub, d, memory_order_relaxed) + d;
-  }
-  /* The slack grows to the largest allocation the stream makes, so that a
-   * pair of big blocks does not publish twice either. */
-  if (delta > c->slack)
-    c->slack = delta < TP_USED_SLACK_MAX ? delta : TP_USED_SLACK_MAX;
-  if (c->pub - u > c->slack) {
-    atomic_fetch_sub_explicit(&p->used_pub, (uint64_t)(c->pub - u),
-                              memory_order_relaxed);
-    c->pub = u;
-  }
-  return 0;
-}
-
-/* Bytes counted outside any cache (frees on a stream that has none). */
-static uint64_t used_move_base(tp__pool *p, int64_t delta) {
-  atomic_fetch_add_explicit(&p->used_base, delta, memory_order_relaxed);
-  uint64_t g = atomic_fetch_add_explicit(&p->used_pub, (uint64_t)delta,
-                                         memory_order_relaxed);
-  return delta > 0 ? g + (uint64_t)delta : 0;
-}
+ * its own bytes exactly, and the total is their sum, taken under the pool
+ * lock. The high watermark needs that sum only when the total may pass it:
+ * each thread keeps, per pool, its own running count of what it allocated
+ * less what it freed, and the highest that count reached when the sum was
+ * last taken. While a thread's count stays at or below that mark, the total
+ * cannot exceed the high by anything this thread did; when it rises above,
+ * the thread takes the exact sum. One thread alone then keeps the high
+ * exact, and a warm pair touches nothing shared. With several threads, a
+ * peak made of allocations that each stayed below their thread's own mark
+ * can be missed (see the header). */
+typedef struct peak_slot {
+  uint64_t serial, gen;
+  int64_t count, mark;
+} peak_slot;
+static _Thread_local peak_slot peak_slots[8];
 
 uint64_t tp__pool_used(tp__pool *p) {
   int64_t t = atomic_load_explicit(&p->used_base, memory_order_relaxed);
@@ -80,12 +42,53 @@ uint64_t tp__pool_used(tp__pool *p) {
   return t > 0 ? (uint64_t)t : 0;
 }
 
-/* After a count rose to published total `g`, no lock held. */
-static void used_peak(tp__pool *p, uint64_t g) {
-  if (TP_LIKELY(g <= atomic_load_explicit(&p->used_high, memory_order_relaxed)))
-    return;
+/* Raises the high to the exact total; no lock held. */
+static void peak_raise(tp__pool *p) {
   pthread_mutex_lock(&p->lock);
   tp__atomic_max(&p->used_high, tp__pool_used(p));
+  pthread_mutex_unlock(&p->lock);
+}
+
+/* Notes a change of the calling thread's bytes in use, after it was counted
+ * in a cache or the base. */
+static void peak_note(tp__pool *p, int64_t delta) {
+  peak_slot *t = &peak_slots[p->serial % 8];
+  uint64_t gen = atomic_load_explicit(&p->peak_gen, memory_order_relaxed);
+  if (TP_UNLIKELY(t->serial != p->serial || t->gen != gen))
+    *t = (peak_slot){p->serial, gen, 0, 0};
+  t->count += delta;
+  if (delta > 0 && t->count > t->mark) {
+    t->mark = t->count;
+    peak_raise(p);
+  }
+}
+
+/* Moves a cache's count; stream lock held. */
+static void used_move(tp__cache *c, int64_t delta) {
+  atomic_store_explicit(
+      &c->used, atomic_load_explicit(&c->used, memory_order_relaxed) + delta,
+      memory_order_relaxed);
+}
+
+/* Bytes counted outside any cache (frees on a stream that has none). */
+static void used_move_base(tp__pool *p, int64_t delta) {
+  atomic_fetch_add_explicit(&p->used_base, delta, memory_order_relaxed);
+}
+
+/* The high, never below the current total when read. */
+static uint64_t used_high_read(tp__pool *p) {
+  pthread_mutex_lock(&p->lock);
+  tp__atomic_max(&p->used_high, tp__pool_used(p));
+  uint64_t h = atomic_load(&p->used_high);
+  pthread_mutex_unlock(&p->lock);
+  return h;
+}
+
+/* Resets the high to the current total; every thread's mark starts again. */
+static void used_high_reset(tp__pool *p) {
+  pthread_mutex_lock(&p->lock);
+  atomic_store(&p->used_high, tp__pool_used(p));
+  atomic_fetch_add(&p->peak_gen, 1);
   pthread_mutex_unlock(&p->lock);
 }
 
@@ -95,10 +98,9 @@ static void used_peak(tp__pool *p, uint64_t g) {
  * reuse policies on); NULL when memory runs out. */
 static tp__pool *pool_alloc(const tp_pool_props_t *props) {
   tp__pool *p = calloc(1, sizeof *p);
-  struct tp_pool_opaque *h = calloc(1, sizeof *h);
-  if (!p || !h) {
+  tp_pool_t h = p ? tp__handle_new() : NULL;
+  if (!h) {
     free(p);
-    free(h);
     return NULL;
   }
   p->handle = h;
@@ -112,34 +114,48 @@ static tp__pool *pool_alloc(const tp_pool_props_t *props) {
   return p;
 }
 
-/* Makes a finished pool's handle answer. */
-static tp_pool_t pool_publish(tp__pool *p) {
-  struct tp_pool_opaque *h = p->handle;
-  h->magic = TP_POOL_MAGIC;
-  h->pool = p;
-  atomic_store_explicit(&h->state, TP_POOL_LIVE, memory_order_release);
-  return h;
+/* Frees what is left of a pool no thread can reach any more: descriptors,
+ * maps and the object. Its memory was given back at teardown. */
+static void pool_free(void *arg) {
+  tp__pool *p = arg;
+  tp__fit_fini(p);
+  tp__slab_fini(p);
+  tp__space_free(p);
+  pthread_mutex_destroy(&p->lock);
+  free(p);
+}
+
+/* The physical limit of a pool: the location's capacity, or max_size
+ * rounded down to whole chunks, so that the pool never holds more than it
+ * was allowed; INVALID_VALUE when max_size holds no chunk at all. */
+static tp_error_t pool_limit(const tp_pool_props_t *props, size_t gran,
+                             uint64_t capacity, uint64_t *limit) {
+  *limit = capacity / gran * gran;
+  if (!props->max_size)
+    return TP_SUCCESS;
+  TP_RETURN_IF(props->max_size < gran, TP_ERROR_INVALID_VALUE);
+  if (props->max_size < *limit)
+    *limit = props->max_size / gran * gran;
+  return TP_SUCCESS;
 }
 
 tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
                         tp_pool_t *out) {
   tp__mem_kind kind = {props->location, props->alloc_type, props->handle_types};
   size_t gran = 0;
-  uint64_t capacity = 0;
+  uint64_t capacity = 0, limit = 0;
   TP_FORWARD(tp__platform->mem_query(&kind, &gran, &capacity));
   TP_RETURN_IF(gran < TP_GRANULE || (gran & (gran - 1)), TP_ERROR_PLATFORM);
+  TP_FORWARD(pool_limit(props, gran, capacity, &limit));
   tp__pool *p = pool_alloc(props);
   TP_RETURN_IF(!p, TP_ERROR_OUT_OF_MEMORY);
-  struct tp_pool_opaque *h = p->handle;
   p->kind = kind;
   p->is_default = is_default;
   if (props->handle_types && getrandom(&p->export_key, sizeof p->export_key,
                                        0) != (ssize_t)sizeof p->export_key)
     p->export_key = (uint64_t)(uintptr_t)p ^ p->serial * 0x9E3779B97F4A7C15ull;
   p->gran = gran;
-  p->limit = capacity / gran * gran;
-  if (props->max_size && props->max_size < p->limit)
-    p->limit = tp__align_up(props->max_size, gran);
+  p->limit = limit;
   if (kind.location.type == TP_LOCATION_DEVICE)
     p->access[kind.location.id] = TP_ACCESS_READ_WRITE;
   if (kind.type == TP_ALLOCATION_MANAGED) {
@@ -160,22 +176,12 @@ tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
   if (err != TP_SUCCESS) {
     tp__ipc_export_free(p);
     tp__space_fini(p);
-    pthread_mutex_destroy(&p->lock);
-    free(p);
-    free(h);
+    tp__handle_bury(p->handle);
+    pool_free(p);
     return err;
   }
-  *out = pool_publish(p);
-  return TP_SUCCESS;
-}
-
-tp_error_t tp__pool_get(tp_pool_t handle, tp__pool **out) {
-  TP_RETURN_IF(!handle || handle->magic != TP_POOL_MAGIC,
-               TP_ERROR_INVALID_VALUE);
-  TP_RETURN_IF(atomic_load_explicit(&handle->state, memory_order_acquire) !=
-                   TP_POOL_LIVE,
-               TP_ERROR_INVALID_VALUE);
-  *out = handle->pool;
+  tp__handle_publish(p->handle, p);
+  *out = p->handle;
   return TP_SUCCESS;
 }
 
@@ -202,7 +208,6 @@ static tp__cache *cache_ensure(tp__pool *p, tp__stream *s) {
   c = calloc(1, sizeof *c);
   if (!c)
     return NULL;
-  c->slack = TP_USED_SLACK;
   c->pool = p;
   c->stream = s;
   tp__stream_ref(s);
@@ -218,22 +223,48 @@ static tp__cache *cache_ensure(tp__pool *p, tp__stream *s) {
   return c;
 }
 
-void tp__cache_drain(tp__pool *p, tp__cache *c) {
-  for (unsigned cls = 0; cls < TP_NCLASSES; cls++) {
-    for (uint32_t i = 0; i < c->cls[cls].n; i++)
-      tp__slab_put(p, cls, &c->cls[cls].v[i], c->stream);
-    c->cls[cls].n = 0;
-  }
-  for (uint32_t i = 0; i < c->nlarge; i++) {
-    tp__block *b = c->large[i].owner;
-    b->tag = (tp__tag){c->stream, c->large[i].epoch, c->large[i].lseq};
-    tp__stream_ref(c->stream);
+/* Hands entries that left stream `s`'s cache to the pool; pool lock held,
+ * stream lock not (a pending small block may make the pool wait on `s`). */
+static void give_back(tp__pool *p, tp__stream *s, unsigned cls, bool large,
+                      const tp__centry *v, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) {
+    if (!large) {
+      tp__slab_put(p, cls, &v[i], s);
+      continue;
+    }
+    tp__block *b = v[i].owner;
+    b->tag = (tp__tag){s, v[i].epoch, v[i].lseq};
+    tp__stream_ref(s);
     tp__block_release(p, b);
   }
-  c->nlarge = 0;
 }
 
-/* Unlinks and frees a drained cache; pool lock held. */
+/* Gives a cache's blocks back, a class at a time: each is taken out under
+ * the stream's lock and handed over after it. Pool lock held throughout, so
+ * that no block is ever outside both the cache and the pool where a
+ * teardown could miss it. `locked`: the cache is unlinked and no stream
+ * lock is needed. */
+static void cache_drain(tp__pool *p, tp__cache *c, bool locked) {
+  tp__stream *s = c->stream;
+  tp__centry v[TP_SMALL_CACHE];
+  for (unsigned cls = 0; cls <= TP_NCLASSES; cls++) {
+    bool large = cls == TP_NCLASSES;
+    if (locked)
+      tp__spin_lock(&s->lock);
+    uint32_t n = large ? c->nlarge : c->cls[cls].n;
+    memcpy(v, large ? c->large : c->cls[cls].v, n * sizeof v[0]);
+    if (large)
+      c->nlarge = 0;
+    else
+      c->cls[cls].n = 0;
+    if (locked)
+      tp__spin_unlock(&s->lock);
+    give_back(p, s, cls, large, v, n);
+  }
+}
+
+/* Unlinks, drains and frees a cache; its count moves to the base. Pool
+ * lock held. */
 static void cache_free(tp__pool *p, tp__cache *c) {
   tp__stream *s = c->stream;
   tp__spin_lock(&s->lock);
@@ -243,11 +274,9 @@ static void cache_free(tp__pool *p, tp__cache *c) {
   *pp = c->next_in_stream;
   if (s->hint == c)
     s->hint = NULL;
-  int64_t u = atomic_load_explicit(&c->used, memory_order_relaxed);
-  atomic_fetch_add_explicit(&p->used_base, u, memory_order_relaxed);
-  atomic_fetch_add_explicit(&p->used_pub, (uint64_t)(u - c->pub),
-                            memory_order_relaxed);
   tp__spin_unlock(&s->lock);
+  cache_drain(p, c, false);
+  used_move_base(p, atomic_load_explicit(&c->used, memory_order_relaxed));
   if (c->prev_in_pool)
     c->prev_in_pool->next_in_pool = c->next_in_pool;
   else
@@ -259,27 +288,26 @@ static void cache_free(tp__pool *p, tp__cache *c) {
 }
 
 void tp__pool_flush_all(tp__pool *p) {
-  for (tp__cache *c = p->caches; c; c = c->next_in_pool) {
-    tp__spin_lock(&c->stream->lock);
-    tp__cache_drain(p, c);
-    tp__spin_unlock(&c->stream->lock);
-  }
+  for (tp__cache *c = p->caches; c; c = c->next_in_pool)
+    cache_drain(p, c, true);
 }
 
 /* The cache of `s` in `p`, drained; pool lock held. */
 static tp__cache *flush_one(tp__pool *p, tp__stream *s) {
   tp__spin_lock(&s->lock);
   tp__cache *c = tp__cache_find(s, p);
-  if (c)
-    tp__cache_drain(p, c);
   tp__spin_unlock(&s->lock);
+  if (c)
+    cache_drain(p, c, true);
   return c;
 }
 
 /* ---- teardown --------------------------------------------------------------
  * A destroyed pool goes when its last allocation is freed and every free
  * has completed; until then it waits among the zombies, which each
- * synchronize visits. */
+ * synchronize visits. Its memory goes back to the platform at teardown;
+ * the object itself, which threads may still be reaching through a handle
+ * they loaded before, is retired to the guard. */
 static bool has_pending(tp__pool *p) {
   for (unsigned cls = 0; cls < TP_NCLASSES; cls++)
     if (p->npending[cls])
@@ -291,23 +319,6 @@ static bool has_pending(tp__pool *p) {
   return false;
 }
 
-static void free_blocks(tp__pool *p) {
-  for (size_t c = tp__segment_next(p, 0); c < p->nchunks;
-       c = tp__segment_next(p, c + 1)) {
-    for (tp__block *b = p->chunks[c].seg_first, *n; b; b = n) {
-      n = b->next;
-      if (b->tag.stream)
-        tp__stream_unref(b->tag.stream);
-      free(b);
-    }
-  }
-  while (p->spare_blocks) {
-    tp__block *b = p->spare_blocks;
-    p->spare_blocks = b->fnext;
-    free(b);
-  }
-}
-
 /* Tries to finish a destroyed pool; pools_lock held, pool lock not. Returns
  * true when the pool is gone. */
 static bool teardown(tp__pool *p, bool poll) {
@@ -317,17 +328,19 @@ static bool teardown(tp__pool *p, bool poll) {
   if (p->exp && !tp__ipc_export_stop(p))
     return false;
   pthread_mutex_lock(&p->lock);
-  if (p->torn_down || tp__pool_used(p) != 0) {
+  if (p->torn_down) {
     pthread_mutex_unlock(&p->lock);
     return false;
   }
-  while (p->caches) {
-    tp__cache *c = p->caches;
-    tp__spin_lock(&c->stream->lock);
-    tp__cache_drain(p, c);
-    tp__spin_unlock(&c->stream->lock);
-    cache_free(p, c);
+  /* Draining first means an allocation racing in from a cache is either
+   * counted below or finds the cache empty and then waits for this lock. */
+  tp__pool_flush_all(p);
+  if (tp__pool_used(p) != 0) {
+    pthread_mutex_unlock(&p->lock);
+    return false;
   }
+  while (p->caches)
+    cache_free(p, p->caches);
   tp__slab_settle(p, poll, true);
   tp__fit_settle(p, poll);
   if (has_pending(p)) {
@@ -335,17 +348,14 @@ static bool teardown(tp__pool *p, bool poll) {
     return false;
   }
   p->torn_down = true;
-  free_blocks(p);
-  tp__slab_fini(p);
   tp__space_fini(p);
   pthread_mutex_unlock(&p->lock);
   for (uint32_t i = 0; i < npools; i++)
     if (pools[i] == p)
       pools[i] = pools[--npools];
-  handle_bury(p->handle);
+  tp__handle_bury(p->handle);
   tp__ipc_export_free(p);
-  pthread_mutex_destroy(&p->lock);
-  free(p);
+  tp__guard_retire(p, pool_free);
   return true;
 }
 
@@ -369,9 +379,8 @@ tp_error_t tp__pool_destroy(tp__pool *p) {
                TP_ERROR_INVALID_VALUE);
   if (p->imported) {
     tp__ipc_import_destroy(p);
-    handle_bury(p->handle);
-    pthread_mutex_destroy(&p->lock);
-    free(p);
+    tp__handle_bury(p->handle);
+    tp__guard_retire(p, pool_free);
     return TP_SUCCESS;
   }
   if (p->exp)
@@ -385,7 +394,8 @@ tp_error_t tp__pool_new_imported(const tp_pool_props_t *props, tp_pool_t *out) {
   tp__pool *p = pool_alloc(props);
   TP_RETURN_IF(!p, TP_ERROR_OUT_OF_MEMORY);
   p->imported = true;
-  *out = pool_publish(p);
+  tp__handle_publish(p->handle, p);
+  *out = p->handle;
   return TP_SUCCESS;
 }
 
@@ -457,6 +467,7 @@ tp_error_t tp__large_get(tp__pool *p, tp__stream *a, size_t size, bool grow,
         !atomic_load_explicit(&p->oom_wait, memory_order_relaxed))
       break;
     wait_pending(p);
+    TP_RETURN_IF(p->torn_down, TP_ERROR_INVALID_VALUE);
     b = tp__fit_take(p, a, size, false);
   }
   TP_RETURN_IF(!b, err != TP_SUCCESS ? err : TP_ERROR_OUT_OF_MEMORY);
@@ -493,30 +504,33 @@ static tp_error_t finish_large(tp__pool *p, tp__block *b, size_t size,
   return TP_SUCCESS;
 }
 
+/* The slow paths below take the pool lock and find a torn-down pool there
+ * when the pool was destroyed while the call was on its way in: the pool
+ * is gone for the caller (INVALID_VALUE), and its object stays readable
+ * until the call leaves the guard. */
 static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
                              size_t size, void **ptr) {
   tp__centry got[16];
   tp_error_t err = TP_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&p->lock);
-  tp__cache *c = cache_ensure(p, s);
+  tp__cache *c = p->torn_down ? NULL : cache_ensure(p, s);
   uint32_t n = c ? tp__slab_take(p, s, cls, got, 16, &err) : 0;
-  uint64_t g = 0;
+  if (p->torn_down)
+    err = TP_ERROR_INVALID_VALUE;
   if (n > 0) {
     tp__spin_lock(&s->lock);
-    for (uint32_t i = 1; i < n; i++) {
-      if (c->cls[cls].n < TP_SMALL_CACHE)
-        c->cls[cls].v[c->cls[cls].n++] = got[i];
-      else
-        tp__slab_put(p, cls, &got[i], s);
-    }
-    g = used_move(p, c, (int64_t)size);
+    uint32_t kept = 1;
+    while (kept < n && c->cls[cls].n < TP_SMALL_CACHE)
+      c->cls[cls].v[c->cls[cls].n++] = got[kept++];
+    used_move(c, (int64_t)size);
     tp__spin_unlock(&s->lock);
+    give_back(p, s, cls, false, got + kept, n - kept);
   }
   TP_DEBUG_WALK(p);
   pthread_mutex_unlock(&p->lock);
   TP_RETURN_IF(n == 0, err);
   finish_small(p, &got[0], size, ptr);
-  used_peak(p, g);
+  peak_note(p, (int64_t)size);
   return TP_SUCCESS;
 }
 
@@ -524,27 +538,28 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
                              void **ptr) {
   pthread_mutex_lock(&p->lock);
   tp__block *b = NULL;
-  tp_error_t err = TP_ERROR_OUT_OF_MEMORY;
+  tp_error_t err =
+      p->torn_down ? TP_ERROR_INVALID_VALUE : TP_ERROR_OUT_OF_MEMORY;
   /* The stream's own cached blocks go back first, so that they merge with
    * their neighbours before the search. */
-  if (flush_one(p, s) || cache_ensure(p, s))
+  if (!p->torn_down && (flush_one(p, s) || cache_ensure(p, s)))
     err = tp__large_get(p, s, r, true, &b);
   if (err == TP_SUCCESS && !tp__space_entry(p, b->addr, true)) {
     atomic_store_explicit(&b->state, TP_BLOCK_FREE, memory_order_relaxed);
     tp__block_release(p, b);
     err = TP_ERROR_OUT_OF_MEMORY;
   }
-  uint64_t g = 0;
   if (err == TP_SUCCESS) {
     tp__tag_clear(&b->tag); /* the user's now, in stream order on `s` */
     finish_large(p, b, size, ptr);
     tp__spin_lock(&s->lock);
-    g = used_move(p, tp__cache_find(s, p), (int64_t)size);
+    used_move(tp__cache_find(s, p), (int64_t)size);
     tp__spin_unlock(&s->lock);
   }
   TP_DEBUG_WALK(p);
   pthread_mutex_unlock(&p->lock);
-  used_peak(p, g);
+  if (err == TP_SUCCESS)
+    peak_note(p, (int64_t)size);
   return err;
 }
 
@@ -559,10 +574,10 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
     tp__cache *c = tp__cache_find(s, p);
     if (TP_LIKELY(c && c->cls[cls].n)) {
       tp__centry e = c->cls[cls].v[--c->cls[cls].n];
-      uint64_t g = used_move(p, c, (int64_t)size);
+      used_move(c, (int64_t)size);
       tp__spin_unlock(&s->lock);
       finish_small(p, &e, size, ptr);
-      used_peak(p, g);
+      peak_note(p, (int64_t)size);
       return TP_SUCCESS;
     }
     tp__spin_unlock(&s->lock);
@@ -580,10 +595,10 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
   if (best >= 0) {
     tp__block *b = c->large[best].owner;
     c->large[best] = c->large[--c->nlarge];
-    uint64_t g = used_move(p, c, (int64_t)size);
+    used_move(c, (int64_t)size);
     tp__spin_unlock(&s->lock);
     finish_large(p, b, size, ptr);
-    used_peak(p, g);
+    peak_note(p, (int64_t)size);
     return TP_SUCCESS;
   }
   tp__spin_unlock(&s->lock);
@@ -592,28 +607,58 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
 
 /* ---- free ---------------------------------------------------------------- */
 
-/* Gives back entries a cache could not keep; no lock held. */
-static void spill(tp__pool *p, tp__stream *s, unsigned cls, const tp__centry *v,
-                  uint32_t n, bool large) {
-  pthread_mutex_lock(&p->lock);
-  for (uint32_t i = 0; i < n; i++) {
-    if (!large) {
-      tp__slab_put(p, cls, &v[i], s);
-      continue;
-    }
-    tp__block *b = v[i].owner;
-    b->tag = (tp__tag){s, v[i].epoch, v[i].lseq};
-    tp__stream_ref(s);
-    tp__block_release(p, b);
-  }
-  TP_DEBUG_WALK(p);
-  pthread_mutex_unlock(&p->lock);
-}
-
 /* A destroyed pool may go once its last allocation is freed. */
 static void maybe_reap(tp__pool *p) {
   if (atomic_load_explicit(&p->destroyed, memory_order_acquire))
     reap(false);
+}
+
+/* Keeps a freed block's entry in its stream's cache when there is room:
+ * true when kept (and counted). Stream lock held. */
+static bool cache_keep(tp__cache *c, unsigned cls, bool large,
+                       const tp__centry *e, int64_t req) {
+  if (!c)
+    return false;
+  uint32_t *n = large ? &c->nlarge : &c->cls[cls].n;
+  if (*n == (large ? TP_LARGE_CACHE : TP_SMALL_CACHE))
+    return false;
+  (large ? c->large : c->cls[cls].v)[(*n)++] = *e;
+  used_move(c, -req);
+  return true;
+}
+
+/* A freed block whose cache is full or missing: under the pool lock, the
+ * cache's oldest entries make room (the oldest half of a small class, the
+ * oldest large block), or, without a cache, the block goes to the pool.
+ * The free is counted in the same step, so that a teardown never sees the
+ * pool unused while an entry is on its way. */
+static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
+                      const tp__centry *e, int64_t req) {
+  tp__centry out[TP_SMALL_CACHE / 2 + 1];
+  uint32_t nout = 0;
+  pthread_mutex_lock(&p->lock);
+  tp__cache *c = p->torn_down ? NULL : cache_ensure(p, s);
+  tp__spin_lock(&s->lock);
+  if (c) {
+    tp__centry *v = large ? c->large : c->cls[cls].v;
+    uint32_t *n = large ? &c->nlarge : &c->cls[cls].n;
+    uint32_t cap = large ? TP_LARGE_CACHE : TP_SMALL_CACHE;
+    if (*n == cap) {
+      nout = large ? 1 : cap / 2;
+      memcpy(out, v, nout * sizeof *v);
+      memmove(v, v + nout, (*n - nout) * sizeof *v);
+      *n -= nout;
+    }
+  }
+  bool kept = cache_keep(c, cls, large, e, req);
+  tp__spin_unlock(&s->lock);
+  if (!kept) {
+    out[nout++] = *e;
+    used_move_base(p, -req);
+  }
+  give_back(p, s, cls, large, out, nout);
+  TP_DEBUG_WALK(p);
+  pthread_mutex_unlock(&p->lock);
 }
 
 static tp_error_t free_small(tp__pool *p, tp__slab *slab, uintptr_t addr,
@@ -624,46 +669,14 @@ static tp_error_t free_small(tp__pool *p, tp__slab *slab, uintptr_t addr,
       atomic_exchange_explicit(&slab->req[idx], 0, memory_order_acq_rel);
   TP_RETURN_IF(req == 0, TP_ERROR_INVALID_VALUE);
   unsigned cls = slab->cls;
-  tp__centry spilled[TP_SMALL_CACHE / 2];
-  uint32_t nspill = 0;
   tp__spin_lock(&s->lock);
   tp__tag t = tp__stream_tag(s);
   tp__centry e = {addr, slab, t.epoch, t.lseq};
-  tp__cache *c = tp__cache_find(s, p);
-  if (c && c->cls[cls].n == TP_SMALL_CACHE) {
-    /* The oldest half leaves: the newest are the likeliest to be reused. */
-    nspill = TP_SMALL_CACHE / 2;
-    memcpy(spilled, c->cls[cls].v, sizeof spilled);
-    memmove(c->cls[cls].v, c->cls[cls].v + nspill,
-            (TP_SMALL_CACHE - nspill) * sizeof(tp__centry));
-    c->cls[cls].n -= nspill;
-  }
-  if (c) {
-    c->cls[cls].v[c->cls[cls].n++] = e;
-    used_move(p, c, -(int64_t)req);
-  }
+  bool kept = cache_keep(tp__cache_find(s, p), cls, false, &e, req);
   tp__spin_unlock(&s->lock);
-  if (!c) {
-    pthread_mutex_lock(&p->lock);
-    c = cache_ensure(p, s);
-    bool kept = false;
-    if (c) {
-      tp__spin_lock(&s->lock);
-      if (c->cls[cls].n < TP_SMALL_CACHE) {
-        c->cls[cls].v[c->cls[cls].n++] = e;
-        kept = true;
-      }
-      used_move(p, c, -(int64_t)req);
-      tp__spin_unlock(&s->lock);
-    } else {
-      used_move_base(p, -(int64_t)req);
-    }
-    if (!kept)
-      tp__slab_put(p, cls, &e, s);
-    pthread_mutex_unlock(&p->lock);
-  }
-  if (nspill)
-    spill(p, s, cls, spilled, nspill, false);
+  if (!kept)
+    free_slow(p, s, cls, false, &e, req);
+  peak_note(p, -(int64_t)req);
   maybe_reap(p);
   return TP_SUCCESS;
 }
@@ -675,31 +688,16 @@ static tp_error_t free_large(tp__pool *p, tp__block *b,
                                                         memory_order_acq_rel,
                                                         memory_order_relaxed),
                TP_ERROR_INVALID_VALUE);
-  size_t req = atomic_load_explicit(&b->req, memory_order_relaxed);
-  tp__centry evicted = {0};
-  bool evict = false;
+  int64_t req = (int64_t)atomic_load_explicit(&b->req, memory_order_relaxed);
   atomic_store_explicit(&b->state, TP_BLOCK_CACHED, memory_order_relaxed);
   tp__spin_lock(&s->lock);
   tp__tag t = tp__stream_tag(s);
   tp__centry e = {b->addr, b, t.epoch, t.lseq};
-  tp__cache *c = tp__cache_find(s, p);
-  if (c && c->nlarge == TP_LARGE_CACHE) {
-    evicted = c->large[0];
-    memmove(c->large, c->large + 1, (TP_LARGE_CACHE - 1) * sizeof(tp__centry));
-    c->nlarge--;
-    evict = true;
-  }
-  if (c) {
-    c->large[c->nlarge++] = e;
-    used_move(p, c, -(int64_t)req);
-  }
+  bool kept = cache_keep(tp__cache_find(s, p), 0, true, &e, req);
   tp__spin_unlock(&s->lock);
-  if (!c) {
-    used_move_base(p, -(int64_t)req);
-    spill(p, s, 0, &e, 1, true);
-  }
-  if (evict)
-    spill(p, s, 0, &evicted, 1, true);
+  if (!kept)
+    free_slow(p, s, 0, true, &e, req);
+  peak_note(p, -req);
   maybe_reap(p);
   return TP_SUCCESS;
 }
@@ -746,6 +744,17 @@ tp_error_t tp__pool_free(void *ptr, tp__stream *s) {
   return free_large(p, (tp__block *)v, entry, s);
 }
 
+/* The exporter's free of a block importers held until now: it goes to the
+ * pool (its stream may be gone), counted in the same step. */
+static void free_to_pool(tp__pool *p, tp__stream *s, unsigned cls, bool large,
+                         const tp__centry *e, int64_t req) {
+  pthread_mutex_lock(&p->lock);
+  give_back(p, s, cls, large, e, 1);
+  used_move_base(p, -req);
+  TP_DEBUG_WALK(p);
+  pthread_mutex_unlock(&p->lock);
+}
+
 tp_error_t tp__pool_free_tagged(tp__pool *p, void *ptr, tp__tag tag) {
   uintptr_t addr = (uintptr_t)ptr;
   _Atomic uintptr_t *entry = tp__space_entry(p, addr, false);
@@ -759,19 +768,17 @@ tp_error_t tp__pool_free_tagged(tp__pool *p, void *ptr, tp__tag tag) {
                            : atomic_exchange_explicit(&slab->req[idx], 0,
                                                       memory_order_acq_rel);
     if (req) {
-      used_move_base(p, -(int64_t)req);
       e.owner = slab;
-      spill(p, tag.stream, slab->cls, &e, 1, false);
+      free_to_pool(p, tag.stream, slab->cls, false, &e, req);
       err = TP_SUCCESS;
     }
   } else if (v &&
              atomic_compare_exchange_strong_explicit(
                  entry, &v, 0, memory_order_acq_rel, memory_order_relaxed)) {
     tp__block *b = (tp__block *)v;
-    used_move_base(p, -(int64_t)atomic_load(&b->req));
     atomic_store_explicit(&b->state, TP_BLOCK_CACHED, memory_order_relaxed);
     e.owner = b;
-    spill(p, tag.stream, 0, &e, 1, true);
+    free_to_pool(p, tag.stream, 0, true, &e, (int64_t)atomic_load(&b->req));
     err = TP_SUCCESS;
   }
   tp__stream_unref(tag.stream);
@@ -812,8 +819,11 @@ tp_error_t tp__pool_trim(tp__pool *p, uint64_t keep) {
     return TP_SUCCESS;
   }
   pthread_mutex_lock(&p->lock);
-  tp__pool_flush_all(p);
-  tp_error_t err = settle_and_release(p, keep);
+  tp_error_t err = TP_ERROR_INVALID_VALUE;
+  if (!p->torn_down) {
+    tp__pool_flush_all(p);
+    err = settle_and_release(p, keep);
+  }
   pthread_mutex_unlock(&p->lock);
   return err;
 }
@@ -896,7 +906,7 @@ tp_error_t tp__pool_get_attr(tp__pool *p, tp_pool_attr_t attr, void *value) {
     *u = tp__pool_used(p);
     pthread_mutex_unlock(&p->lock);
     break;
-  case TP_POOL_ATTR_USED_MEM_HIGH: *u = atomic_load(&p->used_high); break;
+  case TP_POOL_ATTR_USED_MEM_HIGH: *u = used_high_read(p); break;
   case TP_POOL_ATTR_ALLOCATION_TYPE: *i = (int)p->props.alloc_type; break;
   case TP_POOL_ATTR_EXPORT_HANDLE_TYPES: *i = (int)p->props.handle_types; break;
   case TP_POOL_ATTR_LOCATION_ID: *i = p->props.location.id; break;
@@ -934,9 +944,7 @@ tp_error_t tp__pool_set_attr(tp__pool *p, tp_pool_attr_t attr, void *value) {
   case TP_POOL_ATTR_USED_MEM_HIGH:
     memcpy(&u, value, sizeof u);
     TP_RETURN_IF(u != 0, TP_ERROR_INVALID_VALUE);
-    pthread_mutex_lock(&p->lock);
-    atomic_store(&p->used_high, tp__pool_used(p));
-    pthread_mutex_unlock(&p->lock);
+    used_high_reset(p);
     return TP_SUCCESS;
   default: return TP_ERROR_INVALID_VALUE;
   }

@@ -162,10 +162,8 @@ struct tp__cache {
   uint32_t nlarge;
   /* Bytes asked for by allocations made on this stream, less those freed
    * on it (negative when it frees others' blocks); written under the
-   * stream's lock, read by anyone. `pub` is what the pool's published total
-   * holds for this cache. */
+   * stream's lock, read by anyone. */
   _Atomic int64_t used;
-  int64_t pub, slack;
 };
 
 /* ---- pools ------------------------------------------------------------- */
@@ -194,12 +192,14 @@ struct tp__pool {
 
   _Atomic int follow_events, opportunistic, internal_deps, oom_wait;
   _Atomic uint64_t release_threshold;
+  /* Raised by every reset of the used high watermark, so that each thread
+   * forgets the high it kept for itself (see pool.c). */
+  _Atomic uint64_t peak_gen;
   _Atomic uint64_t reserved, reserved_high;
-  /* Bytes in use are counted per stream cache (see pool.c); these are the
-   * published total, never below the true one, and the exact peak. They sit
-   * on a line of their own, away from the fields every call reads. */
-  _Alignas(64) _Atomic uint64_t used_pub;
-  _Atomic uint64_t used_high;
+  /* Bytes in use are counted per stream cache (see pool.c); this is their
+   * exact peak, on a line of its own, away from the fields every call
+   * reads. */
+  _Alignas(64) _Atomic uint64_t used_high;
   _Atomic int64_t used_base; /* bytes counted outside any cache */
   _Atomic uint64_t maps, unmaps;
 
@@ -228,16 +228,28 @@ struct tp__pool {
   bool torn_down;
 };
 
-/* The public handle outlives the pool's memory so that a destroyed handle is
- * recognised: its header stays, marked dead, for the life of the process. */
-#define TP_POOL_MAGIC 0x7470706cu
-enum { TP_POOL_LIVE = 1, TP_POOL_DESTROYING = 2, TP_POOL_DEAD = 3 };
-struct tp_pool_opaque {
-  uint32_t magic;
-  _Atomic int state;
-  tp__pool *pool;
-  struct tp_pool_opaque *next_dead; /* the list of tombstones */
+/* The public handle is a slot of handle.c's table, which outlives the pools,
+ * so that a destroyed pool's handle is recognised and a wild one refused. */
+enum {
+  TP_POOL_UNUSED = 0,
+  TP_POOL_MADE = 1, /* handed out, its pool not finished yet */
+  TP_POOL_LIVE = 2,
+  TP_POOL_DESTROYING = 3, /* destroyed, waiting for its last frees */
+  TP_POOL_DEAD = 4
 };
+struct tp_pool_opaque {
+  _Atomic int state;
+  _Atomic(tp__pool *) pool;
+};
+
+/* ---- handle.c ------------------------------------------------------------ */
+/* A fresh handle in state MADE; NULL when memory or slots run out. */
+tp_pool_t tp__handle_new(void);
+void tp__handle_publish(tp_pool_t h, tp__pool *p);
+/* The handle answers INVALID_VALUE from now on. */
+void tp__handle_bury(tp_pool_t h);
+/* Whether `h` is a slot of the table, whatever its state. */
+bool tp__handle_known(tp_pool_t h);
 
 /* ---- streams.c ----------------------------------------------------------- */
 tp_error_t tp__streams_init(void);
@@ -326,10 +338,16 @@ void tp__tag_clear(tp__tag *t);
 tp__block *tp__fit_take(tp__pool *p, tp__stream *a, size_t size, bool deps);
 /* Drops tags of completed frees in free blocks and merges what then may. */
 void tp__fit_settle(tp__pool *p, bool poll);
+/* Frees every block descriptor of a torn-down pool. */
+void tp__fit_fini(tp__pool *p);
 
 /* ---- space.c ------------------------------------------------------------- */
 tp_error_t tp__space_init(tp__pool *p);
+/* Gives every chunk and the virtual range back to the platform and leaves
+ * the registry; the maps stay for tp__space_free, once no thread can read
+ * them (a racing bad free may). */
 void tp__space_fini(tp__pool *p);
+void tp__space_free(tp__pool *p);
 /* Maps memory for a free block of at least `size` bytes (remapping wholly
  * free chunks first, then creating new ones) and returns it, taken out of
  * the bins. */
@@ -451,7 +469,5 @@ void tp__stream_flush_caches(tp__stream *s, bool drop);
 void tp__pool_flush_all(tp__pool *p);
 /* The cache of `s` for `p`, created on first use; s->lock held. */
 tp__cache *tp__cache_find(tp__stream *s, tp__pool *p);
-/* Gives the cache's blocks back; pool lock and stream lock held. */
-void tp__cache_drain(tp__pool *p, tp__cache *c);
 
 #endif /* TP_POOL_H */

@@ -439,9 +439,14 @@ void tp__space_fini(tp__pool *p) {
     c = tp__segment_next(p, e);
   }
   (void)release_orphans(p);
-  for (size_t c = 0; c < p->nchunks; c++)
-    free((void *)atomic_load_explicit(&p->gtab[c], memory_order_relaxed));
   tp__registry_remove(p);
   (void)tp__platform->unreserve(p->res);
+}
+
+void tp__space_free(tp__pool *p) {
+  if (!p->chunks)
+    return;
+  for (size_t c = 0; c < p->nchunks; c++)
+    free((void *)atomic_load_explicit(&p->gtab[c], memory_order_relaxed));
   free_maps(p);
 }

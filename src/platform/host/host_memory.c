@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "platform/host/host_internal.h"
@@ -486,6 +487,59 @@ static bool granted(const tp__pres *r, uintptr_t addr, size_t size,
   return true;
 }
 
+/* Whether the reservations of span `s` hold all of [addr, addr + size). */
+static bool covered(span s, uintptr_t addr, size_t size) {
+  uintptr_t at = addr;
+  for (size_t i = s.lo; i < s.hi && at < addr + size; i++) {
+    if (registry[i]->base > at)
+      return false;
+    at = registry[i]->base + registry[i]->size;
+  }
+  return at >= addr + size;
+}
+
+/* Copies or fills memory that no reservation holds (a host buffer, or an
+ * address the process does not have) through the kernel, which answers
+ * EFAULT for what is not there, so that a wild address faults the stream
+ * instead of killing the process in a worker thread. Where the kernel
+ * refuses the call itself (a sandbox that filters it), the memory is
+ * touched directly, as before. */
+static bool kernel_run(void *dst, const void *src, int value, size_t size) {
+  enum { PATTERN = 4096, IOVS = 256 };
+  unsigned char pattern[PATTERN];
+  struct iovec local[IOVS], remote;
+  if (!src)
+    memset(pattern, value, sizeof pattern);
+  for (size_t done = 0; done < size;) {
+    size_t n = 0, bytes = 0;
+    if (src) {
+      local[0] = (struct iovec){(void *)((uintptr_t)src + done), size - done};
+      n = 1;
+      bytes = size - done;
+    } else {
+      for (; n < IOVS && done + bytes < size; n++) {
+        size_t k =
+            size - done - bytes < PATTERN ? size - done - bytes : PATTERN;
+        local[n] = (struct iovec){pattern, k};
+        bytes += k;
+      }
+    }
+    remote = (struct iovec){(void *)((uintptr_t)dst + done), bytes};
+    ssize_t got = process_vm_writev(getpid(), local, n, &remote, 1, 0);
+    if (got < 0 && (errno == ENOSYS || errno == EPERM)) {
+      if (src)
+        memmove((char *)dst + done, (const char *)src + done, size - done);
+      else
+        memset((char *)dst + done, value, size - done);
+      return true;
+    }
+    if (got <= 0)
+      return false;
+    done += (size_t)got;
+  }
+  return true;
+}
+
 bool tp__host_mem_run(int device, void *dst, const void *src, int value,
                       size_t size) {
   if (size == 0)
@@ -507,7 +561,11 @@ bool tp__host_mem_run(int device, void *dst, const void *src, int value,
     ok = granted(registry[i], (uintptr_t)dst, size, bit, true);
   for (size_t i = s.lo; i < s.hi && ok; i++)
     ok = granted(registry[i], (uintptr_t)src, size, bit, false);
-  if (ok && src)
+  bool inside = covered(d, (uintptr_t)dst, size) &&
+                (!src || covered(s, (uintptr_t)src, size));
+  if (ok && !inside)
+    ok = kernel_run(dst, src, value, size);
+  else if (ok && src)
     memmove(dst, src, size);
   else if (ok)
     memset(dst, value, size);

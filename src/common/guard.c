@@ -1,0 +1,176 @@
+/* The epoch-based reclamation of guard.h: one record per thread that says
+ * since which epoch it has been inside the library, a list of retired
+ * objects with the epoch of their retirement, and the reclaimer that frees
+ * those older than every thread inside. */
+#include "common/guard.h"
+
+#include <linux/membarrier.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* A thread's record, on a cache line of its own: only its thread writes it,
+ * so that entering the guard touches nothing another thread writes. */
+typedef struct rec {
+  _Alignas(64) _Atomic uint64_t epoch; /* 0: outside the library */
+  _Atomic bool taken;
+  struct rec *next;
+} rec;
+
+typedef struct retired {
+  void *obj;
+  void (*fn)(void *);
+  uint64_t epoch;
+  struct retired *next;
+} retired;
+
+static _Atomic uint64_t global_epoch = 1;
+static _Atomic(rec *) recs;
+static pthread_mutex_t limbo_lock = PTHREAD_MUTEX_INITIALIZER;
+static retired *limbo;
+
+/* With membarrier, the reclaimer forces a full barrier on every running
+ * thread, so that a reader's store of its epoch needs no fence of its own
+ * to be seen before the reader's loads of shared pointers. Without it, the
+ * reader fences. */
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static pthread_key_t key;
+static bool expedited;
+
+static _Thread_local rec *me;
+static _Thread_local unsigned depth;
+
+static void release_rec(void *r) {
+  atomic_store_explicit(&((rec *)r)->taken, false, memory_order_release);
+}
+
+static void init_once(void) {
+  (void)pthread_key_create(&key, release_rec);
+  expedited = syscall(__NR_membarrier,
+                      MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+}
+
+/* A record for the calling thread: a free one from a thread that ended, or
+ * a new one. Records are never freed, so the reclaimer's walk is safe.
+ * Returns NULL only when memory is short. */
+static rec *acquire_rec(void) {
+  pthread_once(&once, init_once);
+  rec *r = atomic_load_explicit(&recs, memory_order_acquire);
+  for (; r; r = r->next) {
+    bool expect = false;
+    if (!atomic_load_explicit(&r->taken, memory_order_relaxed) &&
+        atomic_compare_exchange_strong(&r->taken, &expect, true))
+      break;
+  }
+  if (!r) {
+    r = aligned_alloc(64, sizeof *r);
+    if (!r)
+      return NULL;
+    atomic_init(&r->epoch, 0);
+    atomic_init(&r->taken, true);
+    r->next = atomic_load_explicit(&recs, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(
+        &recs, &r->next, r, memory_order_release, memory_order_relaxed)) {
+    }
+  }
+  (void)pthread_setspecific(key, r);
+  return r;
+}
+
+/* Threads without a record (memory was short) count here instead; the
+ * reclaimer frees nothing while any is inside. */
+static _Atomic uint64_t unrecorded;
+static _Thread_local bool in_unrecorded;
+
+void tp__guard_enter(void) {
+  if (depth++ > 0)
+    return;
+  if (TP_UNLIKELY(!me) && !(me = acquire_rec())) {
+    atomic_fetch_add(&unrecorded, 1);
+    in_unrecorded = true;
+    return;
+  }
+  atomic_store_explicit(
+      &me->epoch, atomic_load_explicit(&global_epoch, memory_order_acquire),
+      memory_order_relaxed);
+  if (expedited)
+    atomic_signal_fence(memory_order_seq_cst);
+  else
+    atomic_thread_fence(memory_order_seq_cst);
+}
+
+void tp__guard_exit(void) {
+  if (--depth > 0)
+    return;
+  if (TP_UNLIKELY(in_unrecorded)) {
+    in_unrecorded = false;
+    atomic_fetch_sub(&unrecorded, 1);
+    return;
+  }
+  atomic_store_explicit(&me->epoch, 0, memory_order_release);
+}
+
+/* The oldest epoch a thread inside the library entered at (UINT64_MAX when
+ * none is inside), after every thread's store of its epoch is visible. */
+static uint64_t oldest_inside(void) {
+  if (expedited)
+    (void)syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+  else
+    atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load(&unrecorded))
+    return 0;
+  uint64_t oldest = UINT64_MAX;
+  for (rec *r = atomic_load_explicit(&recs, memory_order_acquire); r;
+       r = r->next) {
+    uint64_t e = atomic_load_explicit(&r->epoch, memory_order_acquire);
+    if (e && e < oldest)
+      oldest = e;
+  }
+  return oldest;
+}
+
+void tp__guard_collect(void) {
+  pthread_mutex_lock(&limbo_lock);
+  if (!limbo) {
+    pthread_mutex_unlock(&limbo_lock);
+    return;
+  }
+  uint64_t oldest = oldest_inside();
+  retired *done = NULL;
+  for (retired **pp = &limbo; *pp;) {
+    retired *t = *pp;
+    if (t->epoch > oldest) {
+      pp = &t->next;
+      continue;
+    }
+    *pp = t->next;
+    t->next = done;
+    done = t;
+  }
+  pthread_mutex_unlock(&limbo_lock);
+  while (done) {
+    retired *t = done;
+    done = t->next;
+    t->fn(t->obj);
+    free(t);
+  }
+}
+
+void tp__guard_retire(void *obj, void (*fn)(void *)) {
+  pthread_once(&once, init_once);
+  retired *t = malloc(sizeof *t);
+  /* A thread entering from now on sees the object unpublished; those that
+   * entered at an epoch before this one may still hold it. */
+  uint64_t e = atomic_fetch_add(&global_epoch, 1) + 1;
+  if (!t) {
+    /* No memory to remember the object: it stays allocated, a small leak
+     * rather than a use after free. */
+    return;
+  }
+  *t = (retired){obj, fn, e, NULL};
+  pthread_mutex_lock(&limbo_lock);
+  t->next = limbo;
+  limbo = t;
+  pthread_mutex_unlock(&limbo_lock);
+  tp__guard_collect();
+}
