@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include "api/api.h"
+#include "common/guard.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static tp_error_t init_err = TP_ERROR_NO_DEVICE;
@@ -131,9 +132,7 @@ TP_API tp_error_t tp_stream_query(tp_stream_t stream) {
   return err;
 }
 
-TP_API tp_error_t tp_stream_wait_event(tp_stream_t stream, tp_event_t event,
-                                       unsigned flags) {
-  TP_RETURN_IF(flags != 0, TP_ERROR_INVALID_VALUE);
+static tp_error_t stream_wait_event(tp_stream_t stream, tp_event_t event) {
   tp__stream *s;
   tp__event *e;
   TP_FORWARD(stream_of(stream, &s));
@@ -142,6 +141,12 @@ TP_API tp_error_t tp_stream_wait_event(tp_stream_t stream, tp_event_t event,
   tp_error_t err = tp__event_wait(s, e);
   tp__work_end(s);
   return err;
+}
+
+TP_API tp_error_t tp_stream_wait_event(tp_stream_t stream, tp_event_t event,
+                                       unsigned flags) {
+  TP_RETURN_IF(flags != 0, TP_ERROR_INVALID_VALUE);
+  return TP_GUARDED(stream_wait_event(stream, event));
 }
 
 TP_API tp_error_t tp_device_synchronize(void) {
@@ -173,14 +178,26 @@ TP_API tp_error_t tp_event_create(tp_event_t *event) {
   return tp__event_create(event);
 }
 
-TP_API tp_error_t tp_event_destroy(tp_event_t event) {
+/* The calls below find the event inside the guard, so that one destroyed
+ * by another thread meanwhile stays readable until they return. */
+enum event_op { EV_DESTROY, EV_QUERY, EV_SYNCHRONIZE };
+
+static tp_error_t event_call(tp_event_t event, enum event_op op) {
   TP_FORWARD(tp__api_init());
   tp__event *e;
   TP_FORWARD(tp__event_get(event, &e));
-  return tp__event_destroy(e);
+  switch (op) {
+  case EV_DESTROY: return tp__event_destroy(e);
+  case EV_QUERY: return tp__event_query(e);
+  default: return tp__event_synchronize(e);
+  }
 }
 
-TP_API tp_error_t tp_event_record(tp_event_t event, tp_stream_t stream) {
+TP_API tp_error_t tp_event_destroy(tp_event_t event) {
+  return TP_GUARDED(event_call(event, EV_DESTROY));
+}
+
+static tp_error_t event_record(tp_event_t event, tp_stream_t stream) {
   tp__stream *s;
   tp__event *e;
   TP_FORWARD(stream_of(stream, &s));
@@ -191,18 +208,16 @@ TP_API tp_error_t tp_event_record(tp_event_t event, tp_stream_t stream) {
   return err;
 }
 
+TP_API tp_error_t tp_event_record(tp_event_t event, tp_stream_t stream) {
+  return TP_GUARDED(event_record(event, stream));
+}
+
 TP_API tp_error_t tp_event_query(tp_event_t event) {
-  TP_FORWARD(tp__api_init());
-  tp__event *e;
-  TP_FORWARD(tp__event_get(event, &e));
-  return tp__event_query(e);
+  return TP_GUARDED(event_call(event, EV_QUERY));
 }
 
 TP_API tp_error_t tp_event_synchronize(tp_event_t event) {
-  TP_FORWARD(tp__api_init());
-  tp__event *e;
-  TP_FORWARD(tp__event_get(event, &e));
-  return tp__event_synchronize(e);
+  return TP_GUARDED(event_call(event, EV_SYNCHRONIZE));
 }
 
 /* ---- stream-ordered work ------------------------------------------------- */

@@ -28,6 +28,10 @@ static _Atomic uint64_t global_epoch = 1;
 static _Atomic(rec *) recs;
 static pthread_mutex_t limbo_lock = PTHREAD_MUTEX_INITIALIZER;
 static retired *limbo;
+/* How many wait in limbo, and the epoch of the newest: read by every
+ * outermost exit, written rarely. */
+static _Atomic uint32_t nlimbo;
+static _Atomic uint64_t newest_retired;
 
 /* With membarrier, the reclaimer forces a full barrier on every running
  * thread, so that a reader's store of its epoch needs no fence of its own
@@ -107,7 +111,14 @@ void tp__guard_exit(void) {
     atomic_fetch_sub(&unrecorded, 1);
     return;
   }
+  uint64_t entered = atomic_load_explicit(&me->epoch, memory_order_relaxed);
   atomic_store_explicit(&me->epoch, 0, memory_order_release);
+  /* A thread that was inside when an object was retired (the retiring
+   * thread among them) may have been what held it back: leaving is then
+   * the moment to look again. Threads that entered later need not. */
+  if (TP_UNLIKELY(atomic_load_explicit(&nlimbo, memory_order_relaxed)) &&
+      entered < atomic_load_explicit(&newest_retired, memory_order_relaxed))
+    tp__guard_collect();
 }
 
 /* The oldest epoch a thread inside the library entered at (UINT64_MAX when
@@ -146,6 +157,7 @@ void tp__guard_collect(void) {
     *pp = t->next;
     t->next = done;
     done = t;
+    atomic_fetch_sub_explicit(&nlimbo, 1, memory_order_relaxed);
   }
   pthread_mutex_unlock(&limbo_lock);
   while (done) {
@@ -171,6 +183,8 @@ void tp__guard_retire(void *obj, void (*fn)(void *)) {
   pthread_mutex_lock(&limbo_lock);
   t->next = limbo;
   limbo = t;
+  atomic_fetch_add_explicit(&nlimbo, 1, memory_order_relaxed);
+  tp__atomic_max(&newest_retired, e);
   pthread_mutex_unlock(&limbo_lock);
   tp__guard_collect();
 }

@@ -3,6 +3,7 @@
  * the legacy default stream's implicit ordering. */
 #include <string.h>
 
+#include "common/guard.h"
 #include "pool/pool.h"
 
 /* ---- clocks ------------------------------------------------------------ */
@@ -520,6 +521,16 @@ tp_error_t tp__event_get(tp_event_t handle, tp__event **out) {
   return TP_SUCCESS;
 }
 
+/* Frees an event no thread can reach any more. */
+static void event_free(void *arg) {
+  tp__event *e = arg;
+  (void)tp__platform->event_destroy(e->pe);
+  clock_free(&e->clock);
+  free(e);
+}
+
+/* The event stops answering at once; its memory and platform event go once
+ * no thread is inside a call that found it before (common/guard.h). */
 tp_error_t tp__event_destroy(tp__event *e) {
   pthread_mutex_lock(&ev_lock);
   uint32_t i = 0;
@@ -530,11 +541,8 @@ tp_error_t tp__event_destroy(tp__event *e) {
     events[i] = events[--nevents];
   pthread_mutex_unlock(&ev_lock);
   TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);
-  tp_error_t err = tp__platform->event_destroy(e->pe);
-  clock_free(&e->clock);
-  e->magic = 0;
-  free(e);
-  return err;
+  tp__guard_retire(e, event_free);
+  return TP_SUCCESS;
 }
 
 tp_error_t tp__event_record(tp__event *e, tp__stream *s) {
