@@ -97,9 +97,9 @@ static void test_registry(void) {
   tp__pool *core = NULL;
   REQUIRE_OK(tp__pool_get(pool, &core));
   CHECK(tp__registry_find((uintptr_t)p) == core);
-  CHECK(tp__registry_find(core->base) == core);
-  CHECK(tp__registry_find(core->base + core->va_size - 1) == core);
-  CHECK(tp__registry_find(core->base + core->va_size) != core);
+  CHECK(tp__registry_find(core->space.base) == core);
+  CHECK(tp__registry_find(core->space.base + core->space.va_size - 1) == core);
+  CHECK(tp__registry_find(core->space.base + core->space.va_size) != core);
   int local = 0;
   CHECK(tp__registry_find((uintptr_t)&local) == NULL);
   CHECK_OK(tp_free_async(p, NULL));

@@ -98,18 +98,27 @@ TP_API tp_error_t tp_stream_create(tp_stream_t *stream, unsigned flags) {
   return tp__stream_create(flags, stream);
 }
 
+/* The stream's cached blocks go back to their pools between its two steps
+ * of destruction, so that they stay resolvable through its last marker. */
 TP_API tp_error_t tp_stream_destroy(tp_stream_t stream) {
   TP_RETURN_IF(!stream, TP_ERROR_INVALID_VALUE);
   tp__stream *s;
   TP_FORWARD(stream_of(stream, &s));
-  return tp__stream_destroy(s);
+  tp_error_t err = tp__stream_retire(s);
+  if (err == TP_ERROR_INVALID_VALUE)
+    return err;
+  tp__pools_drop_stream(s);
+  tp_error_t derr = tp__stream_release(s);
+  return err != TP_SUCCESS ? err : derr;
 }
 
 /* After the host saw the stream's work up to `epoch` complete: its frees
- * become reusable by all, and pools fall to their thresholds. */
+ * become reusable by all, pools fall to their thresholds, and imported
+ * pools unmap what they no longer use. */
 static void completed(tp__stream *s, uint64_t epoch) {
   tp__stream_mark_done(s, epoch);
   tp__pool_after_sync(s);
+  tp__ipc_settle();
 }
 
 TP_API tp_error_t tp_stream_synchronize(tp_stream_t stream) {
@@ -178,6 +187,22 @@ TP_API tp_error_t tp_event_create(tp_event_t *event) {
   return tp__event_create(event);
 }
 
+/* Waits for the event; the streams its clock covers then settle as after a
+ * synchronize. */
+static tp_error_t event_synchronize(tp__event *e) {
+  tp__stream **v = NULL;
+  size_t n = 0;
+  TP_FORWARD(tp__event_synchronize(e, &v, &n));
+  for (size_t i = 0; i < n; i++) {
+    tp__pool_after_sync(v[i]);
+    tp__stream_unref(v[i]);
+  }
+  free(v);
+  if (n)
+    tp__ipc_settle();
+  return TP_SUCCESS;
+}
+
 /* The calls below find the event inside the guard, so that one destroyed
  * by another thread meanwhile stays readable until they return. */
 enum event_op { EV_DESTROY, EV_QUERY, EV_SYNCHRONIZE };
@@ -189,7 +214,7 @@ static tp_error_t event_call(tp_event_t event, enum event_op op) {
   switch (op) {
   case EV_DESTROY: return tp__event_destroy(e);
   case EV_QUERY: return tp__event_query(e);
-  default: return tp__event_synchronize(e);
+  default: return event_synchronize(e);
   }
 }
 

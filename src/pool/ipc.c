@@ -376,7 +376,7 @@ static void release_hold(tp__pool *p, uint64_t offset) {
   }
   pthread_mutex_unlock(&x->lock);
   if (finish)
-    (void)tp__pool_free_tagged(p, (void *)(p->base + offset), tag);
+    (void)tp__pool_free_tagged(p, (void *)(p->space.base + offset), tag);
 }
 
 /* Closes a channel and releases everything it held: an importer that ends,
@@ -416,8 +416,8 @@ static tp_error_t do_import(tp__pool *p, conn *c, const wire *q, wire *a) {
                    r.reserved != 0 ||
                    r.check != record_check(&r, p->export_key),
                TP_ERROR_INVALID_VALUE);
-  TP_RETURN_IF(r.offset % TP_GRANULE || r.offset >= p->va_size || r.size == 0 ||
-                   r.size > p->va_size - r.offset,
+  TP_RETURN_IF(r.offset % TP_GRANULE || r.offset >= p->space.va_size ||
+                   r.size == 0 || r.size > p->space.va_size - r.offset,
                TP_ERROR_INVALID_VALUE);
   tp_error_t err = TP_SUCCESS;
   size_t live = 0;
@@ -426,7 +426,7 @@ static tp_error_t do_import(tp__pool *p, conn *c, const wire *q, wire *a) {
   /* The entry says the allocation is live (frees take this lock to remove
    * it); the registry must agree before anything is mapped. */
   if (x->closed || !e || e->freed || e->nonce != r.nonce || e->size != r.size ||
-      tp__pool_live_size(p, (void *)(p->base + r.offset), &live) !=
+      tp__pool_live_size(p, (void *)(p->space.base + r.offset), &live) !=
           TP_SUCCESS ||
       live != r.size)
     err = TP_ERROR_INVALID_VALUE;
@@ -446,8 +446,8 @@ static tp_error_t do_import(tp__pool *p, conn *c, const wire *q, wire *a) {
 static tp_error_t do_chunk(tp__pool *p, conn *c, uint64_t index, wire *a,
                            int *fd) {
   tp__ipc_export *x = p->exp;
-  TP_RETURN_IF(index >= p->nchunks, TP_ERROR_INVALID_VALUE);
-  uint64_t lo = index * p->gran, hi = lo + p->gran;
+  TP_RETURN_IF(index >= p->space.nchunks, TP_ERROR_INVALID_VALUE);
+  uint64_t lo = index * p->space.gran, hi = lo + p->space.gran;
   bool held = false;
   pthread_mutex_lock(&x->lock);
   for (uint32_t i = 0; i < c->nholds && !held; i++) {
@@ -458,8 +458,8 @@ static tp_error_t do_chunk(tp__pool *p, conn *c, uint64_t index, wire *a,
   TP_RETURN_IF(!held, TP_ERROR_INVALID_VALUE);
   tp__chunk_share share = {0, -1};
   pthread_mutex_lock(&p->lock);
-  tp__phys phys = p->chunks[index].phys;
-  tp_error_t err = phys ? tp__platform->share_chunk(p->res, phys, &share)
+  tp__phys phys = p->space.phys[index];
+  tp_error_t err = phys ? tp__platform->share_chunk(p->space.res, phys, &share)
                         : TP_ERROR_INVALID_VALUE;
   pthread_mutex_unlock(&p->lock);
   TP_FORWARD(err);
@@ -529,12 +529,12 @@ static tp_error_t hello_make(tp__pool *p, wire *h, int *backing) {
   h->alloc_type = (int32_t)p->props.alloc_type;
   h->pid = (uint64_t)getpid();
   h->serial = p->serial;
-  h->gran = p->gran;
-  h->va_size = p->va_size;
+  h->gran = p->space.gran;
+  h->va_size = p->space.va_size;
   h->max_size = p->props.max_size;
   if (p->props.location.type == TP_LOCATION_DEVICE)
     TP_FORWARD(tp__platform->device_uuid(p->props.location.id, h->data));
-  return tp__platform->share_reservation(p->res, backing);
+  return tp__platform->share_reservation(p->space.res, backing);
 }
 
 /* A CONNECT: `priv` is the importer's end of its private channel, `u` its
@@ -747,7 +747,7 @@ tp_error_t tp__ipc_export_pointer(tp__pool *p, void *ptr,
   tp__ipc_export *x = p->exp;
   size_t size = 0;
   TP_FORWARD(tp__pool_live_size(p, ptr, &size));
-  uint64_t offset = (uint64_t)((uintptr_t)ptr - p->base);
+  uint64_t offset = (uint64_t)((uintptr_t)ptr - p->space.base);
   pthread_mutex_lock(&x->lock);
   entry *e = entry_find(x, offset);
   /* A live allocation already exported keeps its nonce, so that every
@@ -784,7 +784,7 @@ tp_error_t tp__ipc_on_free(tp__pool *p, uintptr_t addr, tp__stream *s,
   TP_RETURN_IF(!x, TP_SUCCESS);
   tp_error_t err = TP_SUCCESS;
   pthread_mutex_lock(&x->lock);
-  entry *e = entry_find(x, (uint64_t)(addr - p->base));
+  entry *e = entry_find(x, (uint64_t)(addr - p->space.base));
   if (e && e->freed) {
     err = TP_ERROR_INVALID_VALUE; /* freed already; importers hold it */
   } else if (e && !e->holds) {
@@ -935,17 +935,18 @@ static tp_error_t import_access(tp__pool *p, size_t offset, size_t size) {
   if (p->imp->host_pool)
     list[n++] = (tp_access_desc_t){p->props.location, TP_ACCESS_READ_WRITE};
   for (int d = 0; d < TP_MAX_DEVICES; d++)
-    if (p->access[d] != TP_ACCESS_NONE)
-      list[n++] = (tp_access_desc_t){{TP_LOCATION_DEVICE, d, 0}, p->access[d]};
+    if (p->space.access[d] != TP_ACCESS_NONE)
+      list[n++] =
+          (tp_access_desc_t){{TP_LOCATION_DEVICE, d, 0}, p->space.access[d]};
   return n ? tp__platform->set_access(p->imp->res, offset, size, list, n)
            : TP_SUCCESS;
 }
 
 static void reserved_move(tp__pool *p, int64_t delta) {
   uint64_t r =
-      atomic_fetch_add(&p->reserved, (uint64_t)delta) + (uint64_t)delta;
+      atomic_fetch_add(&p->space.reserved, (uint64_t)delta) + (uint64_t)delta;
   if (delta > 0)
-    tp__atomic_max(&p->reserved_high, r);
+    tp__atomic_max(&p->space.reserved_high, r);
 }
 
 /* Unmaps chunk c; mu held. A chunk the platform would not unmap stays
@@ -1161,18 +1162,18 @@ tp_error_t tp__ipc_import_pointer(tp__pool *p,
   }
   if (err == TP_SUCCESS) {
     int64_t used =
-        atomic_fetch_add(&p->used_base, (int64_t)r.size) + (int64_t)r.size;
+        atomic_fetch_add(&p->caches.base, (int64_t)r.size) + (int64_t)r.size;
     tp__atomic_max(&p->used_high, (uint64_t)used);
   }
   pthread_mutex_unlock(&m->mu);
   TP_FORWARD(err);
-  *ptr = (void *)(p->base + r.offset);
+  *ptr = (void *)(p->space.base + r.offset);
   return TP_SUCCESS;
 }
 
 tp_error_t tp__ipc_import_free(tp__pool *p, uintptr_t addr, tp__stream *s) {
   tp__ipc_import *m = p->imp;
-  uint64_t offset = (uint64_t)(addr - p->base);
+  uint64_t offset = (uint64_t)(addr - p->space.base);
   pthread_mutex_lock(&m->mu);
   uint32_t i = ptr_index(m, offset);
   bool known = i < m->nptrs && m->ptrs[i].offset == offset;
@@ -1191,7 +1192,7 @@ tp_error_t tp__ipc_import_free(tp__pool *p, uintptr_t addr, tp__stream *s) {
     memmove(&m->ptrs[i], &m->ptrs[i + 1], (m->nptrs - i - 1) * sizeof *m->ptrs);
     m->nptrs--;
   }
-  atomic_fetch_sub(&p->used_base, (int64_t)size);
+  atomic_fetch_sub(&p->caches.base, (int64_t)size);
   /* The hold goes when the stream reaches the free, not before: work
    * queued ahead of it may still use the memory. */
   release_job *j = malloc(sizeof *j);
@@ -1249,7 +1250,7 @@ tp_error_t tp__ipc_import_set_access(tp__pool *p, const tp_access_desc_t *list,
       err = tp__platform->set_access(m->res, c * m->gran, m->gran, list, n);
   pthread_mutex_lock(&p->lock);
   for (size_t i = 0; err == TP_SUCCESS && i < n; i++)
-    p->access[list[i].location.id] = list[i].flags;
+    p->space.access[list[i].location.id] = list[i].flags;
   pthread_mutex_unlock(&p->lock);
   pthread_mutex_unlock(&m->mu);
   return err;
@@ -1274,7 +1275,7 @@ void tp__ipc_import_destroy(tp__pool *p) {
       (void)chunk_drop(p, c);
   pthread_mutex_unlock(&m->mu);
   if (m->registered)
-    tp__registry_remove(p);
+    tp__registry_remove(p->space.base, p->space.va_size);
   import_free_state(m);
   p->imp = NULL;
 }
@@ -1443,13 +1444,13 @@ tp_error_t tp__ipc_import_pool(int fd, tp_pool_t *out) {
   }
   tp__pool *p = handle->pool;
   p->imp = m;
-  p->base = m->base;
-  p->gran = (size_t)m->gran;
-  p->va_size = (size_t)m->va_size;
+  p->space.base = m->base;
+  p->space.gran = (size_t)m->gran;
+  p->space.va_size = (size_t)m->va_size;
   if (device >= 0)
-    p->access[device] = TP_ACCESS_READ_WRITE;
+    p->space.access[device] = TP_ACCESS_READ_WRITE;
   /* In the registry, so that tp_free_async finds the pool. */
-  err = tp__registry_add(p);
+  err = tp__registry_add(p->space.base, p->space.va_size, p);
   m->registered = err == TP_SUCCESS;
   pthread_mutex_lock(&importers_lock);
   if (err == TP_SUCCESS && !TP_RESERVE(importers, nimporters, capimporters))

@@ -1,582 +1,54 @@
-/* The pool object: properties, attributes, statistics, lifetime, the stream
- * caches, and the allocate and free paths: each stream's cache first (no
- * lock shared with other streams), then the pool's reuse policies in
- * DESIGN.md's order, then growth, then the host-side wait. */
-#include <string.h>
-#include <sys/random.h>
-
-#include "common/guard.h"
+/* Allocation and free: the fast path first (a stream's own cache, under its
+ * own lock, touching nothing another stream writes), then the slow paths
+ * (the pool lock and the reuse policy), then the bytes-in-use accounting
+ * that both share. */
 #include "pool/pool.h"
 
-static _Atomic uint64_t pool_serial;
+#include <string.h>
 
-/* Every live pool, for synchronize and stream destruction to visit. Taken
- * before any pool lock, never while one is held. */
-static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
-static tp__pool **pools;
-static uint32_t npools, cappools;
+static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
+                             size_t size, void **ptr);
+static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
+                             void **ptr);
+static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
+                      const tp__centry *e, int64_t req);
+static void peak_note(tp__pool *p, int64_t delta);
 
-/* ---- bytes in use --------------------------------------------------------
- * "Used" changes on every allocate and free, and one shared counter would be
- * a cache line that every thread's pair bounces. So each stream cache counts
- * its own bytes exactly, and the total is their sum, taken under the pool
- * lock. The high watermark needs that sum only when the total may pass it:
- * each thread keeps, per pool, its own running count of what it allocated
- * less what it freed, and the highest that count reached when the sum was
- * last taken. While a thread's count stays at or below that mark, the total
- * cannot exceed the high by anything this thread did; when it rises above,
- * the thread takes the exact sum. One thread alone then keeps the high
- * exact, and a warm pair touches nothing shared. With several threads, a
- * peak made of allocations that each stayed below their thread's own mark
- * can be missed (see the header). */
-typedef struct peak_slot {
-  uint64_t serial, gen;
-  int64_t count, mark;
-} peak_slot;
-static _Thread_local peak_slot peak_slots[8];
+/* ---- the fast path ----------------------------------------------------------
+ * The bytes-asked word (or entry) is written before the pointer is handed
+ * out, so that a free racing on another thread finds the allocation. */
 
-uint64_t tp__pool_used(tp__pool *p) {
-  int64_t t = atomic_load_explicit(&p->used_base, memory_order_relaxed);
-  for (tp__cache *c = p->caches; c; c = c->next_in_pool)
-    t += atomic_load_explicit(&c->used, memory_order_relaxed);
-  return t > 0 ? (uint64_t)t : 0;
-}
-
-/* Raises the high to the exact total; no lock held. */
-static void peak_raise(tp__pool *p) {
-  pthread_mutex_lock(&p->lock);
-  tp__atomic_max(&p->used_high, tp__pool_used(p));
-  pthread_mutex_unlock(&p->lock);
-}
-
-/* Notes a change of the calling thread's bytes in use, after it was counted
- * in a cache or the base. */
-static void peak_note(tp__pool *p, int64_t delta) {
-  peak_slot *t = &peak_slots[p->serial % 8];
-  uint64_t gen = atomic_load_explicit(&p->peak_gen, memory_order_relaxed);
-  if (TP_UNLIKELY(t->serial != p->serial || t->gen != gen))
-    *t = (peak_slot){p->serial, gen, 0, 0};
-  t->count += delta;
-  if (delta > 0 && t->count > t->mark) {
-    t->mark = t->count;
-    peak_raise(p);
-  }
-}
-
-/* Moves a cache's count; stream lock held. */
-static void used_move(tp__cache *c, int64_t delta) {
-  atomic_store_explicit(
-      &c->used, atomic_load_explicit(&c->used, memory_order_relaxed) + delta,
-      memory_order_relaxed);
-}
-
-/* Bytes counted outside any cache (frees on a stream that has none). */
-static void used_move_base(tp__pool *p, int64_t delta) {
-  atomic_fetch_add_explicit(&p->used_base, delta, memory_order_relaxed);
-}
-
-/* The high, never below the current total when read. */
-static uint64_t used_high_read(tp__pool *p) {
-  pthread_mutex_lock(&p->lock);
-  tp__atomic_max(&p->used_high, tp__pool_used(p));
-  uint64_t h = atomic_load(&p->used_high);
-  pthread_mutex_unlock(&p->lock);
-  return h;
-}
-
-/* Resets the high to the current total; every thread's mark starts again. */
-static void used_high_reset(tp__pool *p) {
-  pthread_mutex_lock(&p->lock);
-  atomic_store(&p->used_high, tp__pool_used(p));
-  atomic_fetch_add(&p->peak_gen, 1);
-  pthread_mutex_unlock(&p->lock);
-}
-
-/* ---- creation ------------------------------------------------------------ */
-
-/* A pool and its handle with the settings every pool starts with (CUDA's
- * reuse policies on); NULL when memory runs out. */
-static tp__pool *pool_alloc(const tp_pool_props_t *props) {
-  tp__pool *p = calloc(1, sizeof *p);
-  tp_pool_t h = p ? tp__handle_new() : NULL;
-  if (!h) {
-    free(p);
-    return NULL;
-  }
-  p->handle = h;
-  p->serial = atomic_fetch_add(&pool_serial, 1) + 1;
-  p->props = *props;
-  atomic_init(&p->follow_events, 1);
-  atomic_init(&p->opportunistic, 1);
-  atomic_init(&p->internal_deps, 1);
-  atomic_init(&p->oom_wait, 1);
-  pthread_mutex_init(&p->lock, NULL);
-  return p;
-}
-
-/* Frees what is left of a pool no thread can reach any more: descriptors,
- * maps and the object. Its memory was given back at teardown. */
-static void pool_free(void *arg) {
-  tp__pool *p = arg;
-  tp__fit_fini(p);
-  tp__slab_fini(p);
-  tp__space_free(p);
-  pthread_mutex_destroy(&p->lock);
-  free(p);
-}
-
-/* The physical limit of a pool: the location's capacity, or max_size
- * rounded down to whole chunks, so that the pool never holds more than it
- * was allowed; INVALID_VALUE when max_size holds no chunk at all. */
-static tp_error_t pool_limit(const tp_pool_props_t *props, size_t gran,
-                             uint64_t capacity, uint64_t *limit) {
-  *limit = capacity / gran * gran;
-  if (!props->max_size)
-    return TP_SUCCESS;
-  TP_RETURN_IF(props->max_size < gran, TP_ERROR_INVALID_VALUE);
-  if (props->max_size < *limit)
-    *limit = props->max_size / gran * gran;
-  return TP_SUCCESS;
-}
-
-tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
-                        tp_pool_t *out) {
-  tp__mem_kind kind = {props->location, props->alloc_type, props->handle_types};
-  size_t gran = 0;
-  uint64_t capacity = 0, limit = 0;
-  TP_FORWARD(tp__platform->mem_query(&kind, &gran, &capacity));
-  TP_RETURN_IF(gran < TP_GRANULE || (gran & (gran - 1)), TP_ERROR_PLATFORM);
-  TP_FORWARD(pool_limit(props, gran, capacity, &limit));
-  tp__pool *p = pool_alloc(props);
-  TP_RETURN_IF(!p, TP_ERROR_OUT_OF_MEMORY);
-  p->kind = kind;
-  p->is_default = is_default;
-  if (props->handle_types && getrandom(&p->export_key, sizeof p->export_key,
-                                       0) != (ssize_t)sizeof p->export_key)
-    p->export_key = (uint64_t)(uintptr_t)p ^ p->serial * 0x9E3779B97F4A7C15ull;
-  p->gran = gran;
-  p->limit = limit;
-  if (kind.location.type == TP_LOCATION_DEVICE)
-    p->access[kind.location.id] = TP_ACCESS_READ_WRITE;
-  if (kind.type == TP_ALLOCATION_MANAGED) {
-    int n = 0;
-    if (tp__platform->device_count(&n) == TP_SUCCESS)
-      for (int d = 0; d < n && d < TP_MAX_DEVICES; d++)
-        p->access[d] = TP_ACCESS_READ_WRITE;
-  }
-  tp_error_t err = tp__space_init(p);
-  if (err == TP_SUCCESS && props->handle_types)
-    err = tp__ipc_export_init(p);
-  pthread_mutex_lock(&pools_lock);
-  if (err == TP_SUCCESS && !TP_RESERVE(pools, npools, cappools))
-    err = TP_ERROR_OUT_OF_MEMORY;
-  if (err == TP_SUCCESS)
-    pools[npools++] = p;
-  pthread_mutex_unlock(&pools_lock);
-  if (err != TP_SUCCESS) {
-    tp__ipc_export_free(p);
-    tp__space_fini(p);
-    tp__handle_bury(p->handle);
-    pool_free(p);
-    return err;
-  }
-  tp__handle_publish(p->handle, p);
-  *out = p->handle;
-  return TP_SUCCESS;
-}
-
-/* ---- stream caches ------------------------------------------------------- */
-
-tp__cache *tp__cache_find(tp__stream *s, tp__pool *p) {
-  tp__cache *c = s->hint;
-  if (TP_LIKELY(c && c->pool == p))
-    return c;
-  for (c = s->caches; c && c->pool != p; c = c->next_in_stream) {
-  }
-  if (c)
-    s->hint = c;
-  return c;
-}
-
-/* The cache of `s` for `p`, made on first use; pool lock held. */
-static tp__cache *cache_ensure(tp__pool *p, tp__stream *s) {
-  tp__spin_lock(&s->lock);
-  tp__cache *c = tp__cache_find(s, p);
-  tp__spin_unlock(&s->lock);
-  if (c)
-    return c;
-  c = calloc(1, sizeof *c);
-  if (!c)
-    return NULL;
-  c->pool = p;
-  c->stream = s;
-  tp__stream_ref(s);
-  c->next_in_pool = p->caches;
-  if (c->next_in_pool)
-    c->next_in_pool->prev_in_pool = c;
-  p->caches = c;
-  tp__spin_lock(&s->lock);
-  c->next_in_stream = s->caches;
-  s->caches = c;
-  s->hint = c;
-  tp__spin_unlock(&s->lock);
-  return c;
-}
-
-/* Hands entries that left stream `s`'s cache to the pool; pool lock held,
- * stream lock not (a pending small block may make the pool wait on `s`). */
-static void give_back(tp__pool *p, tp__stream *s, unsigned cls, bool large,
-                      const tp__centry *v, uint32_t n) {
-  for (uint32_t i = 0; i < n; i++) {
-    if (!large) {
-      tp__slab_put(p, cls, &v[i], s);
-      continue;
-    }
-    tp__block *b = v[i].owner;
-    b->tag = (tp__tag){s, v[i].epoch, v[i].lseq};
-    tp__stream_ref(s);
-    tp__block_release(p, b);
-  }
-}
-
-/* Gives a cache's blocks back, a class at a time: each is taken out under
- * the stream's lock and handed over after it. Pool lock held throughout, so
- * that no block is ever outside both the cache and the pool where a
- * teardown could miss it. `locked`: the cache is unlinked and no stream
- * lock is needed. */
-static void cache_drain(tp__pool *p, tp__cache *c, bool locked) {
-  tp__stream *s = c->stream;
-  tp__centry v[TP_SMALL_CACHE];
-  for (unsigned cls = 0; cls <= TP_NCLASSES; cls++) {
-    bool large = cls == TP_NCLASSES;
-    if (locked)
-      tp__spin_lock(&s->lock);
-    uint32_t n = large ? c->nlarge : c->cls[cls].n;
-    memcpy(v, large ? c->large : c->cls[cls].v, n * sizeof v[0]);
-    if (large)
-      c->nlarge = 0;
-    else
-      c->cls[cls].n = 0;
-    if (locked)
-      tp__spin_unlock(&s->lock);
-    give_back(p, s, cls, large, v, n);
-  }
-}
-
-/* Unlinks, drains and frees a cache; its count moves to the base. Pool
- * lock held. */
-static void cache_free(tp__pool *p, tp__cache *c) {
-  tp__stream *s = c->stream;
-  tp__spin_lock(&s->lock);
-  tp__cache **pp = &s->caches;
-  while (*pp != c)
-    pp = &(*pp)->next_in_stream;
-  *pp = c->next_in_stream;
-  if (s->hint == c)
-    s->hint = NULL;
-  tp__spin_unlock(&s->lock);
-  cache_drain(p, c, false);
-  used_move_base(p, atomic_load_explicit(&c->used, memory_order_relaxed));
-  if (c->prev_in_pool)
-    c->prev_in_pool->next_in_pool = c->next_in_pool;
-  else
-    p->caches = c->next_in_pool;
-  if (c->next_in_pool)
-    c->next_in_pool->prev_in_pool = c->prev_in_pool;
-  free(c);
-  tp__stream_unref(s);
-}
-
-void tp__pool_flush_all(tp__pool *p) {
-  for (tp__cache *c = p->caches; c; c = c->next_in_pool)
-    cache_drain(p, c, true);
-}
-
-/* The cache of `s` in `p`, drained; pool lock held. */
-static tp__cache *flush_one(tp__pool *p, tp__stream *s) {
-  tp__spin_lock(&s->lock);
-  tp__cache *c = tp__cache_find(s, p);
-  tp__spin_unlock(&s->lock);
-  if (c)
-    cache_drain(p, c, true);
-  return c;
-}
-
-/* ---- teardown --------------------------------------------------------------
- * A destroyed pool goes when its last allocation is freed and every free
- * has completed; until then it waits among the zombies, which each
- * synchronize visits. Its memory goes back to the platform at teardown;
- * the object itself, which threads may still be reaching through a handle
- * they loaded before, is retired to the guard. */
-static bool has_pending(tp__pool *p) {
-  for (unsigned cls = 0; cls < TP_NCLASSES; cls++)
-    if (p->npending[cls])
-      return true;
-  for (unsigned bin = 0; bin < TP_NBINS; bin++)
-    for (tp__block *b = p->bins[bin]; b; b = b->fnext)
-      if (b->tag.stream)
-        return true;
-  return false;
-}
-
-/* Tries to finish a destroyed pool; pools_lock held, pool lock not. Returns
- * true when the pool is gone. */
-static bool teardown(tp__pool *p, bool poll) {
-  /* An exporting pool stops serving importers first, with no lock held:
-   * its service thread takes the pool lock. A block an importer still
-   * holds keeps the pool. */
-  if (p->exp && !tp__ipc_export_stop(p))
-    return false;
-  pthread_mutex_lock(&p->lock);
-  if (p->torn_down) {
-    pthread_mutex_unlock(&p->lock);
-    return false;
-  }
-  /* Draining first means an allocation racing in from a cache is either
-   * counted below or finds the cache empty and then waits for this lock. */
-  tp__pool_flush_all(p);
-  if (tp__pool_used(p) != 0) {
-    pthread_mutex_unlock(&p->lock);
-    return false;
-  }
-  while (p->caches)
-    cache_free(p, p->caches);
-  tp__slab_settle(p, poll, true);
-  tp__fit_settle(p, poll);
-  if (has_pending(p)) {
-    pthread_mutex_unlock(&p->lock);
-    return false;
-  }
-  p->torn_down = true;
-  tp__space_fini(p);
-  pthread_mutex_unlock(&p->lock);
-  for (uint32_t i = 0; i < npools; i++)
-    if (pools[i] == p)
-      pools[i] = pools[--npools];
-  tp__handle_bury(p->handle);
-  tp__ipc_export_free(p);
-  tp__guard_retire(p, pool_free);
-  return true;
-}
-
-/* Finishes destroyed pools whose frees have completed. */
-static void reap(bool poll) {
-  pthread_mutex_lock(&pools_lock);
-  for (uint32_t i = 0; i < npools;) {
-    tp__pool *p = pools[i];
-    if (atomic_load(&p->destroyed) && teardown(p, poll))
-      continue; /* the array moved; look at index i again */
-    i++;
-  }
-  pthread_mutex_unlock(&pools_lock);
-}
-
-tp_error_t tp__pool_destroy(tp__pool *p) {
-  TP_RETURN_IF(p->is_default, TP_ERROR_INVALID_VALUE);
-  int live = TP_POOL_LIVE;
-  TP_RETURN_IF(!atomic_compare_exchange_strong(&p->handle->state, &live,
-                                               TP_POOL_DESTROYING),
-               TP_ERROR_INVALID_VALUE);
-  if (p->imported) {
-    tp__ipc_import_destroy(p);
-    tp__handle_bury(p->handle);
-    tp__guard_retire(p, pool_free);
-    return TP_SUCCESS;
-  }
-  if (p->exp)
-    tp__ipc_export_close(p);
-  atomic_store(&p->destroyed, true);
-  reap(true);
-  return TP_SUCCESS;
-}
-
-tp_error_t tp__pool_new_imported(const tp_pool_props_t *props, tp_pool_t *out) {
-  tp__pool *p = pool_alloc(props);
-  TP_RETURN_IF(!p, TP_ERROR_OUT_OF_MEMORY);
-  p->imported = true;
-  tp__handle_publish(p->handle, p);
-  *out = p->handle;
-  return TP_SUCCESS;
-}
-
-/* ---- the large path --------------------------------------------------------
- * Pool lock held. Each step is tried only when the ones before found
- * nothing, so the cheapest reuse wins. */
-
-/* Waits on the host for every pending free of the pool: the last resort
- * before out-of-memory. Drops the pool lock while it waits, so that stream
- * work that calls into tidepool can still finish. */
-static void wait_pending(tp__pool *p) {
-  tp__tag *tags = NULL;
-  uint32_t n = 0, cap = 0;
-  for (unsigned bin = 0; bin < TP_NBINS; bin++)
-    for (tp__block *b = p->bins[bin]; b; b = b->fnext)
-      if (b->tag.stream && TP_RESERVE(tags, n, cap)) {
-        tags[n++] = b->tag;
-        tp__stream_ref(b->tag.stream);
-      }
-  for (unsigned cls = 0; cls < TP_NCLASSES; cls++)
-    for (uint32_t i = 0; i < p->npending[cls]; i++)
-      if (TP_RESERVE(tags, n, cap)) {
-        tags[n++] = p->pending[cls][i].tag;
-        tp__stream_ref(p->pending[cls][i].tag.stream);
-      }
-  pthread_mutex_unlock(&p->lock);
-  for (uint32_t i = 0; i < n; i++) {
-    (void)tp__stream_wait_host(&tags[i]);
-    tp__stream_unref(tags[i].stream);
-  }
-  free(tags);
-  pthread_mutex_lock(&p->lock);
-  tp__slab_settle(p, false, true);
-  tp__fit_settle(p, false);
-}
-
-tp_error_t tp__large_get(tp__pool *p, tp__stream *a, size_t size, bool grow,
-                         tp__block **out) {
-  bool opportunistic =
-      atomic_load_explicit(&p->opportunistic, memory_order_relaxed);
-  tp__block *b = tp__fit_take(p, a, size, false);
-  if (!b && opportunistic) {
-    tp__fit_settle(p, true);
-    b = tp__fit_take(p, a, size, false);
-  }
-  if (!b)
-    b = tp__fit_take_run(p, a, size, false);
-  if (!b) {
-    tp__pool_flush_all(p);
-    tp__slab_settle(p, opportunistic, true);
-    tp__fit_settle(p, opportunistic);
-    b = tp__fit_take(p, a, size, false);
-  }
-  if (!b && atomic_load_explicit(&p->internal_deps, memory_order_relaxed)) {
-    b = tp__fit_take(p, a, size, true);
-    if (!b)
-      b = tp__fit_take_run(p, a, size, true);
-  }
-  tp_error_t err = TP_SUCCESS;
-  for (int attempt = 0; !b && grow && attempt < 2; attempt++) {
-    tp__block *grown = NULL;
-    err = tp__space_grow(p, size, &grown);
-    if (err == TP_SUCCESS) {
-      b = tp__fit_take(p, a, size, false);
-      TP_CHECK(b != NULL);
-      break;
-    }
-    if (err != TP_ERROR_OUT_OF_MEMORY || attempt > 0 ||
-        !atomic_load_explicit(&p->oom_wait, memory_order_relaxed))
-      break;
-    wait_pending(p);
-    TP_RETURN_IF(p->torn_down, TP_ERROR_INVALID_VALUE);
-    b = tp__fit_take(p, a, size, false);
-  }
-  TP_RETURN_IF(!b, err != TP_SUCCESS ? err : TP_ERROR_OUT_OF_MEMORY);
-  *out = b;
-  return TP_SUCCESS;
-}
-
-/* ---- allocation ------------------------------------------------------------
- */
-
-static size_t large_slack(size_t r) {
-  return r / 64;
-}
-
-static tp_error_t finish_small(tp__pool *p, const tp__centry *e, size_t size,
-                               void **ptr) {
+static void *finish_small(const tp__centry *e, size_t size) {
   tp__slab *s = e->owner;
-  (void)p;
   atomic_store_explicit(&s->req[tp__slab_index(s, e->addr)], (uint32_t)size,
                         memory_order_release);
-  *ptr = (void *)e->addr;
-  return TP_SUCCESS;
+  return (void *)e->addr;
 }
 
 /* The entry goes in before the state says USED, so that a walker that sees
  * a used block sees its entry. */
-static tp_error_t finish_large(tp__pool *p, tp__block *b, size_t size,
-                               void **ptr) {
+static void *finish_large(tp__pool *p, tp__block *b, size_t size) {
   atomic_store_explicit(&b->req, size, memory_order_relaxed);
-  _Atomic uintptr_t *e = tp__space_entry(p, b->addr, false);
+  _Atomic uintptr_t *e = tp__space_entry(&p->space, b->addr, false);
   atomic_store_explicit(e, (uintptr_t)b, memory_order_release);
   atomic_store_explicit(&b->state, TP_BLOCK_USED, memory_order_release);
-  *ptr = (void *)b->addr;
-  return TP_SUCCESS;
-}
-
-/* The slow paths below take the pool lock and find a torn-down pool there
- * when the pool was destroyed while the call was on its way in: the pool
- * is gone for the caller (INVALID_VALUE), and its object stays readable
- * until the call leaves the guard. */
-static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
-                             size_t size, void **ptr) {
-  tp__centry got[16];
-  tp_error_t err = TP_ERROR_OUT_OF_MEMORY;
-  pthread_mutex_lock(&p->lock);
-  tp__cache *c = p->torn_down ? NULL : cache_ensure(p, s);
-  uint32_t n = c ? tp__slab_take(p, s, cls, got, 16, &err) : 0;
-  if (p->torn_down)
-    err = TP_ERROR_INVALID_VALUE;
-  if (n > 0) {
-    tp__spin_lock(&s->lock);
-    uint32_t kept = 1;
-    while (kept < n && c->cls[cls].n < TP_SMALL_CACHE)
-      c->cls[cls].v[c->cls[cls].n++] = got[kept++];
-    used_move(c, (int64_t)size);
-    tp__spin_unlock(&s->lock);
-    give_back(p, s, cls, false, got + kept, n - kept);
-  }
-  TP_DEBUG_WALK(p);
-  pthread_mutex_unlock(&p->lock);
-  TP_RETURN_IF(n == 0, err);
-  finish_small(p, &got[0], size, ptr);
-  peak_note(p, (int64_t)size);
-  return TP_SUCCESS;
-}
-
-static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
-                             void **ptr) {
-  pthread_mutex_lock(&p->lock);
-  tp__block *b = NULL;
-  tp_error_t err =
-      p->torn_down ? TP_ERROR_INVALID_VALUE : TP_ERROR_OUT_OF_MEMORY;
-  /* The stream's own cached blocks go back first, so that they merge with
-   * their neighbours before the search. */
-  if (!p->torn_down && (flush_one(p, s) || cache_ensure(p, s)))
-    err = tp__large_get(p, s, r, true, &b);
-  if (err == TP_SUCCESS && !tp__space_entry(p, b->addr, true)) {
-    atomic_store_explicit(&b->state, TP_BLOCK_FREE, memory_order_relaxed);
-    tp__block_release(p, b);
-    err = TP_ERROR_OUT_OF_MEMORY;
-  }
-  if (err == TP_SUCCESS) {
-    tp__tag_clear(&b->tag); /* the user's now, in stream order on `s` */
-    finish_large(p, b, size, ptr);
-    tp__spin_lock(&s->lock);
-    used_move(tp__cache_find(s, p), (int64_t)size);
-    tp__spin_unlock(&s->lock);
-  }
-  TP_DEBUG_WALK(p);
-  pthread_mutex_unlock(&p->lock);
-  if (err == TP_SUCCESS)
-    peak_note(p, (int64_t)size);
-  return err;
+  return (void *)b->addr;
 }
 
 tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
                            tp__stream *s) {
-  TP_RETURN_IF(size > p->limit || size > SIZE_MAX - TP_GRANULE,
+  TP_RETURN_IF(size > p->space.limit || size > SIZE_MAX - TP_GRANULE,
                TP_ERROR_OUT_OF_MEMORY);
   size_t r = tp__align_up(size, TP_GRANULE);
   if (r <= TP_SMALL_MAX) {
     unsigned cls = tp__class_of(r);
+    tp__centry e;
     tp__spin_lock(&s->lock);
-    tp__cache *c = tp__cache_find(s, p);
-    if (TP_LIKELY(c && c->cls[cls].n)) {
-      tp__centry e = c->cls[cls].v[--c->cls[cls].n];
-      used_move(c, (int64_t)size);
+    tp__cache *c = tp__cache_find(s, &p->caches);
+    if (TP_LIKELY(tp__cache_pop_small(c, cls, &e))) {
+      tp__cache_count(c, (int64_t)size);
       tp__spin_unlock(&s->lock);
-      finish_small(p, &e, size, ptr);
+      *ptr = finish_small(&e, size);
       peak_note(p, (int64_t)size);
       return TP_SUCCESS;
     }
@@ -584,20 +56,12 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
     return small_slow(p, s, cls, size, ptr);
   }
   tp__spin_lock(&s->lock);
-  tp__cache *c = tp__cache_find(s, p);
-  int best = -1;
-  for (uint32_t i = 0; c && i < c->nlarge; i++) {
-    tp__block *b = c->large[i].owner;
-    if (b->size >= r && b->size - r <= large_slack(r) &&
-        (best < 0 || b->size < ((tp__block *)c->large[best].owner)->size))
-      best = (int)i;
-  }
-  if (best >= 0) {
-    tp__block *b = c->large[best].owner;
-    c->large[best] = c->large[--c->nlarge];
-    used_move(c, (int64_t)size);
+  tp__cache *c = tp__cache_find(s, &p->caches);
+  tp__block *b = tp__cache_pop_large(c, r);
+  if (TP_LIKELY(b != NULL)) {
+    tp__cache_count(c, (int64_t)size);
     tp__spin_unlock(&s->lock);
-    finish_large(p, b, size, ptr);
+    *ptr = finish_large(p, b, size);
     peak_note(p, (int64_t)size);
     return TP_SUCCESS;
   }
@@ -605,60 +69,20 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
   return large_slow(p, s, r, size, ptr);
 }
 
-/* ---- free ---------------------------------------------------------------- */
-
-/* A destroyed pool may go once its last allocation is freed. */
-static void maybe_reap(tp__pool *p) {
-  if (atomic_load_explicit(&p->destroyed, memory_order_acquire))
-    reap(false);
-}
-
-/* Keeps a freed block's entry in its stream's cache when there is room:
- * true when kept (and counted). Stream lock held. */
-static bool cache_keep(tp__cache *c, unsigned cls, bool large,
-                       const tp__centry *e, int64_t req) {
-  if (!c)
-    return false;
-  uint32_t *n = large ? &c->nlarge : &c->cls[cls].n;
-  if (*n == (large ? TP_LARGE_CACHE : TP_SMALL_CACHE))
-    return false;
-  (large ? c->large : c->cls[cls].v)[(*n)++] = *e;
-  used_move(c, -req);
-  return true;
-}
-
-/* A freed block whose cache is full or missing: under the pool lock, the
- * cache's oldest entries make room (the oldest half of a small class, the
- * oldest large block), or, without a cache, the block goes to the pool.
- * The free is counted in the same step, so that a teardown never sees the
- * pool unused while an entry is on its way. */
-static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
-                      const tp__centry *e, int64_t req) {
-  tp__centry out[TP_SMALL_CACHE / 2 + 1];
-  uint32_t nout = 0;
-  pthread_mutex_lock(&p->lock);
-  tp__cache *c = p->torn_down ? NULL : cache_ensure(p, s);
+/* A freed block goes into its stream's cache with the free's position; the
+ * pool lock only when the cache is full or missing. */
+static void free_entry(tp__pool *p, tp__stream *s, unsigned cls, bool large,
+                       uintptr_t addr, void *owner, int64_t req) {
   tp__spin_lock(&s->lock);
-  if (c) {
-    tp__centry *v = large ? c->large : c->cls[cls].v;
-    uint32_t *n = large ? &c->nlarge : &c->cls[cls].n;
-    uint32_t cap = large ? TP_LARGE_CACHE : TP_SMALL_CACHE;
-    if (*n == cap) {
-      nout = large ? 1 : cap / 2;
-      memcpy(out, v, nout * sizeof *v);
-      memmove(v, v + nout, (*n - nout) * sizeof *v);
-      *n -= nout;
-    }
-  }
-  bool kept = cache_keep(c, cls, large, e, req);
+  tp__tag t = tp__stream_tag(s);
+  tp__centry e = {addr, owner, t.epoch, t.lseq};
+  bool kept =
+      tp__cache_push(tp__cache_find(s, &p->caches), cls, large, &e, req);
   tp__spin_unlock(&s->lock);
-  if (!kept) {
-    out[nout++] = *e;
-    used_move_base(p, -req);
-  }
-  give_back(p, s, cls, large, out, nout);
-  TP_DEBUG_WALK(p);
-  pthread_mutex_unlock(&p->lock);
+  if (!kept)
+    free_slow(p, s, cls, large, &e, req);
+  peak_note(p, -req);
+  tp__pool_maybe_reap(p);
 }
 
 static tp_error_t free_small(tp__pool *p, tp__slab *slab, uintptr_t addr,
@@ -668,16 +92,7 @@ static tp_error_t free_small(tp__pool *p, tp__slab *slab, uintptr_t addr,
   uint32_t req =
       atomic_exchange_explicit(&slab->req[idx], 0, memory_order_acq_rel);
   TP_RETURN_IF(req == 0, TP_ERROR_INVALID_VALUE);
-  unsigned cls = slab->cls;
-  tp__spin_lock(&s->lock);
-  tp__tag t = tp__stream_tag(s);
-  tp__centry e = {addr, slab, t.epoch, t.lseq};
-  bool kept = cache_keep(tp__cache_find(s, p), cls, false, &e, req);
-  tp__spin_unlock(&s->lock);
-  if (!kept)
-    free_slow(p, s, cls, false, &e, req);
-  peak_note(p, -(int64_t)req);
-  maybe_reap(p);
+  free_entry(p, s, slab->cls, false, addr, slab, req);
   return TP_SUCCESS;
 }
 
@@ -690,22 +105,153 @@ static tp_error_t free_large(tp__pool *p, tp__block *b,
                TP_ERROR_INVALID_VALUE);
   int64_t req = (int64_t)atomic_load_explicit(&b->req, memory_order_relaxed);
   atomic_store_explicit(&b->state, TP_BLOCK_CACHED, memory_order_relaxed);
-  tp__spin_lock(&s->lock);
-  tp__tag t = tp__stream_tag(s);
-  tp__centry e = {b->addr, b, t.epoch, t.lseq};
-  bool kept = cache_keep(tp__cache_find(s, p), 0, true, &e, req);
-  tp__spin_unlock(&s->lock);
-  if (!kept)
-    free_slow(p, s, 0, true, &e, req);
-  peak_note(p, -req);
-  maybe_reap(p);
+  free_entry(p, s, 0, true, b->addr, b, req);
   return TP_SUCCESS;
 }
+
+tp_error_t tp__pool_free(void *ptr, tp__stream *s) {
+  uintptr_t addr = (uintptr_t)ptr;
+  tp__pool *p = tp__registry_find(addr);
+  TP_RETURN_IF(!p || addr % TP_GRANULE, TP_ERROR_INVALID_VALUE);
+  /* Another process's memory: the importer only gives up its hold. */
+  if (TP_UNLIKELY(p->imported))
+    return tp__ipc_import_free(p, addr, s);
+  /* An exported allocation that an importer still holds stays out of
+   * reuse; ipc frees it with this free's tag once the importer lets go. */
+  if (TP_UNLIKELY(atomic_load_explicit(&p->ipc_watch, memory_order_relaxed))) {
+    bool kept = false;
+    TP_FORWARD(tp__ipc_on_free(p, addr, s, &kept));
+    if (kept)
+      return TP_SUCCESS;
+  }
+  _Atomic uintptr_t *entry = tp__space_entry(&p->space, addr, false);
+  uintptr_t v = entry ? atomic_load_explicit(entry, memory_order_acquire) : 0;
+  TP_RETURN_IF(!v, TP_ERROR_INVALID_VALUE);
+  if (v & 1u)
+    return free_small(p, (tp__slab *)(v & ~(uintptr_t)1), addr, s);
+  return free_large(p, (tp__block *)v, entry, s);
+}
+
+/* ---- the slow paths
+ * ----------------------------------------------------------- They take the
+ * pool lock and may find the pool torn down there, when it was destroyed while
+ * the call was on its way in: the pool is gone for the caller (INVALID_VALUE),
+ * and its object stays readable until the call leaves the guard. */
+
+static tp__reuse reuse_of(tp__pool *p) {
+  return (tp__reuse){
+      .heap = &p->heap,
+      .slabs = &p->slabs,
+      .caches = &p->caches,
+      .lock = &p->lock,
+      .gone = &p->torn_down,
+      .used_high = &p->used_high,
+      .follow_events =
+          atomic_load_explicit(&p->follow_events, memory_order_relaxed),
+      .opportunistic =
+          atomic_load_explicit(&p->opportunistic, memory_order_relaxed),
+      .internal_deps =
+          atomic_load_explicit(&p->internal_deps, memory_order_relaxed),
+      .oom_wait = atomic_load_explicit(&p->oom_wait, memory_order_relaxed)};
+}
+
+static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
+                             size_t size, void **ptr) {
+  tp__centry got[16];
+  tp_error_t err = TP_ERROR_INVALID_VALUE;
+  uint32_t n = 0;
+  pthread_mutex_lock(&p->lock);
+  tp__cache *c = p->torn_down ? NULL : tp__cache_ensure(&p->caches, s);
+  if (c) {
+    tp__reuse r = reuse_of(p);
+    n = tp__reuse_small(&r, s, cls, got, 16, &err);
+  } else if (!p->torn_down) {
+    err = TP_ERROR_OUT_OF_MEMORY;
+  }
+  if (n > 0) {
+    /* The first block is the caller's; the rest wait in the cache. */
+    tp__spin_lock(&s->lock);
+    uint32_t kept = 1;
+    while (kept < n && c->cls[cls].n < TP_SMALL_CACHE)
+      c->cls[cls].v[c->cls[cls].n++] = got[kept++];
+    tp__cache_count(c, (int64_t)size);
+    tp__spin_unlock(&s->lock);
+    tp__cache_give_back(&p->caches, s, cls, false, got + kept, n - kept);
+  }
+  TP_DEBUG_WALK(p);
+  pthread_mutex_unlock(&p->lock);
+  TP_RETURN_IF(n == 0, err);
+  *ptr = finish_small(&got[0], size);
+  peak_note(p, (int64_t)size);
+  return TP_SUCCESS;
+}
+
+static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
+                             void **ptr) {
+  tp__block *b = NULL;
+  tp_error_t err = TP_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&p->lock);
+  if (!p->torn_down) {
+    /* The stream's own cached blocks go back first, so that they merge
+     * with their neighbours before the search. */
+    err = TP_ERROR_OUT_OF_MEMORY;
+    if (tp__caches_drain_one(&p->caches, s) ||
+        tp__cache_ensure(&p->caches, s)) {
+      tp__reuse ctx = reuse_of(p);
+      err = tp__reuse_large(&ctx, s, r, true, &b);
+    }
+  }
+  if (err == TP_SUCCESS && !tp__space_entry(&p->space, b->addr, true)) {
+    atomic_store_explicit(&b->state, TP_BLOCK_FREE, memory_order_relaxed);
+    tp__block_release(&p->heap, b);
+    err = TP_ERROR_OUT_OF_MEMORY;
+  }
+  if (err == TP_SUCCESS) {
+    tp__tag_clear(&b->tag); /* the user's now, in stream order on `s` */
+    *ptr = finish_large(p, b, size);
+    tp__spin_lock(&s->lock);
+    tp__cache_count(tp__cache_find(s, &p->caches), (int64_t)size);
+    tp__spin_unlock(&s->lock);
+  }
+  TP_DEBUG_WALK(p);
+  pthread_mutex_unlock(&p->lock);
+  if (err == TP_SUCCESS)
+    peak_note(p, (int64_t)size);
+  return err;
+}
+
+/* A freed block whose cache is full or missing: under the pool lock, the
+ * cache's oldest entries make room, or, without a cache, the block goes to
+ * the pool. The free is counted in the same step, so that a teardown never
+ * sees the pool unused while an entry is on its way. */
+static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
+                      const tp__centry *e, int64_t req) {
+  tp__centry out[TP_SMALL_CACHE / 2 + 1];
+  uint32_t nout = 0;
+  pthread_mutex_lock(&p->lock);
+  tp__cache *c = p->torn_down ? NULL : tp__cache_ensure(&p->caches, s);
+  tp__spin_lock(&s->lock);
+  if (c)
+    nout = tp__cache_evict(c, cls, large, out);
+  bool kept = tp__cache_push(c, cls, large, e, req);
+  tp__spin_unlock(&s->lock);
+  if (!kept) {
+    out[nout++] = *e;
+    atomic_fetch_add_explicit(&p->caches.base, -req, memory_order_relaxed);
+  }
+  tp__cache_give_back(&p->caches, s, cls, large, out, nout);
+  TP_DEBUG_WALK(p);
+  pthread_mutex_unlock(&p->lock);
+}
+
+/* ---- frees from elsewhere
+ * ------------------------------------------------------
+ */
 
 tp_error_t tp__pool_live_size(tp__pool *p, void *ptr, size_t *size) {
   uintptr_t addr = (uintptr_t)ptr;
   TP_RETURN_IF(addr % TP_GRANULE, TP_ERROR_INVALID_VALUE);
-  _Atomic uintptr_t *entry = tp__space_entry(p, addr, false);
+  _Atomic uintptr_t *entry = tp__space_entry(&p->space, addr, false);
   uintptr_t v = entry ? atomic_load_explicit(entry, memory_order_acquire) : 0;
   TP_RETURN_IF(!v, TP_ERROR_INVALID_VALUE);
   if (!(v & 1u)) {
@@ -720,44 +266,19 @@ tp_error_t tp__pool_live_size(tp__pool *p, void *ptr, size_t *size) {
   return TP_SUCCESS;
 }
 
-tp_error_t tp__pool_free(void *ptr, tp__stream *s) {
-  uintptr_t addr = (uintptr_t)ptr;
-  tp__pool *p = tp__registry_find(addr);
-  TP_RETURN_IF(!p || addr % TP_GRANULE, TP_ERROR_INVALID_VALUE);
-  /* Another process's memory: the importer only gives up its hold. */
-  if (TP_UNLIKELY(p->imported))
-    return tp__ipc_import_free(p, addr, s);
-  /* An exported allocation that an importer still holds stays out of
-   * reuse; ipc.c frees it with this free's tag once the importer lets go. */
-  if (TP_UNLIKELY(atomic_load_explicit(&p->ipc_watch, memory_order_relaxed))) {
-    bool kept = false;
-    TP_FORWARD(tp__ipc_on_free(p, addr, s, &kept));
-    if (kept)
-      return TP_SUCCESS;
-  }
-  _Atomic uintptr_t *entry = tp__space_entry(p, addr, false);
-  TP_RETURN_IF(!entry, TP_ERROR_INVALID_VALUE);
-  uintptr_t v = atomic_load_explicit(entry, memory_order_acquire);
-  TP_RETURN_IF(!v, TP_ERROR_INVALID_VALUE);
-  if (v & 1u)
-    return free_small(p, (tp__slab *)(v & ~(uintptr_t)1), addr, s);
-  return free_large(p, (tp__block *)v, entry, s);
-}
-
-/* The exporter's free of a block importers held until now: it goes to the
- * pool (its stream may be gone), counted in the same step. */
+/* The block goes to the pool, counted in the same step. */
 static void free_to_pool(tp__pool *p, tp__stream *s, unsigned cls, bool large,
                          const tp__centry *e, int64_t req) {
   pthread_mutex_lock(&p->lock);
-  give_back(p, s, cls, large, e, 1);
-  used_move_base(p, -req);
+  tp__cache_give_back(&p->caches, s, cls, large, e, 1);
+  atomic_fetch_add_explicit(&p->caches.base, -req, memory_order_relaxed);
   TP_DEBUG_WALK(p);
   pthread_mutex_unlock(&p->lock);
 }
 
 tp_error_t tp__pool_free_tagged(tp__pool *p, void *ptr, tp__tag tag) {
   uintptr_t addr = (uintptr_t)ptr;
-  _Atomic uintptr_t *entry = tp__space_entry(p, addr, false);
+  _Atomic uintptr_t *entry = tp__space_entry(&p->space, addr, false);
   uintptr_t v = entry ? atomic_load_explicit(entry, memory_order_acquire) : 0;
   tp_error_t err = TP_ERROR_INVALID_VALUE;
   tp__centry e = {addr, NULL, tag.epoch, tag.lseq};
@@ -785,167 +306,45 @@ tp_error_t tp__pool_free_tagged(tp__pool *p, void *ptr, tp__tag tag) {
   return err;
 }
 
-/* ---- synchronize, trim ----------------------------------------------------
- */
+/* ---- bytes in use
+ * ------------------------------------------------------------ "Used" changes
+ * on every allocate and free, and one shared counter would be a cache line that
+ * every thread's pair bounces. So each stream cache counts its own bytes
+ * exactly, and the total is their sum, taken under the pool lock. The high
+ * watermark needs that sum only when the total may pass it: each thread keeps,
+ * per pool, its own running count of what it allocated less what it freed, and
+ * the highest that count reached when the sum was last taken. While a thread's
+ * count stays at or below that mark, the total cannot exceed the high by
+ * anything this thread did; when it rises above, the thread takes the exact
+ * sum. One thread alone then keeps the high exact, and a warm pair touches
+ * nothing shared. With several threads, a peak made of allocations that each
+ * stayed below their thread's own mark can be missed (see the header). */
+typedef struct peak_slot {
+  uint64_t serial, gen;
+  int64_t count, mark;
+} peak_slot;
+static _Thread_local peak_slot peak_slots[8];
 
-static tp_error_t settle_and_release(tp__pool *p, uint64_t keep) {
-  tp__slab_settle(p, false, true);
-  tp__fit_settle(p, false);
-  tp_error_t err = tp__space_release(p, keep);
-  TP_DEBUG_WALK(p);
-  return err;
+uint64_t tp__pool_used(tp__pool *p) {
+  return tp__caches_used(&p->caches);
 }
 
-void tp__pool_after_sync(tp__stream *s) {
-  pthread_mutex_lock(&pools_lock);
-  for (uint32_t i = 0; i < npools; i++) {
-    tp__pool *p = pools[i];
-    pthread_mutex_lock(&p->lock);
-    if (!p->torn_down) {
-      flush_one(p, s);
-      /* Best effort: what stays reserved is released at a later try. */
-      (void)settle_and_release(p, atomic_load(&p->release_threshold));
-    }
-    pthread_mutex_unlock(&p->lock);
-  }
-  pthread_mutex_unlock(&pools_lock);
-  reap(false);
-  tp__ipc_settle();
-}
-
-tp_error_t tp__pool_trim(tp__pool *p, uint64_t keep) {
-  if (p->imported) {
-    tp__ipc_import_trim(p);
-    return TP_SUCCESS;
-  }
+void tp__pool_peak_raise(tp__pool *p) {
   pthread_mutex_lock(&p->lock);
-  tp_error_t err = TP_ERROR_INVALID_VALUE;
-  if (!p->torn_down) {
-    tp__pool_flush_all(p);
-    err = settle_and_release(p, keep);
-  }
+  tp__atomic_max(&p->used_high, tp__pool_used(p));
   pthread_mutex_unlock(&p->lock);
-  return err;
 }
 
-void tp__stream_flush_caches(tp__stream *s, bool drop) {
-  pthread_mutex_lock(&pools_lock);
-  for (uint32_t i = 0; i < npools; i++) {
-    tp__pool *p = pools[i];
-    pthread_mutex_lock(&p->lock);
-    tp__cache *c = flush_one(p, s);
-    if (c && drop)
-      cache_free(p, c);
-    pthread_mutex_unlock(&p->lock);
-  }
-  pthread_mutex_unlock(&pools_lock);
-}
-
-/* ---- access -----------------------------------------------------------------
- */
-
-tp_error_t tp__pool_get_access(tp__pool *p, const tp_location_t *loc,
-                               tp_access_flags_t *flags) {
-  bool host_pool = p->props.location.type == TP_LOCATION_HOST ||
-                   p->props.location.type == TP_LOCATION_HOST_NUMA;
-  switch (loc->type) {
-  case TP_LOCATION_DEVICE:
-    pthread_mutex_lock(&p->lock);
-    *flags = p->access[loc->id];
-    pthread_mutex_unlock(&p->lock);
-    return TP_SUCCESS;
-  case TP_LOCATION_HOST:
-  case TP_LOCATION_HOST_NUMA:
-    *flags = host_pool ? TP_ACCESS_READ_WRITE : TP_ACCESS_NONE;
-    return TP_SUCCESS;
-  default: return TP_ERROR_INVALID_VALUE;
-  }
-}
-
-tp_error_t tp__pool_set_access(tp__pool *p, const tp_access_desc_t *list,
-                               size_t n) {
-  if (p->imported) /* its mappings are ipc.c's, under a lock of its own */
-    return tp__ipc_import_set_access(p, list, n);
-  pthread_mutex_lock(&p->lock);
-  tp_error_t err = p->torn_down ? TP_SUCCESS : tp__space_set_access(p, list, n);
-  for (size_t i = 0; err == TP_SUCCESS && i < n; i++)
-    p->access[list[i].location.id] = list[i].flags;
-  pthread_mutex_unlock(&p->lock);
-  return err;
-}
-
-/* ---- attributes ---------------------------------------------------------- */
-
-static _Atomic int *int_attr(tp__pool *p, tp_pool_attr_t attr) {
-  switch (attr) {
-  case TP_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: return &p->follow_events;
-  case TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: return &p->opportunistic;
-  case TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: return &p->internal_deps;
-  case TP_POOL_ATTR_OOM_WAIT: return &p->oom_wait;
-  default: return NULL;
-  }
-}
-
-tp_error_t tp__pool_get_attr(tp__pool *p, tp_pool_attr_t attr, void *value) {
-  uint64_t *u = value;
-  int *i = value;
-  switch (attr) {
-  case TP_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-  case TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-  case TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-  case TP_POOL_ATTR_OOM_WAIT: *i = atomic_load(int_attr(p, attr)); break;
-  case TP_POOL_ATTR_RELEASE_THRESHOLD:
-    *u = atomic_load(&p->release_threshold);
-    break;
-  case TP_POOL_ATTR_RESERVED_MEM_CURRENT: *u = atomic_load(&p->reserved); break;
-  case TP_POOL_ATTR_RESERVED_MEM_HIGH:
-    *u = atomic_load(&p->reserved_high);
-    break;
-  case TP_POOL_ATTR_USED_MEM_CURRENT:
-    pthread_mutex_lock(&p->lock);
-    *u = tp__pool_used(p);
-    pthread_mutex_unlock(&p->lock);
-    break;
-  case TP_POOL_ATTR_USED_MEM_HIGH: *u = used_high_read(p); break;
-  case TP_POOL_ATTR_ALLOCATION_TYPE: *i = (int)p->props.alloc_type; break;
-  case TP_POOL_ATTR_EXPORT_HANDLE_TYPES: *i = (int)p->props.handle_types; break;
-  case TP_POOL_ATTR_LOCATION_ID: *i = p->props.location.id; break;
-  case TP_POOL_ATTR_LOCATION_TYPE: *i = (int)p->props.location.type; break;
-  case TP_POOL_ATTR_LOCALITY_DOMAIN_ID:
-    *i = p->props.location.locality_domain_id;
-    break;
-  case TP_POOL_ATTR_MAX_POOL_SIZE: *u = p->props.max_size; break;
-  case TP_POOL_ATTR_HW_DECOMPRESS_ENABLED: *i = 0; break;
-  case TP_POOL_ATTR_CHUNK_MAPS: *u = atomic_load(&p->maps); break;
-  case TP_POOL_ATTR_CHUNK_UNMAPS: *u = atomic_load(&p->unmaps); break;
-  case TP_POOL_ATTR_CHUNK_SIZE: *u = p->gran; break;
-  default: return TP_ERROR_INVALID_VALUE;
-  }
-  return TP_SUCCESS;
-}
-
-tp_error_t tp__pool_set_attr(tp__pool *p, tp_pool_attr_t attr, void *value) {
-  uint64_t u = 0;
-  switch (attr) {
-  case TP_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-  case TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-  case TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-  case TP_POOL_ATTR_OOM_WAIT:
-    atomic_store(int_attr(p, attr), *(int *)value != 0);
-    return TP_SUCCESS;
-  case TP_POOL_ATTR_RELEASE_THRESHOLD:
-    atomic_store(&p->release_threshold, *(uint64_t *)value);
-    return TP_SUCCESS;
-  case TP_POOL_ATTR_RESERVED_MEM_HIGH:
-    memcpy(&u, value, sizeof u);
-    TP_RETURN_IF(u != 0, TP_ERROR_INVALID_VALUE);
-    atomic_store(&p->reserved_high, atomic_load(&p->reserved));
-    return TP_SUCCESS;
-  case TP_POOL_ATTR_USED_MEM_HIGH:
-    memcpy(&u, value, sizeof u);
-    TP_RETURN_IF(u != 0, TP_ERROR_INVALID_VALUE);
-    used_high_reset(p);
-    return TP_SUCCESS;
-  default: return TP_ERROR_INVALID_VALUE;
+/* Notes a change of the calling thread's bytes in use, after it was counted
+ * in a cache or the base. */
+static void peak_note(tp__pool *p, int64_t delta) {
+  peak_slot *t = &peak_slots[p->serial % 8];
+  uint64_t gen = atomic_load_explicit(&p->peak_gen, memory_order_relaxed);
+  if (TP_UNLIKELY(t->serial != p->serial || t->gen != gen))
+    *t = (peak_slot){p->serial, gen, 0, 0};
+  t->count += delta;
+  if (delta > 0 && t->count > t->mark) {
+    t->mark = t->count;
+    tp__pool_peak_raise(p);
   }
 }

@@ -13,7 +13,7 @@ typedef struct leaf {
 } leaf;
 
 static _Atomic(leaf *) root[L1_SIZE];
-static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static bool split(uintptr_t addr, size_t *i1, size_t *i2) {
   uint64_t g = (uint64_t)addr >> TP_REGISTRY_SHIFT;
@@ -24,8 +24,8 @@ static bool split(uintptr_t addr, size_t *i1, size_t *i2) {
   return true;
 }
 
-static void set_range(tp__pool *p, tp__pool *value) {
-  for (uintptr_t a = p->base; a < p->base + p->va_size;
+static void set_range(uintptr_t base, size_t size, tp__pool *value) {
+  for (uintptr_t a = base; a < base + size;
        a += (uintptr_t)1 << TP_REGISTRY_SHIFT) {
     size_t i1, i2;
     if (!split(a, &i1, &i2))
@@ -35,12 +35,12 @@ static void set_range(tp__pool *p, tp__pool *value) {
   }
 }
 
-tp_error_t tp__registry_add(tp__pool *p) {
-  TP_RETURN_IF(p->base % ((uintptr_t)1 << TP_REGISTRY_SHIFT) != 0,
+tp_error_t tp__registry_add(uintptr_t base, size_t size, tp__pool *p) {
+  TP_RETURN_IF(base % ((uintptr_t)1 << TP_REGISTRY_SHIFT) != 0,
                TP_ERROR_INVALID_VALUE);
-  pthread_mutex_lock(&reg_lock);
+  pthread_mutex_lock(&table_lock);
   tp_error_t err = TP_SUCCESS;
-  for (uintptr_t a = p->base; a < p->base + p->va_size && !err;
+  for (uintptr_t a = base; a < base + size && !err;
        a += (uintptr_t)1 << TP_REGISTRY_SHIFT) {
     size_t i1, i2;
     if (!split(a, &i1, &i2)) {
@@ -56,15 +56,15 @@ tp_error_t tp__registry_add(tp__pool *p) {
     }
   }
   if (!err)
-    set_range(p, p);
-  pthread_mutex_unlock(&reg_lock);
+    set_range(base, size, p);
+  pthread_mutex_unlock(&table_lock);
   return err;
 }
 
-void tp__registry_remove(tp__pool *p) {
-  pthread_mutex_lock(&reg_lock);
-  set_range(p, NULL);
-  pthread_mutex_unlock(&reg_lock);
+void tp__registry_remove(uintptr_t base, size_t size) {
+  pthread_mutex_lock(&table_lock);
+  set_range(base, size, NULL);
+  pthread_mutex_unlock(&table_lock);
 }
 
 tp__pool *tp__registry_find(uintptr_t addr) {

@@ -28,15 +28,15 @@ static uint8_t state_of(const tp__block *b) {
   return atomic_load_explicit(&b->state, memory_order_acquire);
 }
 
-static bool in_bin(const tp__pool *p, const tp__block *b) {
-  for (const tp__block *x = p->bins[b->bin]; x; x = x->fnext)
+static bool in_bin(const tp__heap *h, const tp__block *b) {
+  for (const tp__block *x = h->bins[b->bin]; x; x = x->fnext)
     if (x == b)
       return true;
   return false;
 }
 
-static int walk_slab(tp__pool *p, const tp__block *b, uint64_t *used, char *why,
-                     size_t len) {
+static int walk_slab(tp__space *sp, const tp__block *b, uint64_t *used,
+                     char *why, size_t len) {
   const tp__slab *s = b->slab;
   CHECK_OR_FAIL(s && s->block == b && s->base == b->addr,
                 "slab block %#lx has no matching slab", (unsigned long)b->addr);
@@ -50,7 +50,7 @@ static int walk_slab(tp__pool *p, const tp__block *b, uint64_t *used, char *why,
     bits += is_free;
     *used += req;
     _Atomic uintptr_t *e =
-        tp__space_entry(p, s->base + (uintptr_t)i * s->bsize, false);
+        tp__space_entry(sp, s->base + (uintptr_t)i * s->bsize, false);
     CHECK_OR_FAIL(e && atomic_load(e) == ((uintptr_t)s | 1u),
                   "slab block %u lacks its granule entry", i);
   }
@@ -67,17 +67,18 @@ static int walk_slab(tp__pool *p, const tp__block *b, uint64_t *used, char *why,
 int tp__pool_walk(tp__pool *p, bool check_used, char *why, size_t len) {
   if (p->imported || p->torn_down)
     return 0;
+  tp__space *sp = &p->space;
   uint64_t mapped = 0, used = 0;
   size_t free_blocks = 0;
-  for (size_t c = tp__segment_next(p, 0); c < p->nchunks;
-       c = tp__segment_next(p, c + 1)) {
-    size_t e = tp__segment_end(p, c);
+  for (size_t c = tp__space_segment_next(sp, 0); c < sp->nchunks;
+       c = tp__space_segment_next(sp, c + 1)) {
+    size_t e = tp__space_segment_end(sp, c);
     for (size_t i = c; i < e; i++)
-      CHECK_OR_FAIL(p->chunks[i].phys, "chunk %zu mapped without a handle", i);
+      CHECK_OR_FAIL(sp->phys[i], "chunk %zu mapped without a handle", i);
     mapped += e - c;
-    uintptr_t at = p->base + c * p->gran, end = p->base + e * p->gran;
+    uintptr_t at = tp__space_addr(sp, c), end = tp__space_addr(sp, e);
     const tp__block *prev = NULL;
-    const tp__block *b = p->chunks[c].seg_first;
+    const tp__block *b = p->heap.segs[c].first;
     CHECK_OR_FAIL(b && !b->prev, "segment at chunk %zu has no first block", c);
     for (; b; prev = b, b = b->next) {
       CHECK_OR_FAIL(b->addr == at, "block at %#lx, expected %#lx",
@@ -93,14 +94,14 @@ int tp__pool_walk(tp__pool *p, bool check_used, char *why, size_t len) {
       switch (state_of(b)) {
       case TP_BLOCK_FREE:
         free_blocks++;
-        CHECK_OR_FAIL(b->bin == tp__bin_of(b->size) && in_bin(p, b),
+        CHECK_OR_FAIL(b->bin == tp__bin_of(b->size) && in_bin(&p->heap, b),
                       "free block at %#lx not in its bin",
                       (unsigned long)b->addr);
         break;
       case TP_BLOCK_USED: {
         /* A free in flight clears the entry before the state: only a
          * quiescent pool must show both. */
-        _Atomic uintptr_t *ent = tp__space_entry(p, b->addr, false);
+        _Atomic uintptr_t *ent = tp__space_entry(sp, b->addr, false);
         uintptr_t v = ent ? atomic_load(ent) : 0;
         CHECK_OR_FAIL(v == (uintptr_t)b || (!check_used && v == 0),
                       "used block at %#lx lacks its granule entry",
@@ -109,13 +110,13 @@ int tp__pool_walk(tp__pool *p, bool check_used, char *why, size_t len) {
         break;
       }
       case TP_BLOCK_SLAB:
-        if (walk_slab(p, b, &used, why, len))
+        if (walk_slab(sp, b, &used, why, len))
           return 1;
         break;
       default: break; /* cached by a stream */
       }
       if (!b->next)
-        CHECK_OR_FAIL(p->chunks[e - 1].seg_last == b,
+        CHECK_OR_FAIL(p->heap.segs[e - 1].last == b,
                       "segment ending at chunk %zu: wrong last block", e - 1);
     }
     CHECK_OR_FAIL(at == end, "segment [%zu, %zu) not tiled by its blocks", c,
@@ -123,9 +124,10 @@ int tp__pool_walk(tp__pool *p, bool check_used, char *why, size_t len) {
   }
   size_t binned = 0;
   for (unsigned bin = 0; bin < TP_NBINS; bin++) {
-    bool bit = (p->binmap[bin / 64] >> (bin % 64)) & 1;
-    CHECK_OR_FAIL(bit == (p->bins[bin] != NULL), "bin map wrong at %u", bin);
-    for (const tp__block *b = p->bins[bin]; b; b = b->fnext) {
+    bool bit = (p->heap.binmap[bin / 64] >> (bin % 64)) & 1;
+    CHECK_OR_FAIL(bit == (p->heap.bins[bin] != NULL), "bin map wrong at %u",
+                  bin);
+    for (const tp__block *b = p->heap.bins[bin]; b; b = b->fnext) {
       CHECK_OR_FAIL(state_of(b) == TP_BLOCK_FREE,
                     "bin %u holds a block in state %u at %#lx size %zu", bin,
                     state_of(b), (unsigned long)b->addr, b->size);
@@ -136,15 +138,15 @@ int tp__pool_walk(tp__pool *p, bool check_used, char *why, size_t len) {
                 "%zu blocks in bins, %zu free in "
                 "segments",
                 binned, free_blocks);
-  uint64_t reserved = atomic_load(&p->reserved);
-  CHECK_OR_FAIL(reserved == (mapped + p->norphans) * p->gran,
+  uint64_t reserved = atomic_load(&sp->reserved);
+  CHECK_OR_FAIL(reserved == (mapped + sp->norphans) * sp->gran,
                 "reserved %llu but %llu chunks mapped and %u unreleased",
                 (unsigned long long)reserved, (unsigned long long)mapped,
-                p->norphans);
-  CHECK_OR_FAIL(reserved <= p->limit, "reserved %llu over the limit %llu",
-                (unsigned long long)reserved, (unsigned long long)p->limit);
+                sp->norphans);
+  CHECK_OR_FAIL(reserved <= sp->limit, "reserved %llu over the limit %llu",
+                (unsigned long long)reserved, (unsigned long long)sp->limit);
   for (unsigned cls = 0; cls < TP_NCLASSES; cls++)
-    for (const tp__slab *s = p->partial[cls]; s; s = s->next)
+    for (const tp__slab *s = p->slabs.partial[cls]; s; s = s->next)
       CHECK_OR_FAIL(s->cls == cls && s->nfree > 0 && s->block &&
                         s->block->slab == s,
                     "partial list of class %u holds a bad slab", cls);
@@ -180,10 +182,11 @@ void tp__pool_breakdown(tp_pool_t pool, uint64_t out[8]) {
   memset(out, 0, 8 * sizeof *out);
   if (tp__pool_get(pool, &p) != TP_SUCCESS || p->imported)
     return;
+  tp__space *sp = &p->space;
   pthread_mutex_lock(&p->lock);
-  for (size_t c = tp__segment_next(p, 0); c < p->nchunks;
-       c = tp__segment_next(p, c + 1)) {
-    for (const tp__block *b = p->chunks[c].seg_first; b; b = b->next) {
+  for (size_t c = tp__space_segment_next(sp, 0); c < sp->nchunks;
+       c = tp__space_segment_next(sp, c + 1)) {
+    for (const tp__block *b = p->heap.segs[c].first; b; b = b->next) {
       switch (state_of(b)) {
       case TP_BLOCK_FREE: out[b->tag.stream ? 1 : 0] += b->size; break;
       case TP_BLOCK_CACHED: out[2] += b->size; break;

@@ -1,10 +1,11 @@
-/* Streams as the core sees them: identity that survives handle reuse, free
- * epochs, lazily recorded markers, dependency clocks carried by events, and
- * the legacy default stream's implicit ordering. */
+/* Streams as the allocator sees them: identity that survives handle reuse,
+ * free epochs, lazily recorded markers, dependency clocks carried by events,
+ * and the legacy default stream's implicit ordering (stream.h). */
 #include <string.h>
 
+#include "stream/stream.h"
+
 #include "common/guard.h"
-#include "pool/pool.h"
 
 /* ---- clocks ------------------------------------------------------------ */
 
@@ -422,7 +423,7 @@ bool tp__stream_follows(tp__stream *a, const tp__tag *t) {
 /* ---- destruction and listing ----------------------------------------------
  */
 
-tp_error_t tp__stream_destroy(tp__stream *s) {
+tp_error_t tp__stream_retire(tp__stream *s) {
   TP_RETURN_IF(!s->owned, TP_ERROR_INVALID_VALUE);
   pthread_mutex_lock(&reg_lock);
   uint32_t i = 0;
@@ -441,15 +442,17 @@ tp_error_t tp__stream_destroy(tp__stream *s) {
   tp__marker *m = marker_record(s);
   atomic_store_explicit(&s->destroyed, true, memory_order_relaxed);
   tp__spin_unlock(&s->lock);
-  tp_error_t err = TP_SUCCESS;
-  if (!m)
-    err = tp__platform->stream_synchronize(s->ps);
-  if (!m)
-    tp__stream_mark_done(s, atomic_load(&s->epoch));
-  tp__stream_flush_caches(s, true);
-  tp_error_t derr = tp__platform->stream_destroy(s->ps);
+  if (m)
+    return TP_SUCCESS;
+  tp_error_t err = tp__platform->stream_synchronize(s->ps);
+  tp__stream_mark_done(s, atomic_load(&s->epoch));
+  return err == TP_ERROR_ILLEGAL_ADDRESS ? TP_SUCCESS : err;
+}
+
+tp_error_t tp__stream_release(tp__stream *s) {
+  tp_error_t err = tp__platform->stream_destroy(s->ps);
   tp__stream_unref(s);
-  return err != TP_SUCCESS && err != TP_ERROR_ILLEGAL_ADDRESS ? err : derr;
+  return err;
 }
 
 tp_error_t tp__streams_list(int device, tp__stream ***out, size_t *n) {
@@ -605,11 +608,13 @@ tp_error_t tp__event_query(tp__event *e) {
 }
 
 /* Once an event completed, every free its clock covers has completed. */
-static void event_settle(tp__event *e) {
+static tp_error_t event_settle(tp__event *e, tp__stream ***out, size_t *n) {
   tp__clock c = {0};
-  if (!event_clock_copy(e, &c))
-    return;
-  for (uint32_t i = 0; i < c.n; i++) {
+  *out = NULL;
+  *n = 0;
+  TP_RETURN_IF(!event_clock_copy(e, &c), TP_ERROR_OUT_OF_MEMORY);
+  tp__stream **v = malloc((c.n ? c.n : 1) * sizeof *v);
+  for (uint32_t i = 0; v && i < c.n; i++) {
     if (c.v[i].key & TP_CLOCK_LEGACY)
       continue;
     pthread_mutex_lock(&reg_lock);
@@ -620,14 +625,18 @@ static void event_settle(tp__event *e) {
     if (!s)
       continue;
     tp__stream_mark_done(s, c.v[i].value);
-    tp__pool_after_sync(s);
-    tp__stream_unref(s);
+    v[(*n)++] = s;
   }
   clock_free(&c);
+  TP_RETURN_IF(!v, TP_ERROR_OUT_OF_MEMORY);
+  *out = v;
+  return TP_SUCCESS;
 }
 
-tp_error_t tp__event_synchronize(tp__event *e) {
+tp_error_t tp__event_synchronize(tp__event *e, tp__stream ***done, size_t *n) {
   TP_FORWARD(tp__platform->event_synchronize(e->pe));
-  event_settle(e);
+  /* The wait succeeded; a list that could not be made only means the
+   * completion is learnt later, by polling. */
+  (void)event_settle(e, done, n);
   return TP_SUCCESS;
 }

@@ -1,0 +1,270 @@
+/* Where a pool's small blocks are (slabs.h): size classes, slabs carved
+ * from large blocks, their free bits, and the pending list of blocks whose
+ * free had not completed when they left a stream cache. */
+#include "pool/slabs.h"
+
+#include <string.h>
+
+/* 512-byte steps to 4 KiB (the driver's step), then four classes per
+ * doubling: at most a quarter wasted, on sizes that are a sliver of any
+ * real workload's memory. */
+static const uint32_t class_sizes[TP_NCLASSES] = {
+    512,  1024, 1536,  2048,  2560,  3072,  3584,  4096,  5120,  6144,
+    7168, 8192, 10240, 12288, 14336, 16384, 20480, 24576, 28672, 32768};
+
+#define SLAB_MAX_BLOCKS 128u
+#define SLAB_TARGET (64u * 1024u)
+
+uint32_t tp__class_size(unsigned cls) {
+  return class_sizes[cls];
+}
+
+/* The class of each size in 512-byte steps, so that the fast path looks a
+ * class up instead of searching for it. */
+static const uint8_t class_of_steps[TP_SMALL_MAX / TP_GRANULE + 1] = {
+    0,  0,  1,  2,  3,  4,  5,  6,  7,  8,  8,  9,  9,  10, 10, 11, 11,
+    12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15, 16,
+    16, 16, 16, 16, 16, 16, 16, 17, 17, 17, 17, 17, 17, 17, 17, 18, 18,
+    18, 18, 18, 18, 18, 18, 19, 19, 19, 19, 19, 19, 19, 19};
+
+unsigned tp__class_of(size_t rounded) {
+  return class_of_steps[rounded >> TP_GRANULE_SHIFT];
+}
+
+static uint32_t blocks_per_slab(uint32_t bsize) {
+  uint32_t n = SLAB_TARGET / bsize;
+  return n < 8 ? 8 : n > SLAB_MAX_BLOCKS ? SLAB_MAX_BLOCKS : n;
+}
+
+size_t tp__slab_bytes(unsigned cls) {
+  return (size_t)class_sizes[cls] * blocks_per_slab(class_sizes[cls]);
+}
+
+static void list_add(tp__slabs *ss, tp__slab *s) {
+  if (s->listed)
+    return;
+  s->prev = NULL;
+  s->next = ss->partial[s->cls];
+  if (s->next)
+    s->next->prev = s;
+  ss->partial[s->cls] = s;
+  s->listed = true;
+}
+
+static void list_del(tp__slabs *ss, tp__slab *s) {
+  if (!s->listed)
+    return;
+  if (s->prev)
+    s->prev->next = s->next;
+  else
+    ss->partial[s->cls] = s->next;
+  if (s->next)
+    s->next->prev = s->prev;
+  s->listed = false;
+}
+
+static void bit_set(tp__slab *s, uint32_t i) {
+  s->free[i / 64] |= UINT64_C(1) << (i % 64);
+  s->nfree++;
+}
+
+/* ---- taking ----------------------------------------------------------------
+ */
+
+uint32_t tp__slabs_take_ready(tp__slabs *ss, unsigned cls, tp__centry *out,
+                              uint32_t want) {
+  tp__slab *s = ss->partial[cls];
+  if (!s)
+    return 0;
+  unsigned w = s->free[0] ? 0 : 1;
+  unsigned shift = (unsigned)__builtin_ctzll(s->free[w]) / 16 * 16;
+  uint64_t group = (s->free[w] >> shift) & 0xffff;
+  uint32_t n = 0;
+  while (group && n < want) {
+    uint32_t i = w * 64 + shift + (uint32_t)__builtin_ctzll(group);
+    group &= group - 1;
+    s->free[w] &= ~(UINT64_C(1) << (i % 64));
+    s->nfree--;
+    out[n++] = (tp__centry){s->base + (uintptr_t)i * s->bsize, s, 0, 0};
+  }
+  if (!s->nfree)
+    list_del(ss, s);
+  return n;
+}
+
+static void pending_remove(tp__slabs *ss, unsigned cls, uint32_t i) {
+  tp__pending *v = ss->pending[cls];
+  if (v[i].tag.stream)
+    tp__stream_unref(v[i].tag.stream);
+  v[i] = v[--ss->npending[cls]];
+}
+
+bool tp__slabs_take_pending(tp__slabs *ss, unsigned cls, const tp__taker *t,
+                            tp__centry *out) {
+  for (uint32_t i = 0; i < ss->npending[cls]; i++) {
+    tp__pending *e = &ss->pending[cls][i];
+    if (!tp__stream_may_use(t->a, &e->tag, t->follow) &&
+        (!t->deps || tp__stream_make_wait(t->a, &e->tag) != TP_SUCCESS))
+      continue;
+    out[0] = (tp__centry){e->slab->base + (uintptr_t)e->idx * e->slab->bsize,
+                          e->slab, 0, 0};
+    pending_remove(ss, cls, i);
+    return true;
+  }
+  return false;
+}
+
+/* ---- making and unmaking
+ * ------------------------------------------------------
+ */
+
+tp_error_t tp__slabs_make(tp__slabs *ss, unsigned cls, tp__block *b) {
+  tp__space *sp = ss->heap->space;
+  tp__slab *s = ss->spare;
+  if (s) {
+    ss->spare = s->next;
+  } else if ((s = calloc(1, sizeof *s)) != NULL) {
+    s->req = calloc(SLAB_MAX_BLOCKS, sizeof *s->req);
+    if (!s->req) {
+      free(s);
+      s = NULL;
+    }
+  }
+  TP_RETURN_IF(!s, TP_ERROR_OUT_OF_MEMORY);
+  _Atomic uint32_t *req = s->req;
+  memset(s, 0, sizeof *s);
+  s->req = req;
+  s->block = b;
+  s->base = b->addr;
+  s->cls = cls;
+  s->bsize = class_sizes[cls];
+  s->inv = ((UINT64_C(1) << 40) + s->bsize - 1) / s->bsize;
+  s->nblocks = blocks_per_slab(s->bsize);
+  for (uint32_t i = 0; i < s->nblocks; i++) {
+    _Atomic uintptr_t *e = tp__space_entry(sp, s->base + i * s->bsize, true);
+    if (!e) {
+      while (i-- > 0)
+        atomic_store(tp__space_entry(sp, s->base + i * s->bsize, false), 0);
+      s->next = ss->spare;
+      ss->spare = s;
+      return TP_ERROR_OUT_OF_MEMORY;
+    }
+    atomic_store_explicit(&s->req[i], 0, memory_order_relaxed);
+    atomic_store_explicit(e, (uintptr_t)s | 1u, memory_order_release);
+  }
+  /* Carved from a free still pending for other streams, the blocks wait
+   * with the block's tag; else they are free for all at once. */
+  for (uint32_t i = 0; i < s->nblocks; i++) {
+    if (!b->tag.stream) {
+      bit_set(s, i);
+    } else {
+      tp__centry e = {s->base + (uintptr_t)i * s->bsize, s, b->tag.epoch,
+                      b->tag.lseq};
+      tp__slabs_put(ss, cls, &e, b->tag.stream);
+    }
+  }
+  tp__tag_clear(&b->tag);
+  b->slab = s;
+  atomic_store_explicit(&b->state, TP_BLOCK_SLAB, memory_order_relaxed);
+  if (s->nfree)
+    list_add(ss, s);
+  return TP_SUCCESS;
+}
+
+/* Returns an empty slab's memory to the large blocks. Its descriptor stays
+ * in the pool for reuse: a racing bad free may still read it. */
+static void slab_unmake(tp__slabs *ss, tp__slab *s) {
+  list_del(ss, s);
+  for (uint32_t i = 0; i < s->nblocks; i++)
+    atomic_store_explicit(
+        tp__space_entry(ss->heap->space, s->base + i * s->bsize, false), 0,
+        memory_order_release);
+  tp__block *b = s->block;
+  b->slab = NULL;
+  b->tag = (tp__tag){0};
+  tp__block_release(ss->heap, b);
+  s->block = NULL;
+  s->next = ss->spare;
+  ss->spare = s;
+}
+
+/* ---- giving back and settling
+ * -------------------------------------------------
+ */
+
+void tp__slabs_put(tp__slabs *ss, unsigned cls, const tp__centry *e,
+                   tp__stream *s) {
+  tp__slab *slab = e->owner;
+  uint32_t idx = (uint32_t)tp__slab_index(slab, e->addr);
+  tp__tag t = {s, e->epoch, e->lseq};
+  if (!e->epoch || tp__stream_done(&t)) {
+    bit_set(slab, idx);
+    list_add(ss, slab);
+    return;
+  }
+  if (!TP_RESERVE(ss->pending[cls], ss->npending[cls], ss->cappending[cls])) {
+    /* No room to remember the tag: wait for the free instead of losing it. */
+    (void)tp__stream_wait_host(&t);
+    bit_set(slab, idx);
+    list_add(ss, slab);
+    return;
+  }
+  tp__stream_ref(s);
+  ss->pending[cls][ss->npending[cls]++] = (tp__pending){slab, idx, t};
+}
+
+void tp__slabs_settle(tp__slabs *ss, bool poll, bool release_empty) {
+  for (unsigned cls = 0; cls < TP_NCLASSES; cls++) {
+    for (uint32_t i = 0; i < ss->npending[cls];) {
+      tp__pending *e = &ss->pending[cls][i];
+      if (!tp__stream_done(&e->tag) && !(poll && tp__stream_poll(&e->tag))) {
+        i++;
+        continue;
+      }
+      tp__slab *s = e->slab;
+      bit_set(s, e->idx);
+      list_add(ss, s);
+      pending_remove(ss, cls, i);
+    }
+    if (!release_empty)
+      continue;
+    for (tp__slab *s = ss->partial[cls], *next; s; s = next) {
+      next = s->next;
+      if (s->nfree == s->nblocks)
+        slab_unmake(ss, s);
+    }
+  }
+}
+
+bool tp__slabs_pending(const tp__slabs *ss) {
+  for (unsigned cls = 0; cls < TP_NCLASSES; cls++)
+    if (ss->npending[cls])
+      return true;
+  return false;
+}
+
+void tp__slabs_pending_tags(const tp__slabs *ss, tp__tag **tags, uint32_t *n,
+                            uint32_t *cap) {
+  for (unsigned cls = 0; cls < TP_NCLASSES; cls++)
+    for (uint32_t i = 0; i < ss->npending[cls]; i++)
+      if (tp__reserve((void **)tags, *n, cap, sizeof **tags)) {
+        (*tags)[(*n)++] = ss->pending[cls][i].tag;
+        tp__stream_ref(ss->pending[cls][i].tag.stream);
+      }
+}
+
+void tp__slabs_fini(tp__slabs *ss) {
+  for (unsigned cls = 0; cls < TP_NCLASSES; cls++) {
+    while (ss->npending[cls])
+      pending_remove(ss, cls, 0);
+    free(ss->pending[cls]);
+    ss->pending[cls] = NULL;
+    ss->cappending[cls] = 0;
+  }
+  while (ss->spare) {
+    tp__slab *s = ss->spare;
+    ss->spare = s->next;
+    free((void *)s->req);
+    free(s);
+  }
+}

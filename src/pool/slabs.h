@@ -1,0 +1,86 @@
+/* Where a pool's small blocks (up to 32 KiB) are: size classes, slabs of
+ * one class carved from large blocks, their free bits, and the blocks that
+ * left a stream cache before their free completed. Which of them a stream
+ * may take is reuse.c's to decide. All under the pool lock, but for the
+ * bytes-asked words, which allocations and frees touch without it. */
+#ifndef TP_SLABS_H
+#define TP_SLABS_H
+
+#include "pool/blocks.h"
+
+#define TP_SMALL_MAX (32u * 1024u) /* largest size served by slabs */
+#define TP_NCLASSES 20
+
+struct tp__slab {
+  tp__block *block;
+  uintptr_t base;
+  uint64_t inv; /* 2^40 / bsize, rounded up: an index without a division */
+  uint32_t cls, bsize, nblocks, nfree; /* nfree: bits set in `free` */
+  uint64_t free[2];                    /* bit set: free and completed */
+  tp__slab *next, *prev; /* the class's list of slabs with free bits */
+  _Atomic uint32_t *req; /* bytes asked for per block; 0 when not used */
+  bool listed;
+};
+
+/* A small block that was freed and left a stream cache before completing. */
+typedef struct tp__pending {
+  tp__slab *slab;
+  uint32_t idx;
+  tp__tag tag;
+} tp__pending;
+
+typedef struct tp__slabs {
+  tp__heap *heap;
+  tp__slab *partial[TP_NCLASSES]; /* slabs with free bits */
+  tp__slab *spare;
+  tp__pending *pending[TP_NCLASSES];
+  uint32_t npending[TP_NCLASSES], cappending[TP_NCLASSES];
+} tp__slabs;
+
+/* The index of the block at `addr` in slab `s`, or -1 when `addr` is not
+ * the start of one of its blocks. A multiplication by the precomputed
+ * inverse stands in for the division: offsets stay below 2^22 and sizes
+ * below 2^16, so the product's rounding error (under 2^-18) cannot cross an
+ * integer that the true quotient's fraction (a multiple of 1/bsize, at
+ * least 2^-15 from it) does not cross. */
+static inline int64_t tp__slab_index(const tp__slab *s, uintptr_t addr) {
+  uint64_t off = (uint64_t)(addr - s->base);
+  if (addr < s->base || off >= (uint64_t)s->nblocks * s->bsize)
+    return -1;
+  uint64_t i = (off * s->inv) >> 40;
+  return i * s->bsize == off ? (int64_t)i : -1;
+}
+
+unsigned tp__class_of(size_t rounded);
+uint32_t tp__class_size(unsigned cls);
+/* The bytes of the large block a slab of the class is carved from. */
+size_t tp__slab_bytes(unsigned cls);
+
+/* Free, completed blocks of the class, up to `want`, from one group of 16
+ * neighbours (their bytes-asked words share a cache line, which then stays
+ * with the stream that caches the group). Returns how many. */
+uint32_t tp__slabs_take_ready(tp__slabs *ss, unsigned cls, tp__centry *out,
+                              uint32_t want);
+/* One pending block of the class the taker may take (see blocks.h),
+ * handed out at once so that its tag is not lost. */
+bool tp__slabs_take_pending(tp__slabs *ss, unsigned cls, const tp__taker *t,
+                            tp__centry *out);
+/* Carves a slab of the class from a large block shaped for it (taken with
+ * tp__slab_bytes), whose tag its blocks inherit. On failure the block is
+ * the caller's still. */
+tp_error_t tp__slabs_make(tp__slabs *ss, unsigned cls, tp__block *b);
+/* Gives back a small block that left a stream cache: completed ones go to
+ * their slab, others to the class's pending list. */
+void tp__slabs_put(tp__slabs *ss, unsigned cls, const tp__centry *e,
+                   tp__stream *s);
+/* Moves completed pending blocks to their slabs (polling markers when
+ * `poll`) and, when `release_empty`, gives empty slabs back as large
+ * blocks. */
+void tp__slabs_settle(tp__slabs *ss, bool poll, bool release_empty);
+bool tp__slabs_pending(const tp__slabs *ss);
+/* Appends the tag of every pending block to tags[], with a reference each. */
+void tp__slabs_pending_tags(const tp__slabs *ss, tp__tag **tags, uint32_t *n,
+                            uint32_t *cap);
+void tp__slabs_fini(tp__slabs *ss);
+
+#endif /* TP_SLABS_H */

@@ -1,0 +1,83 @@
+/* A pool's address space: the virtual range reserved at creation, the
+ * physical chunks mapped in it (one slot per chunk of the range), the access
+ * every mapping gets, the bytes reserved, and the granule entries that
+ * record live allocations. It knows nothing of blocks: blocks.c decides what
+ * goes where. The pool lock guards everything here except the granule
+ * entries and the counters, which a free reads without it. */
+#ifndef TP_SPACE_H
+#define TP_SPACE_H
+
+#include "stream/stream.h"
+
+#define TP_GRANULE 512u /* allocation step and minimum alignment */
+#define TP_GRANULE_SHIFT 9
+
+typedef struct tp__space {
+  tp__pres *res;
+  tp__mem_kind kind;
+  uintptr_t base;
+  size_t va_size, gran, nchunks;
+  uint64_t limit; /* physical bytes the space may hold */
+  tp__phys *phys; /* per chunk: the physical chunk mapped there, or 0 */
+  uint64_t *mapbits;
+  /* Per chunk, allocated on first use: one entry per granule, the live
+   * allocation that starts there (a block, or a slab with its low bit). */
+  _Atomic(_Atomic uintptr_t *) *gtab;
+  tp__phys *orphans; /* unmapped chunks the platform would not release yet */
+  uint32_t norphans, caporphans;
+  tp_access_flags_t access[TP_MAX_DEVICES];
+  _Atomic uint64_t reserved, reserved_high;
+  _Atomic uint64_t maps, unmaps;
+} tp__space;
+
+/* Reserves the virtual range (four times the limit, at least 1 GiB, in
+ * 1 GiB-aligned steps); INVALID_VALUE where the platform gives another
+ * alignment. */
+tp_error_t tp__space_init(tp__space *sp, const tp__mem_kind *kind, size_t gran,
+                          uint64_t limit);
+/* Gives every chunk and the range back to the platform. The maps stay for
+ * tp__space_free, once no thread can read them (a racing bad free may). */
+void tp__space_fini(tp__space *sp);
+void tp__space_free(tp__space *sp);
+
+/* The granule entry of `addr` (inside the range), made on first use when
+ * `create`; NULL when it does not exist (or memory is short). */
+_Atomic uintptr_t *tp__space_entry(tp__space *sp, uintptr_t addr, bool create);
+
+static inline size_t tp__space_chunk(const tp__space *sp, uintptr_t addr) {
+  return (addr - sp->base) / sp->gran;
+}
+static inline uintptr_t tp__space_addr(const tp__space *sp, size_t chunk) {
+  return sp->base + chunk * sp->gran;
+}
+static inline bool tp__space_mapped(const tp__space *sp, size_t c) {
+  return (sp->mapbits[c / 64] >> (c % 64)) & 1;
+}
+/* The first chunk at or after `from` that starts a segment (a maximal run
+ * of mapped chunks), or nchunks; and the end of the segment at `start`. */
+size_t tp__space_segment_next(const tp__space *sp, size_t from);
+size_t tp__space_segment_end(const tp__space *sp, size_t start);
+/* Whether chunks [c0, c0 + n) lie in the range, all unmapped. */
+bool tp__space_unmapped(const tp__space *sp, size_t c0, size_t n);
+/* The lowest run of n unmapped chunks. */
+bool tp__space_first_run(const tp__space *sp, size_t n, size_t *c0);
+
+/* A new physical chunk, counted as reserved; OUT_OF_MEMORY beyond the
+ * limit or when the platform has no more. */
+tp_error_t tp__space_create(tp__space *sp, tp__phys *phys);
+/* Maps phys[0..n) at chunks [c0, c0 + n) with the space's access. On
+ * failure nothing stays mapped and the chunks are still the caller's. */
+tp_error_t tp__space_map(tp__space *sp, size_t c0, const tp__phys *phys,
+                         size_t n);
+/* Unmaps chunks [c0, c1), handing their physical chunks to phys[]. */
+tp_error_t tp__space_unmap(tp__space *sp, size_t c0, size_t c1, tp__phys *phys);
+/* Gives unmapped chunks back to the platform. One it refuses stays
+ * reserved, kept for the next try; returns the first failure. */
+tp_error_t tp__space_release(tp__space *sp, const tp__phys *phys, size_t n);
+/* Retries the chunks the platform refused before. */
+tp_error_t tp__space_release_orphans(tp__space *sp);
+/* Applies access descriptors to every mapped chunk and to later ones. */
+tp_error_t tp__space_set_access(tp__space *sp, const tp_access_desc_t *list,
+                                size_t n);
+
+#endif /* TP_SPACE_H */

@@ -1,0 +1,161 @@
+/* Stream order as the allocator sees it: streams with an identity that
+ * survives handle reuse, the epochs that date each free, markers (platform
+ * events recorded lazily) that say when a free completed, the clocks that
+ * events carry between streams, and the legacy default stream's implicit
+ * order. Knows nothing of pools: the layers above ask it whether work
+ * issued now on one stream is ordered after a tagged free. */
+#ifndef TP_STREAM_H
+#define TP_STREAM_H
+
+#include <pthread.h>
+
+#include "common/common.h"
+#include "platform/platform.h"
+
+#define TP_MAX_DEVICES 16
+
+typedef struct tp__stream tp__stream;
+typedef struct tp__cache tp__cache; /* the pool layer's, kept per stream */
+
+/* ---- dependency clocks --------------------------------------------------
+ * A clock maps a stream uid to the newest epoch of that stream a holder is
+ * known to follow. Keys with TP_CLOCK_LEGACY set name a device's legacy
+ * barrier sequence instead: "follows every free of a blocking stream of that
+ * device issued before legacy operation n". */
+#define TP_CLOCK_LEGACY (UINT64_C(1) << 63)
+typedef struct tp__clock_entry {
+  uint64_t key;
+  uint64_t value;
+} tp__clock_entry;
+typedef struct tp__clock {
+  tp__clock_entry *v;
+  uint32_t n, cap;
+} tp__clock;
+
+/* Where a free happened: frees on `stream` with epoch <= the stream's done
+ * epoch have completed. lseq is the device's legacy sequence at the free. */
+typedef struct tp__tag {
+  tp__stream *stream; /* NULL: completed, usable by anyone */
+  uint64_t epoch;
+  uint64_t lseq;
+} tp__tag;
+
+/* A platform event recorded on a stream: when it completes, every free on
+ * the stream with epoch <= `epoch` has completed. Host waiters hold a
+ * reference so that the event is not re-recorded under them. */
+typedef struct tp__marker {
+  tp__pevent *ev;
+  uint64_t epoch;
+  int refs; /* guarded by the stream's lock */
+  bool listed;
+} tp__marker;
+
+struct tp__stream {
+  uint64_t uid;
+  int device;
+  unsigned flags;
+  bool legacy;
+  bool owned; /* made by tp_stream_create */
+  tp__pstream *ps;
+  tp_stream_t handle;
+  _Atomic int refs;
+  _Atomic bool destroyed;
+
+  tp__spin lock;          /* guards everything below, and the stream's caches */
+  _Atomic uint64_t epoch; /* epoch given to frees issued now */
+  _Atomic uint64_t done_epoch; /* frees with epoch <= this completed */
+  tp__marker **markers;        /* recorded, not yet seen complete */
+  uint32_t nmarkers, capmarkers;
+  tp__marker **spare; /* recycled markers with their events */
+  uint32_t nspare, capspare;
+  tp__clock clock;
+  /* The pool layer's caches of this stream, one per pool it allocated or
+   * freed in, and the one used last; under `lock`, never read here. */
+  tp__cache *caches;
+  tp__cache *hint;
+};
+
+/* ---- streams ------------------------------------------------------------- */
+tp_error_t tp__streams_init(void);
+/* Resolves a user stream handle (NULL: the current device's legacy stream).
+ * The stream stays valid until the caller's call returns unless the user
+ * destroys it concurrently, which CUDA leaves undefined as well. */
+tp_error_t tp__stream_get(tp_stream_t handle, tp__stream **out);
+tp_error_t tp__stream_create(unsigned flags, tp_stream_t *handle);
+/* Destruction in two steps, so that the pool layer can give back the
+ * stream's caches in between: retire takes the stream out of the registry
+ * and records a last marker covering every free issued on it; release
+ * destroys the platform stream and drops the registry's reference. */
+tp_error_t tp__stream_retire(tp__stream *s);
+tp_error_t tp__stream_release(tp__stream *s);
+void tp__stream_unref(tp__stream *s);
+static inline void tp__stream_ref(tp__stream *s) {
+  atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+}
+/* Every live stream of a device (or all devices when device < 0), with a
+ * reference each; the caller unrefs each and frees the array. */
+tp_error_t tp__streams_list(int device, tp__stream ***out, size_t *n);
+
+/* ---- the order of frees ----------------------------------------------------
+ */
+bool tp__stream_done(const tp__tag *t);
+/* Queries markers (recording one where none covers the tag); true when the
+ * tagged free has completed. */
+bool tp__stream_poll(const tp__tag *t);
+/* Waits on the host for the tagged free. */
+tp_error_t tp__stream_wait_host(const tp__tag *t);
+/* Makes `waiter` wait for the tagged free, on the device side. */
+tp_error_t tp__stream_make_wait(tp__stream *waiter, const tp__tag *t);
+/* True when work issued now on `a` is ordered after the tagged free through
+ * recorded events or the legacy default stream. */
+bool tp__stream_follows(tp__stream *a, const tp__tag *t);
+/* The one rule of what a stream may take without a new dependency: a free
+ * that completed, that was its own, or, when `follow_events`, one it is
+ * ordered after through events or the legacy stream. */
+static inline bool tp__stream_may_use(tp__stream *a, const tp__tag *t,
+                                      bool follow_events) {
+  return !t->stream || t->stream == a || tp__stream_done(t) ||
+         (follow_events && tp__stream_follows(a, t));
+}
+/* The stream's queued work has completed (after a synchronize). */
+void tp__stream_mark_done(tp__stream *s, uint64_t epoch);
+uint64_t tp__stream_advance(tp__stream *s);
+/* Drops a tag and the reference it holds on its stream. */
+static inline void tp__tag_clear(tp__tag *t) {
+  if (t->stream)
+    tp__stream_unref(t->stream);
+  *t = (tp__tag){0};
+}
+
+/* The calling thread's current device (tp_set_device). */
+int tp__current_device(void);
+void tp__set_current_device(int device);
+
+/* Legacy-stream bookkeeping around work queued on a device's NULL stream. */
+void tp__legacy_begin(int device);
+void tp__legacy_end(int device);
+uint64_t tp__legacy_seq(int device);
+
+static inline tp__tag tp__stream_tag(tp__stream *s) {
+  tp__tag t = {s, atomic_load_explicit(&s->epoch, memory_order_relaxed), 0};
+  if (!s->legacy && !(s->flags & TP_STREAM_NON_BLOCKING))
+    t.lseq = tp__legacy_seq(s->device);
+  return t;
+}
+
+/* ---- events ----------------------------------------------------------------
+ */
+typedef struct tp__event tp__event;
+tp_error_t tp__event_create(tp_event_t *out);
+tp_error_t tp__event_get(tp_event_t handle, tp__event **out);
+tp_error_t tp__event_destroy(tp__event *e);
+tp_error_t tp__event_record(tp__event *e, tp__stream *s);
+tp_error_t tp__event_wait(tp__stream *s, tp__event *e);
+tp_error_t tp__event_query(tp__event *e);
+/* Waits for the event, then marks done the work its clock covers on each
+ * stream; those streams are returned with a reference each (the caller
+ * unrefs them and frees the array), so that the layers above can settle
+ * what completed. */
+tp_error_t tp__event_synchronize(tp__event *e, tp__stream ***done, size_t *n);
+
+#endif /* TP_STREAM_H */
