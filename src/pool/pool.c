@@ -1,329 +1,145 @@
-/* Allocation and free: the fast path first (a stream's own cache, under its
- * own lock, touching nothing another stream writes), then the slow paths
- * (the pool lock and the reuse policy), then the bytes-in-use accounting
- * that both share. */
+/* A pool's life: creation, the list of live pools that synchronize visits,
+ * release at synchronize and trim, access, the attributes (one table row
+ * each), and teardown, which gives the memory back at once and retires the
+ * object through the guard. */
+#include <stddef.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "common/guard.h"
 #include "pool/pool.h"
 
-#include <string.h>
+static _Atomic uint64_t pool_serial;
 
-static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
-                             size_t size, void **ptr);
-static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
-                             void **ptr);
-static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
-                      const tp__centry *e, int64_t req);
-static void peak_note(tp__pool *p, int64_t delta);
+/* Every live pool, for synchronize and stream destruction to visit. Taken
+ * before any pool lock, never while one is held. */
+static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+static tp__pool **pools;
+static uint32_t npools, cappools;
 
-/* ---- the fast path ----------------------------------------------------------
- * The bytes-asked word (or entry) is written before the pointer is handed
- * out, so that a free racing on another thread finds the allocation. */
-
-static void *finish_small(const tp__centry *e, size_t size) {
-  tp__slab *s = e->owner;
-  atomic_store_explicit(&s->req[tp__slab_index(s, e->addr)], (uint32_t)size,
-                        memory_order_release);
-  return (void *)e->addr;
-}
-
-/* The entry goes in before the state says USED, so that a walker that sees
- * a used block sees its entry. */
-static void *finish_large(tp__pool *p, tp__block *b, size_t size) {
-  atomic_store_explicit(&b->req, size, memory_order_relaxed);
-  _Atomic uintptr_t *e = tp__space_entry(&p->space, b->addr, false);
-  atomic_store_explicit(e, (uintptr_t)b, memory_order_release);
-  atomic_store_explicit(&b->state, TP_BLOCK_USED, memory_order_release);
-  return (void *)b->addr;
-}
-
-tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
-                           tp__stream *s) {
-  TP_RETURN_IF(size > p->space.limit || size > SIZE_MAX - TP_GRANULE,
-               TP_ERROR_OUT_OF_MEMORY);
-  size_t r = tp__align_up(size, TP_GRANULE);
-  if (r <= TP_SMALL_MAX) {
-    unsigned cls = tp__class_of(r);
-    tp__centry e;
-    tp__spin_lock(&s->lock);
-    tp__cache *c = tp__cache_find(s, &p->caches);
-    if (TP_LIKELY(tp__cache_pop_small(c, cls, &e))) {
-      tp__cache_count(c, (int64_t)size);
-      tp__spin_unlock(&s->lock);
-      *ptr = finish_small(&e, size);
-      peak_note(p, (int64_t)size);
-      return TP_SUCCESS;
-    }
-    tp__spin_unlock(&s->lock);
-    return small_slow(p, s, cls, size, ptr);
-  }
-  tp__spin_lock(&s->lock);
-  tp__cache *c = tp__cache_find(s, &p->caches);
-  tp__block *b = tp__cache_pop_large(c, r);
-  if (TP_LIKELY(b != NULL)) {
-    tp__cache_count(c, (int64_t)size);
-    tp__spin_unlock(&s->lock);
-    *ptr = finish_large(p, b, size);
-    peak_note(p, (int64_t)size);
-    return TP_SUCCESS;
-  }
-  tp__spin_unlock(&s->lock);
-  return large_slow(p, s, r, size, ptr);
-}
-
-/* A freed block goes into its stream's cache with the free's position; the
- * pool lock only when the cache is full or missing. */
-static void free_entry(tp__pool *p, tp__stream *s, unsigned cls, bool large,
-                       uintptr_t addr, void *owner, int64_t req) {
-  tp__spin_lock(&s->lock);
-  tp__tag t = tp__stream_tag(s);
-  tp__centry e = {addr, owner, t.epoch, t.lseq};
-  bool kept =
-      tp__cache_push(tp__cache_find(s, &p->caches), cls, large, &e, req);
-  tp__spin_unlock(&s->lock);
-  if (!kept)
-    free_slow(p, s, cls, large, &e, req);
-  peak_note(p, -req);
-  tp__pool_maybe_reap(p);
-}
-
-static tp_error_t free_small(tp__pool *p, tp__slab *slab, uintptr_t addr,
-                             tp__stream *s) {
-  int64_t idx = tp__slab_index(slab, addr);
-  TP_RETURN_IF(idx < 0, TP_ERROR_INVALID_VALUE);
-  uint32_t req =
-      atomic_exchange_explicit(&slab->req[idx], 0, memory_order_acq_rel);
-  TP_RETURN_IF(req == 0, TP_ERROR_INVALID_VALUE);
-  free_entry(p, s, slab->cls, false, addr, slab, req);
-  return TP_SUCCESS;
-}
-
-static tp_error_t free_large(tp__pool *p, tp__block *b,
-                             _Atomic uintptr_t *entry, tp__stream *s) {
-  uintptr_t expect = (uintptr_t)b;
-  TP_RETURN_IF(!atomic_compare_exchange_strong_explicit(entry, &expect, 0,
-                                                        memory_order_acq_rel,
-                                                        memory_order_relaxed),
-               TP_ERROR_INVALID_VALUE);
-  int64_t req = (int64_t)atomic_load_explicit(&b->req, memory_order_relaxed);
-  atomic_store_explicit(&b->state, TP_BLOCK_CACHED, memory_order_relaxed);
-  free_entry(p, s, 0, true, b->addr, b, req);
-  return TP_SUCCESS;
-}
-
-tp_error_t tp__pool_free(void *ptr, tp__stream *s) {
-  uintptr_t addr = (uintptr_t)ptr;
-  tp__pool *p = tp__registry_find(addr);
-  TP_RETURN_IF(!p || addr % TP_GRANULE, TP_ERROR_INVALID_VALUE);
-  /* Another process's memory: the importer only gives up its hold. */
-  if (TP_UNLIKELY(p->imported))
-    return tp__ipc_import_free(p, addr, s);
-  /* An exported allocation that an importer still holds stays out of
-   * reuse; ipc frees it with this free's tag once the importer lets go. */
-  if (TP_UNLIKELY(atomic_load_explicit(&p->ipc_watch, memory_order_relaxed))) {
-    bool kept = false;
-    TP_FORWARD(tp__ipc_on_free(p, addr, s, &kept));
-    if (kept)
-      return TP_SUCCESS;
-  }
-  _Atomic uintptr_t *entry = tp__space_entry(&p->space, addr, false);
-  uintptr_t v = entry ? atomic_load_explicit(entry, memory_order_acquire) : 0;
-  TP_RETURN_IF(!v, TP_ERROR_INVALID_VALUE);
-  if (v & 1u)
-    return free_small(p, (tp__slab *)(v & ~(uintptr_t)1), addr, s);
-  return free_large(p, (tp__block *)v, entry, s);
-}
-
-/* ---- the slow paths
- * ----------------------------------------------------------- They take the
- * pool lock and may find the pool torn down there, when it was destroyed while
- * the call was on its way in: the pool is gone for the caller (INVALID_VALUE),
- * and its object stays readable until the call leaves the guard. */
-
-static tp__reuse reuse_of(tp__pool *p) {
-  return (tp__reuse){
-      .heap = &p->heap,
-      .slabs = &p->slabs,
-      .caches = &p->caches,
-      .lock = &p->lock,
-      .gone = &p->torn_down,
-      .used_high = &p->used_high,
-      .follow_events =
-          atomic_load_explicit(&p->follow_events, memory_order_relaxed),
-      .opportunistic =
-          atomic_load_explicit(&p->opportunistic, memory_order_relaxed),
-      .internal_deps =
-          atomic_load_explicit(&p->internal_deps, memory_order_relaxed),
-      .oom_wait = atomic_load_explicit(&p->oom_wait, memory_order_relaxed)};
-}
-
-static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
-                             size_t size, void **ptr) {
-  tp__centry got[16];
-  tp_error_t err = TP_ERROR_INVALID_VALUE;
-  uint32_t n = 0;
-  pthread_mutex_lock(&p->lock);
-  tp__cache *c = p->torn_down ? NULL : tp__cache_ensure(&p->caches, s);
-  if (c) {
-    tp__reuse r = reuse_of(p);
-    n = tp__reuse_small(&r, s, cls, got, 16, &err);
-  } else if (!p->torn_down) {
-    err = TP_ERROR_OUT_OF_MEMORY;
-  }
-  if (n > 0) {
-    /* The first block is the caller's; the rest wait in the cache. */
-    tp__spin_lock(&s->lock);
-    uint32_t kept = 1;
-    while (kept < n && c->cls[cls].n < TP_SMALL_CACHE)
-      c->cls[cls].v[c->cls[cls].n++] = got[kept++];
-    tp__cache_count(c, (int64_t)size);
-    tp__spin_unlock(&s->lock);
-    tp__cache_give_back(&p->caches, s, cls, false, got + kept, n - kept);
-  }
-  TP_DEBUG_WALK(p);
-  pthread_mutex_unlock(&p->lock);
-  TP_RETURN_IF(n == 0, err);
-  *ptr = finish_small(&got[0], size);
-  peak_note(p, (int64_t)size);
-  return TP_SUCCESS;
-}
-
-static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
-                             void **ptr) {
-  tp__block *b = NULL;
-  tp_error_t err = TP_ERROR_INVALID_VALUE;
-  pthread_mutex_lock(&p->lock);
-  if (!p->torn_down) {
-    /* The stream's own cached blocks go back first, so that they merge
-     * with their neighbours before the search. */
-    err = TP_ERROR_OUT_OF_MEMORY;
-    if (tp__caches_drain_one(&p->caches, s) ||
-        tp__cache_ensure(&p->caches, s)) {
-      tp__reuse ctx = reuse_of(p);
-      err = tp__reuse_large(&ctx, s, r, true, &b);
-    }
-  }
-  if (err == TP_SUCCESS && !tp__space_entry(&p->space, b->addr, true)) {
-    atomic_store_explicit(&b->state, TP_BLOCK_FREE, memory_order_relaxed);
-    tp__block_release(&p->heap, b);
-    err = TP_ERROR_OUT_OF_MEMORY;
-  }
-  if (err == TP_SUCCESS) {
-    tp__tag_clear(&b->tag); /* the user's now, in stream order on `s` */
-    *ptr = finish_large(p, b, size);
-    tp__spin_lock(&s->lock);
-    tp__cache_count(tp__cache_find(s, &p->caches), (int64_t)size);
-    tp__spin_unlock(&s->lock);
-  }
-  TP_DEBUG_WALK(p);
-  pthread_mutex_unlock(&p->lock);
-  if (err == TP_SUCCESS)
-    peak_note(p, (int64_t)size);
-  return err;
-}
-
-/* A freed block whose cache is full or missing: under the pool lock, the
- * cache's oldest entries make room, or, without a cache, the block goes to
- * the pool. The free is counted in the same step, so that a teardown never
- * sees the pool unused while an entry is on its way. */
-static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
-                      const tp__centry *e, int64_t req) {
-  tp__centry out[TP_SMALL_CACHE / 2 + 1];
-  uint32_t nout = 0;
-  pthread_mutex_lock(&p->lock);
-  tp__cache *c = p->torn_down ? NULL : tp__cache_ensure(&p->caches, s);
-  tp__spin_lock(&s->lock);
-  if (c)
-    nout = tp__cache_evict(c, cls, large, out);
-  bool kept = tp__cache_push(c, cls, large, e, req);
-  tp__spin_unlock(&s->lock);
-  if (!kept) {
-    out[nout++] = *e;
-    atomic_fetch_add_explicit(&p->caches.base, -req, memory_order_relaxed);
-  }
-  tp__cache_give_back(&p->caches, s, cls, large, out, nout);
-  TP_DEBUG_WALK(p);
-  pthread_mutex_unlock(&p->lock);
-}
-
-/* ---- frees from elsewhere
- * ------------------------------------------------------
+/* ---- creation ---------------------------------------------------------------
  */
 
-tp_error_t tp__pool_live_size(tp__pool *p, void *ptr, size_t *size) {
-  uintptr_t addr = (uintptr_t)ptr;
-  TP_RETURN_IF(addr % TP_GRANULE, TP_ERROR_INVALID_VALUE);
-  _Atomic uintptr_t *entry = tp__space_entry(&p->space, addr, false);
-  uintptr_t v = entry ? atomic_load_explicit(entry, memory_order_acquire) : 0;
-  TP_RETURN_IF(!v, TP_ERROR_INVALID_VALUE);
-  if (!(v & 1u)) {
-    *size = atomic_load(&((tp__block *)v)->req);
-    return TP_SUCCESS;
+/* A pool and its handle with the settings every pool starts with (CUDA's
+ * reuse policies on); NULL when memory runs out. */
+static tp__pool *pool_alloc(const tp_pool_props_t *props) {
+  tp__pool *p = calloc(1, sizeof *p);
+  tp_pool_t h = p ? tp__handle_new() : NULL;
+  if (!h) {
+    free(p);
+    return NULL;
   }
-  tp__slab *slab = (tp__slab *)(v & ~(uintptr_t)1);
-  int64_t idx = tp__slab_index(slab, addr);
-  TP_RETURN_IF(idx < 0, TP_ERROR_INVALID_VALUE);
-  *size = atomic_load(&slab->req[idx]);
-  TP_RETURN_IF(*size == 0, TP_ERROR_INVALID_VALUE);
+  p->handle = h;
+  p->serial = atomic_fetch_add(&pool_serial, 1) + 1;
+  p->props = *props;
+  atomic_init(&p->follow_events, 1);
+  atomic_init(&p->opportunistic, 1);
+  atomic_init(&p->internal_deps, 1);
+  atomic_init(&p->oom_wait, 1);
+  pthread_mutex_init(&p->lock, NULL);
+  p->slabs.heap = &p->heap;
+  p->caches.heap = &p->heap;
+  p->caches.slabs = &p->slabs;
+  return p;
+}
+
+/* Frees what is left of a pool no thread can reach any more: descriptors,
+ * maps and the object. Its memory went back at teardown. */
+static void pool_free(void *arg) {
+  tp__pool *p = arg;
+  tp__heap_fini(&p->heap);
+  tp__slabs_fini(&p->slabs);
+  tp__space_free(&p->space);
+  pthread_mutex_destroy(&p->lock);
+  free(p);
+}
+
+/* The physical limit of a pool: the location's capacity, or max_size
+ * rounded down to whole chunks, so that the pool never holds more than it
+ * was allowed; INVALID_VALUE when max_size holds no chunk at all. */
+static tp_error_t pool_limit(const tp_pool_props_t *props, size_t gran,
+                             uint64_t capacity, uint64_t *limit) {
+  *limit = capacity / gran * gran;
+  if (!props->max_size)
+    return TP_SUCCESS;
+  TP_RETURN_IF(props->max_size < gran, TP_ERROR_INVALID_VALUE);
+  if (props->max_size < *limit)
+    *limit = props->max_size / gran * gran;
   return TP_SUCCESS;
 }
 
-/* The block goes to the pool, counted in the same step. */
-static void free_to_pool(tp__pool *p, tp__stream *s, unsigned cls, bool large,
-                         const tp__centry *e, int64_t req) {
-  pthread_mutex_lock(&p->lock);
-  tp__cache_give_back(&p->caches, s, cls, large, e, 1);
-  atomic_fetch_add_explicit(&p->caches.base, -req, memory_order_relaxed);
-  TP_DEBUG_WALK(p);
-  pthread_mutex_unlock(&p->lock);
-}
-
-tp_error_t tp__pool_free_tagged(tp__pool *p, void *ptr, tp__tag tag) {
-  uintptr_t addr = (uintptr_t)ptr;
-  _Atomic uintptr_t *entry = tp__space_entry(&p->space, addr, false);
-  uintptr_t v = entry ? atomic_load_explicit(entry, memory_order_acquire) : 0;
-  tp_error_t err = TP_ERROR_INVALID_VALUE;
-  tp__centry e = {addr, NULL, tag.epoch, tag.lseq};
-  if (v & 1u) {
-    tp__slab *slab = (tp__slab *)(v & ~(uintptr_t)1);
-    int64_t idx = tp__slab_index(slab, addr);
-    uint32_t req = idx < 0 ? 0
-                           : atomic_exchange_explicit(&slab->req[idx], 0,
-                                                      memory_order_acq_rel);
-    if (req) {
-      e.owner = slab;
-      free_to_pool(p, tag.stream, slab->cls, false, &e, req);
-      err = TP_SUCCESS;
-    }
-  } else if (v &&
-             atomic_compare_exchange_strong_explicit(
-                 entry, &v, 0, memory_order_acq_rel, memory_order_relaxed)) {
-    tp__block *b = (tp__block *)v;
-    atomic_store_explicit(&b->state, TP_BLOCK_CACHED, memory_order_relaxed);
-    e.owner = b;
-    free_to_pool(p, tag.stream, 0, true, &e, (int64_t)atomic_load(&b->req));
-    err = TP_SUCCESS;
+/* The rooms of a new pool; on failure what was made is undone. */
+static tp_error_t pool_rooms(tp__pool *p, size_t gran, uint64_t limit) {
+  tp__mem_kind kind = {p->props.location, p->props.alloc_type,
+                       p->props.handle_types};
+  TP_FORWARD(tp__space_init(&p->space, &kind, gran, limit));
+  tp__space *sp = &p->space;
+  if (kind.location.type == TP_LOCATION_DEVICE)
+    sp->access[kind.location.id] = TP_ACCESS_READ_WRITE;
+  if (kind.type == TP_ALLOCATION_MANAGED) {
+    int n = 0;
+    if (tp__platform->device_count(&n) == TP_SUCCESS)
+      for (int d = 0; d < n && d < TP_MAX_DEVICES; d++)
+        sp->access[d] = TP_ACCESS_READ_WRITE;
   }
-  tp__stream_unref(tag.stream);
+  tp_error_t err = tp__heap_init(&p->heap, sp);
+  if (err == TP_SUCCESS)
+    err = tp__registry_add(sp->base, sp->va_size, p);
+  if (err != TP_SUCCESS)
+    tp__space_fini(sp);
   return err;
 }
 
-/* ---- bytes in use
- * ------------------------------------------------------------ "Used" changes
- * on every allocate and free, and one shared counter would be a cache line that
- * every thread's pair bounces. So each stream cache counts its own bytes
- * exactly, and the total is their sum, taken under the pool lock. The high
- * watermark needs that sum only when the total may pass it: each thread keeps,
- * per pool, its own running count of what it allocated less what it freed, and
- * the highest that count reached when the sum was last taken. While a thread's
- * count stays at or below that mark, the total cannot exceed the high by
- * anything this thread did; when it rises above, the thread takes the exact
- * sum. One thread alone then keeps the high exact, and a warm pair touches
- * nothing shared. With several threads, a peak made of allocations that each
- * stayed below their thread's own mark can be missed (see the header). */
-typedef struct peak_slot {
-  uint64_t serial, gen;
-  int64_t count, mark;
-} peak_slot;
-static _Thread_local peak_slot peak_slots[8];
+tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
+                        tp_pool_t *out) {
+  tp__mem_kind kind = {props->location, props->alloc_type, props->handle_types};
+  size_t gran = 0;
+  uint64_t capacity = 0, limit = 0;
+  TP_FORWARD(tp__platform->mem_query(&kind, &gran, &capacity));
+  TP_RETURN_IF(gran < TP_GRANULE || (gran & (gran - 1)), TP_ERROR_PLATFORM);
+  TP_FORWARD(pool_limit(props, gran, capacity, &limit));
+  tp__pool *p = pool_alloc(props);
+  TP_RETURN_IF(!p, TP_ERROR_OUT_OF_MEMORY);
+  p->is_default = is_default;
+  if (props->handle_types && getrandom(&p->export_key, sizeof p->export_key,
+                                       0) != (ssize_t)sizeof p->export_key)
+    p->export_key = (uint64_t)(uintptr_t)p ^ p->serial * 0x9E3779B97F4A7C15ull;
+  tp_error_t err = pool_rooms(p, gran, limit);
+  bool rooms = err == TP_SUCCESS;
+  if (err == TP_SUCCESS && props->handle_types)
+    err = tp__ipc_export_init(p);
+  pthread_mutex_lock(&pools_lock);
+  if (err == TP_SUCCESS && !TP_RESERVE(pools, npools, cappools))
+    err = TP_ERROR_OUT_OF_MEMORY;
+  if (err == TP_SUCCESS)
+    pools[npools++] = p;
+  pthread_mutex_unlock(&pools_lock);
+  if (err != TP_SUCCESS) {
+    tp__ipc_export_free(p);
+    if (rooms) {
+      tp__registry_remove(p->space.base, p->space.va_size);
+      tp__space_fini(&p->space);
+    }
+    tp__handle_bury(p->handle);
+    pool_free(p);
+    return err;
+  }
+  tp__handle_publish(p->handle, p);
+  *out = p->handle;
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__pool_new_imported(const tp_pool_props_t *props, tp_pool_t *out) {
+  tp__pool *p = pool_alloc(props);
+  TP_RETURN_IF(!p, TP_ERROR_OUT_OF_MEMORY);
+  p->imported = true;
+  tp__handle_publish(p->handle, p);
+  *out = p->handle;
+  return TP_SUCCESS;
+}
+
+/* ---- bytes in use ------------------------------------------------------
+ * Counted per stream cache (alloc.c); the total is their sum. */
 
 uint64_t tp__pool_used(tp__pool *p) {
   return tp__caches_used(&p->caches);
@@ -335,16 +151,329 @@ void tp__pool_peak_raise(tp__pool *p) {
   pthread_mutex_unlock(&p->lock);
 }
 
-/* Notes a change of the calling thread's bytes in use, after it was counted
- * in a cache or the base. */
-static void peak_note(tp__pool *p, int64_t delta) {
-  peak_slot *t = &peak_slots[p->serial % 8];
-  uint64_t gen = atomic_load_explicit(&p->peak_gen, memory_order_relaxed);
-  if (TP_UNLIKELY(t->serial != p->serial || t->gen != gen))
-    *t = (peak_slot){p->serial, gen, 0, 0};
-  t->count += delta;
-  if (delta > 0 && t->count > t->mark) {
-    t->mark = t->count;
-    tp__pool_peak_raise(p);
+/* ---- release
+ * ------------------------------------------------------------------
+ */
+
+static tp_error_t settle_and_release(tp__pool *p, uint64_t keep) {
+  tp__slabs_settle(&p->slabs, false, true);
+  tp__heap_settle(&p->heap, false);
+  tp_error_t err = tp__heap_release(&p->heap, keep);
+  TP_DEBUG_WALK(p);
+  return err;
+}
+
+static void reap(bool poll);
+
+void tp__pool_after_sync(tp__stream *s) {
+  pthread_mutex_lock(&pools_lock);
+  for (uint32_t i = 0; i < npools; i++) {
+    tp__pool *p = pools[i];
+    pthread_mutex_lock(&p->lock);
+    if (!p->torn_down) {
+      tp__caches_drain_one(&p->caches, s);
+      /* Best effort: what stays reserved is released at a later try. */
+      (void)settle_and_release(p, atomic_load(&p->release_threshold));
+    }
+    pthread_mutex_unlock(&p->lock);
   }
+  pthread_mutex_unlock(&pools_lock);
+  reap(false);
+}
+
+tp_error_t tp__pool_trim(tp__pool *p, uint64_t keep) {
+  if (p->imported) {
+    tp__ipc_import_trim(p);
+    return TP_SUCCESS;
+  }
+  pthread_mutex_lock(&p->lock);
+  tp_error_t err = TP_ERROR_INVALID_VALUE;
+  if (!p->torn_down) {
+    tp__caches_drain_all(&p->caches);
+    err = settle_and_release(p, keep);
+  }
+  pthread_mutex_unlock(&p->lock);
+  return err;
+}
+
+void tp__pools_drop_stream(tp__stream *s) {
+  pthread_mutex_lock(&pools_lock);
+  for (uint32_t i = 0; i < npools; i++) {
+    tp__pool *p = pools[i];
+    pthread_mutex_lock(&p->lock);
+    tp__spin_lock(&s->lock);
+    tp__cache *c = tp__cache_find(s, &p->caches);
+    tp__spin_unlock(&s->lock);
+    if (c)
+      tp__cache_free(&p->caches, c);
+    pthread_mutex_unlock(&p->lock);
+  }
+  pthread_mutex_unlock(&pools_lock);
+}
+
+/* ---- access
+ * -------------------------------------------------------------------
+ */
+
+tp_error_t tp__pool_get_access(tp__pool *p, const tp_location_t *loc,
+                               tp_access_flags_t *flags) {
+  bool host_pool = p->props.location.type == TP_LOCATION_HOST ||
+                   p->props.location.type == TP_LOCATION_HOST_NUMA;
+  switch (loc->type) {
+  case TP_LOCATION_DEVICE:
+    pthread_mutex_lock(&p->lock);
+    *flags = p->space.access[loc->id];
+    pthread_mutex_unlock(&p->lock);
+    return TP_SUCCESS;
+  case TP_LOCATION_HOST:
+  case TP_LOCATION_HOST_NUMA:
+    *flags = host_pool ? TP_ACCESS_READ_WRITE : TP_ACCESS_NONE;
+    return TP_SUCCESS;
+  default: return TP_ERROR_INVALID_VALUE;
+  }
+}
+
+tp_error_t tp__pool_set_access(tp__pool *p, const tp_access_desc_t *list,
+                               size_t n) {
+  if (p->imported) /* its mappings are ipc's, under a lock of its own */
+    return tp__ipc_import_set_access(p, list, n);
+  pthread_mutex_lock(&p->lock);
+  tp_error_t err = p->torn_down ? TP_ERROR_INVALID_VALUE
+                                : tp__space_set_access(&p->space, list, n);
+  pthread_mutex_unlock(&p->lock);
+  return err;
+}
+
+/* ---- attributes
+ * ------------------------------------------------------------------ One row
+ * per attribute: its value type, whether it is read-only, read-write or
+ * resettable to 0 only, and how to read and write it. */
+
+typedef struct attr_row {
+  tp_pool_attr_t attr;
+  bool u64; /* uint64_t, else int */
+  enum { ATTR_RO, ATTR_RW, ATTR_RESET } mode;
+  uint64_t (*get)(tp__pool *p);
+  void (*set)(tp__pool *p, uint64_t v); /* ATTR_RW: store; RESET: reset */
+} attr_row;
+
+#define ATOMIC_ATTR(name, field)                                               \
+  static uint64_t get_##name(tp__pool *p) {                                    \
+    return (uint64_t)atomic_load(&p->field);                                   \
+  }                                                                            \
+  static void set_##name(tp__pool *p, uint64_t v) {                            \
+    atomic_store(&p->field, v);                                                \
+  }
+ATOMIC_ATTR(follow, follow_events)
+ATOMIC_ATTR(opportunistic, opportunistic)
+ATOMIC_ATTR(internal, internal_deps)
+ATOMIC_ATTR(oom_wait, oom_wait)
+ATOMIC_ATTR(threshold, release_threshold)
+#undef ATOMIC_ATTR
+
+static uint64_t get_reserved(tp__pool *p) {
+  return atomic_load(&p->space.reserved);
+}
+static uint64_t get_reserved_high(tp__pool *p) {
+  return atomic_load(&p->space.reserved_high);
+}
+static void reset_reserved_high(tp__pool *p, uint64_t v) {
+  (void)v;
+  atomic_store(&p->space.reserved_high, atomic_load(&p->space.reserved));
+}
+static uint64_t get_used(tp__pool *p) {
+  pthread_mutex_lock(&p->lock);
+  uint64_t u = tp__pool_used(p);
+  pthread_mutex_unlock(&p->lock);
+  return u;
+}
+/* Never below the current total when read. */
+static uint64_t get_used_high(tp__pool *p) {
+  tp__pool_peak_raise(p);
+  return atomic_load(&p->used_high);
+}
+/* Resets the high to the current total; every thread's mark starts over. */
+static void reset_used_high(tp__pool *p, uint64_t v) {
+  (void)v;
+  pthread_mutex_lock(&p->lock);
+  atomic_store(&p->used_high, tp__pool_used(p));
+  atomic_fetch_add(&p->peak_gen, 1);
+  pthread_mutex_unlock(&p->lock);
+}
+static uint64_t get_alloc_type(tp__pool *p) {
+  return (uint64_t)p->props.alloc_type;
+}
+static uint64_t get_handle_types(tp__pool *p) {
+  return p->props.handle_types;
+}
+static uint64_t get_location_id(tp__pool *p) {
+  return (uint64_t)(int64_t)p->props.location.id;
+}
+static uint64_t get_location_type(tp__pool *p) {
+  return (uint64_t)p->props.location.type;
+}
+static uint64_t get_domain(tp__pool *p) {
+  return (uint64_t)(int64_t)p->props.location.locality_domain_id;
+}
+static uint64_t get_max_size(tp__pool *p) {
+  return p->props.max_size;
+}
+static uint64_t get_zero(tp__pool *p) {
+  (void)p;
+  return 0;
+}
+static uint64_t get_maps(tp__pool *p) {
+  return atomic_load(&p->space.maps);
+}
+static uint64_t get_unmaps(tp__pool *p) {
+  return atomic_load(&p->space.unmaps);
+}
+static uint64_t get_chunk(tp__pool *p) {
+  return p->space.gran;
+}
+
+static const attr_row attrs[] = {
+    {TP_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, false, ATTR_RW, get_follow,
+     set_follow},
+    {TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, false, ATTR_RW, get_opportunistic,
+     set_opportunistic},
+    {TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, false, ATTR_RW,
+     get_internal, set_internal},
+    {TP_POOL_ATTR_RELEASE_THRESHOLD, true, ATTR_RW, get_threshold,
+     set_threshold},
+    {TP_POOL_ATTR_RESERVED_MEM_CURRENT, true, ATTR_RO, get_reserved, NULL},
+    {TP_POOL_ATTR_RESERVED_MEM_HIGH, true, ATTR_RESET, get_reserved_high,
+     reset_reserved_high},
+    {TP_POOL_ATTR_USED_MEM_CURRENT, true, ATTR_RO, get_used, NULL},
+    {TP_POOL_ATTR_USED_MEM_HIGH, true, ATTR_RESET, get_used_high,
+     reset_used_high},
+    {TP_POOL_ATTR_ALLOCATION_TYPE, false, ATTR_RO, get_alloc_type, NULL},
+    {TP_POOL_ATTR_EXPORT_HANDLE_TYPES, false, ATTR_RO, get_handle_types, NULL},
+    {TP_POOL_ATTR_LOCATION_ID, false, ATTR_RO, get_location_id, NULL},
+    {TP_POOL_ATTR_LOCATION_TYPE, false, ATTR_RO, get_location_type, NULL},
+    {TP_POOL_ATTR_LOCALITY_DOMAIN_ID, false, ATTR_RO, get_domain, NULL},
+    {TP_POOL_ATTR_MAX_POOL_SIZE, true, ATTR_RO, get_max_size, NULL},
+    {TP_POOL_ATTR_HW_DECOMPRESS_ENABLED, false, ATTR_RO, get_zero, NULL},
+    {TP_POOL_ATTR_OOM_WAIT, false, ATTR_RW, get_oom_wait, set_oom_wait},
+    {TP_POOL_ATTR_CHUNK_MAPS, true, ATTR_RO, get_maps, NULL},
+    {TP_POOL_ATTR_CHUNK_UNMAPS, true, ATTR_RO, get_unmaps, NULL},
+    {TP_POOL_ATTR_CHUNK_SIZE, true, ATTR_RO, get_chunk, NULL},
+};
+
+static const attr_row *attr_find(tp_pool_attr_t attr) {
+  for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++)
+    if (attrs[i].attr == attr)
+      return &attrs[i];
+  return NULL;
+}
+
+tp_error_t tp__pool_get_attr(tp__pool *p, tp_pool_attr_t attr, void *value) {
+  const attr_row *row = attr_find(attr);
+  TP_RETURN_IF(!row, TP_ERROR_INVALID_VALUE);
+  uint64_t v = row->get(p);
+  if (row->u64) {
+    memcpy(value, &v, sizeof v);
+  } else {
+    int i = (int)(int64_t)v;
+    memcpy(value, &i, sizeof i);
+  }
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__pool_set_attr(tp__pool *p, tp_pool_attr_t attr, void *value) {
+  const attr_row *row = attr_find(attr);
+  TP_RETURN_IF(!row || row->mode == ATTR_RO, TP_ERROR_INVALID_VALUE);
+  uint64_t v = 0;
+  int i = 0;
+  if (row->u64) {
+    memcpy(&v, value, sizeof v);
+  } else {
+    memcpy(&i, value, sizeof i);
+    v = i != 0; /* the int attributes that can be set are switches */
+  }
+  TP_RETURN_IF(row->mode == ATTR_RESET && v != 0, TP_ERROR_INVALID_VALUE);
+  row->set(p, v);
+  return TP_SUCCESS;
+}
+
+/* ---- teardown
+ * --------------------------------------------------------------------- A
+ * destroyed pool goes when its last allocation is freed and every free has
+ * completed; until then it waits among the live pools, which each synchronize
+ * visits. */
+
+/* Tries to finish a destroyed pool; pools_lock held, pool lock not. Returns
+ * true when the pool is gone. */
+static bool teardown(tp__pool *p, bool poll) {
+  /* An exporting pool stops serving importers first, with no lock held:
+   * its service thread takes the pool lock. A block an importer still
+   * holds keeps the pool. */
+  if (p->exp && !tp__ipc_export_stop(p))
+    return false;
+  pthread_mutex_lock(&p->lock);
+  bool gone = !p->torn_down;
+  /* Draining first means an allocation racing in from a cache is either
+   * counted below or finds the cache empty and then waits for this lock. */
+  if (gone) {
+    tp__caches_drain_all(&p->caches);
+    gone = tp__pool_used(p) == 0;
+  }
+  if (gone) {
+    while (p->caches.list)
+      tp__cache_free(&p->caches, p->caches.list);
+    tp__slabs_settle(&p->slabs, poll, true);
+    tp__heap_settle(&p->heap, poll);
+    gone = !tp__slabs_pending(&p->slabs) && !tp__heap_pending(&p->heap);
+  }
+  if (gone) {
+    p->torn_down = true;
+    tp__registry_remove(p->space.base, p->space.va_size);
+    tp__space_fini(&p->space);
+  }
+  pthread_mutex_unlock(&p->lock);
+  if (!gone)
+    return false;
+  for (uint32_t i = 0; i < npools; i++)
+    if (pools[i] == p)
+      pools[i] = pools[--npools];
+  tp__handle_bury(p->handle);
+  tp__ipc_export_free(p);
+  tp__guard_retire(p, pool_free);
+  return true;
+}
+
+/* Finishes destroyed pools whose frees have completed. */
+static void reap(bool poll) {
+  pthread_mutex_lock(&pools_lock);
+  for (uint32_t i = 0; i < npools;) {
+    tp__pool *p = pools[i];
+    if (atomic_load(&p->destroyed) && teardown(p, poll))
+      continue; /* the array moved; look at index i again */
+    i++;
+  }
+  pthread_mutex_unlock(&pools_lock);
+}
+
+void tp__pool_maybe_reap(tp__pool *p) {
+  if (atomic_load_explicit(&p->destroyed, memory_order_acquire))
+    reap(false);
+}
+
+tp_error_t tp__pool_destroy(tp__pool *p) {
+  TP_RETURN_IF(p->is_default, TP_ERROR_INVALID_VALUE);
+  int live = TP_POOL_LIVE;
+  TP_RETURN_IF(!atomic_compare_exchange_strong(&p->handle->state, &live,
+                                               TP_POOL_DESTROYING),
+               TP_ERROR_INVALID_VALUE);
+  if (p->imported) {
+    tp__ipc_import_destroy(p);
+    tp__handle_bury(p->handle);
+    tp__guard_retire(p, pool_free);
+    return TP_SUCCESS;
+  }
+  if (p->exp)
+    tp__ipc_export_close(p);
+  atomic_store(&p->destroyed, true);
+  reap(true);
+  return TP_SUCCESS;
 }

@@ -80,7 +80,8 @@ tp_error_t tp__registry_add(uintptr_t base, size_t size, tp__pool *p);
 void tp__registry_remove(uintptr_t base, size_t size);
 tp__pool *tp__registry_find(uintptr_t addr);
 
-/* ---- pool.c: allocation and free ----------------------------------------- */
+/* ---- alloc.c: allocation and free -----------------------------------------
+ */
 tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size, tp__stream *s);
 tp_error_t tp__pool_free(void *ptr, tp__stream *s);
 /* The bytes asked for by the live allocation at `ptr` (not an interior
@@ -91,10 +92,10 @@ tp_error_t tp__pool_live_size(tp__pool *p, void *ptr, size_t *size);
  * goes to the pool's free lists, never to a stream cache, since its stream
  * may be gone; the tag's stream reference is consumed. */
 tp_error_t tp__pool_free_tagged(tp__pool *p, void *ptr, tp__tag tag);
+
+/* ---- pool.c: creation, lifetime, synchronize, attributes, statistics ---- */
 /* The exact bytes in use; pool lock held. */
 uint64_t tp__pool_used(tp__pool *p);
-
-/* ---- pool_life.c: creation, lifetime, synchronize, attributes ----------- */
 tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
                         tp_pool_t *out);
 /* A pool object that stands for another process's pool, with the
@@ -117,8 +118,6 @@ void tp__pool_after_sync(tp__stream *s);
 /* Gives every cached block of the stream back to its pool, and frees the
  * stream's caches (before the stream goes). */
 void tp__pools_drop_stream(tp__stream *s);
-/* The reuse context of a call, read from the pool; pool lock held. */
-tp__reuse tp__pool_reuse(tp__pool *p);
 /* Raises the used high watermark to the exact total; no lock held. */
 void tp__pool_peak_raise(tp__pool *p);
 

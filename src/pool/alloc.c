@@ -1,0 +1,340 @@
+/* Allocation and free: the fast path first (a stream's own cache, under its
+ * own lock, touching nothing another stream writes), then the slow paths
+ * (the pool lock and the reuse policy), then each thread's share of the
+ * bytes-in-use accounting. */
+#include "pool/pool.h"
+
+#include <string.h>
+
+static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
+                             size_t size, void **ptr);
+static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
+                             void **ptr);
+static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
+                      const tp__centry *e, int64_t req);
+static void peak_note(tp__pool *p, int64_t delta);
+
+/* ---- the fast path ----------------------------------------------------------
+ * The bytes-asked word (or entry) is written before the pointer is handed
+ * out, so that a free racing on another thread finds the allocation. */
+
+static void *finish_small(const tp__centry *e, size_t size) {
+  tp__slab *s = e->owner;
+  atomic_store_explicit(&s->req[tp__slab_index(s, e->addr)], (uint32_t)size,
+                        memory_order_release);
+  return (void *)e->addr;
+}
+
+/* The entry goes in before the state says USED, so that a walker that sees
+ * a used block sees its entry. */
+static void *finish_large(tp__pool *p, tp__block *b, size_t size) {
+  atomic_store_explicit(&b->req, size, memory_order_relaxed);
+  _Atomic uintptr_t *e = tp__space_entry(&p->space, b->addr, false);
+  atomic_store_explicit(e, (uintptr_t)b, memory_order_release);
+  atomic_store_explicit(&b->state, TP_BLOCK_USED, memory_order_release);
+  return (void *)b->addr;
+}
+
+tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
+                           tp__stream *s) {
+  TP_RETURN_IF(size > p->space.limit || size > SIZE_MAX - TP_GRANULE,
+               TP_ERROR_OUT_OF_MEMORY);
+  size_t r = tp__align_up(size, TP_GRANULE);
+  if (r <= TP_SMALL_MAX) {
+    unsigned cls = tp__class_of(r);
+    tp__centry e;
+    tp__spin_lock(&s->lock);
+    tp__cache *c = tp__cache_find(s, &p->caches);
+    if (TP_LIKELY(tp__cache_pop_small(c, cls, &e))) {
+      tp__cache_count(c, (int64_t)size);
+      tp__spin_unlock(&s->lock);
+      *ptr = finish_small(&e, size);
+      peak_note(p, (int64_t)size);
+      return TP_SUCCESS;
+    }
+    tp__spin_unlock(&s->lock);
+    return small_slow(p, s, cls, size, ptr);
+  }
+  tp__spin_lock(&s->lock);
+  tp__cache *c = tp__cache_find(s, &p->caches);
+  tp__block *b = tp__cache_pop_large(c, r);
+  if (TP_LIKELY(b != NULL)) {
+    tp__cache_count(c, (int64_t)size);
+    tp__spin_unlock(&s->lock);
+    *ptr = finish_large(p, b, size);
+    peak_note(p, (int64_t)size);
+    return TP_SUCCESS;
+  }
+  tp__spin_unlock(&s->lock);
+  return large_slow(p, s, r, size, ptr);
+}
+
+/* A freed block goes into its stream's cache with the free's position; the
+ * pool lock only when the cache is full or missing. */
+static void free_entry(tp__pool *p, tp__stream *s, unsigned cls, bool large,
+                       uintptr_t addr, void *owner, int64_t req) {
+  tp__spin_lock(&s->lock);
+  tp__tag t = tp__stream_tag(s);
+  tp__centry e = {addr, owner, t.epoch, t.lseq};
+  bool kept =
+      tp__cache_push(tp__cache_find(s, &p->caches), cls, large, &e, req);
+  tp__spin_unlock(&s->lock);
+  if (!kept)
+    free_slow(p, s, cls, large, &e, req);
+  peak_note(p, -req);
+  tp__pool_maybe_reap(p);
+}
+
+static tp_error_t free_small(tp__pool *p, tp__slab *slab, uintptr_t addr,
+                             tp__stream *s) {
+  int64_t idx = tp__slab_index(slab, addr);
+  TP_RETURN_IF(idx < 0, TP_ERROR_INVALID_VALUE);
+  uint32_t req =
+      atomic_exchange_explicit(&slab->req[idx], 0, memory_order_acq_rel);
+  TP_RETURN_IF(req == 0, TP_ERROR_INVALID_VALUE);
+  free_entry(p, s, slab->cls, false, addr, slab, req);
+  return TP_SUCCESS;
+}
+
+static tp_error_t free_large(tp__pool *p, tp__block *b,
+                             _Atomic uintptr_t *entry, tp__stream *s) {
+  uintptr_t expect = (uintptr_t)b;
+  TP_RETURN_IF(!atomic_compare_exchange_strong_explicit(entry, &expect, 0,
+                                                        memory_order_acq_rel,
+                                                        memory_order_relaxed),
+               TP_ERROR_INVALID_VALUE);
+  int64_t req = (int64_t)atomic_load_explicit(&b->req, memory_order_relaxed);
+  atomic_store_explicit(&b->state, TP_BLOCK_CACHED, memory_order_relaxed);
+  free_entry(p, s, 0, true, b->addr, b, req);
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__pool_free(void *ptr, tp__stream *s) {
+  uintptr_t addr = (uintptr_t)ptr;
+  tp__pool *p = tp__registry_find(addr);
+  TP_RETURN_IF(!p || addr % TP_GRANULE, TP_ERROR_INVALID_VALUE);
+  /* Another process's memory: the importer only gives up its hold. */
+  if (TP_UNLIKELY(p->imported))
+    return tp__ipc_import_free(p, addr, s);
+  /* An exported allocation that an importer still holds stays out of
+   * reuse; ipc frees it with this free's tag once the importer lets go. */
+  if (TP_UNLIKELY(atomic_load_explicit(&p->ipc_watch, memory_order_relaxed))) {
+    bool kept = false;
+    TP_FORWARD(tp__ipc_on_free(p, addr, s, &kept));
+    if (kept)
+      return TP_SUCCESS;
+  }
+  _Atomic uintptr_t *entry = tp__space_entry(&p->space, addr, false);
+  uintptr_t v = entry ? atomic_load_explicit(entry, memory_order_acquire) : 0;
+  TP_RETURN_IF(!v, TP_ERROR_INVALID_VALUE);
+  if (v & 1u)
+    return free_small(p, (tp__slab *)(v & ~(uintptr_t)1), addr, s);
+  return free_large(p, (tp__block *)v, entry, s);
+}
+
+/* ---- the slow paths
+ * ----------------------------------------------------------- They take the
+ * pool lock and may find the pool torn down there, when it was destroyed while
+ * the call was on its way in: the pool is gone for the caller (INVALID_VALUE),
+ * and its object stays readable until the call leaves the guard. */
+
+static tp__reuse reuse_of(tp__pool *p) {
+  return (tp__reuse){
+      .heap = &p->heap,
+      .slabs = &p->slabs,
+      .caches = &p->caches,
+      .lock = &p->lock,
+      .gone = &p->torn_down,
+      .used_high = &p->used_high,
+      .follow_events =
+          atomic_load_explicit(&p->follow_events, memory_order_relaxed),
+      .opportunistic =
+          atomic_load_explicit(&p->opportunistic, memory_order_relaxed),
+      .internal_deps =
+          atomic_load_explicit(&p->internal_deps, memory_order_relaxed),
+      .oom_wait = atomic_load_explicit(&p->oom_wait, memory_order_relaxed)};
+}
+
+static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
+                             size_t size, void **ptr) {
+  tp__centry got[16];
+  tp_error_t err = TP_ERROR_INVALID_VALUE;
+  uint32_t n = 0;
+  pthread_mutex_lock(&p->lock);
+  tp__cache *c = p->torn_down ? NULL : tp__cache_ensure(&p->caches, s);
+  if (c) {
+    tp__reuse r = reuse_of(p);
+    n = tp__reuse_small(&r, s, cls, got, 16, &err);
+  } else if (!p->torn_down) {
+    err = TP_ERROR_OUT_OF_MEMORY;
+  }
+  if (n > 0) {
+    /* The first block is the caller's; the rest wait in the cache. */
+    tp__spin_lock(&s->lock);
+    uint32_t kept = 1;
+    while (kept < n && c->cls[cls].n < TP_SMALL_CACHE)
+      c->cls[cls].v[c->cls[cls].n++] = got[kept++];
+    tp__cache_count(c, (int64_t)size);
+    tp__spin_unlock(&s->lock);
+    tp__cache_give_back(&p->caches, s, cls, false, got + kept, n - kept);
+  }
+  TP_DEBUG_WALK(p);
+  pthread_mutex_unlock(&p->lock);
+  TP_RETURN_IF(n == 0, err);
+  *ptr = finish_small(&got[0], size);
+  peak_note(p, (int64_t)size);
+  return TP_SUCCESS;
+}
+
+static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
+                             void **ptr) {
+  tp__block *b = NULL;
+  tp_error_t err = TP_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&p->lock);
+  if (!p->torn_down) {
+    /* The stream's own cached blocks go back first, so that they merge
+     * with their neighbours before the search. */
+    err = TP_ERROR_OUT_OF_MEMORY;
+    if (tp__caches_drain_one(&p->caches, s) ||
+        tp__cache_ensure(&p->caches, s)) {
+      tp__reuse ctx = reuse_of(p);
+      err = tp__reuse_large(&ctx, s, r, true, &b);
+    }
+  }
+  if (err == TP_SUCCESS && !tp__space_entry(&p->space, b->addr, true)) {
+    atomic_store_explicit(&b->state, TP_BLOCK_FREE, memory_order_relaxed);
+    tp__block_release(&p->heap, b);
+    err = TP_ERROR_OUT_OF_MEMORY;
+  }
+  if (err == TP_SUCCESS) {
+    tp__tag_clear(&b->tag); /* the user's now, in stream order on `s` */
+    *ptr = finish_large(p, b, size);
+    tp__spin_lock(&s->lock);
+    tp__cache_count(tp__cache_find(s, &p->caches), (int64_t)size);
+    tp__spin_unlock(&s->lock);
+  }
+  TP_DEBUG_WALK(p);
+  pthread_mutex_unlock(&p->lock);
+  if (err == TP_SUCCESS)
+    peak_note(p, (int64_t)size);
+  return err;
+}
+
+/* A freed block whose cache is full or missing: under the pool lock, the
+ * cache's oldest entries make room, or, without a cache, the block goes to
+ * the pool. The free is counted in the same step, so that a teardown never
+ * sees the pool unused while an entry is on its way. */
+static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
+                      const tp__centry *e, int64_t req) {
+  tp__centry out[TP_SMALL_CACHE / 2 + 1];
+  uint32_t nout = 0;
+  pthread_mutex_lock(&p->lock);
+  tp__cache *c = p->torn_down ? NULL : tp__cache_ensure(&p->caches, s);
+  tp__spin_lock(&s->lock);
+  if (c)
+    nout = tp__cache_evict(c, cls, large, out);
+  bool kept = tp__cache_push(c, cls, large, e, req);
+  tp__spin_unlock(&s->lock);
+  if (!kept) {
+    out[nout++] = *e;
+    atomic_fetch_add_explicit(&p->caches.base, -req, memory_order_relaxed);
+  }
+  tp__cache_give_back(&p->caches, s, cls, large, out, nout);
+  TP_DEBUG_WALK(p);
+  pthread_mutex_unlock(&p->lock);
+}
+
+/* ---- frees from elsewhere
+ * ------------------------------------------------------
+ */
+
+tp_error_t tp__pool_live_size(tp__pool *p, void *ptr, size_t *size) {
+  uintptr_t addr = (uintptr_t)ptr;
+  TP_RETURN_IF(addr % TP_GRANULE, TP_ERROR_INVALID_VALUE);
+  _Atomic uintptr_t *entry = tp__space_entry(&p->space, addr, false);
+  uintptr_t v = entry ? atomic_load_explicit(entry, memory_order_acquire) : 0;
+  TP_RETURN_IF(!v, TP_ERROR_INVALID_VALUE);
+  if (!(v & 1u)) {
+    *size = atomic_load(&((tp__block *)v)->req);
+    return TP_SUCCESS;
+  }
+  tp__slab *slab = (tp__slab *)(v & ~(uintptr_t)1);
+  int64_t idx = tp__slab_index(slab, addr);
+  TP_RETURN_IF(idx < 0, TP_ERROR_INVALID_VALUE);
+  *size = atomic_load(&slab->req[idx]);
+  TP_RETURN_IF(*size == 0, TP_ERROR_INVALID_VALUE);
+  return TP_SUCCESS;
+}
+
+/* The block goes to the pool, counted in the same step. */
+static void free_to_pool(tp__pool *p, tp__stream *s, unsigned cls, bool large,
+                         const tp__centry *e, int64_t req) {
+  pthread_mutex_lock(&p->lock);
+  tp__cache_give_back(&p->caches, s, cls, large, e, 1);
+  atomic_fetch_add_explicit(&p->caches.base, -req, memory_order_relaxed);
+  TP_DEBUG_WALK(p);
+  pthread_mutex_unlock(&p->lock);
+}
+
+tp_error_t tp__pool_free_tagged(tp__pool *p, void *ptr, tp__tag tag) {
+  uintptr_t addr = (uintptr_t)ptr;
+  _Atomic uintptr_t *entry = tp__space_entry(&p->space, addr, false);
+  uintptr_t v = entry ? atomic_load_explicit(entry, memory_order_acquire) : 0;
+  tp_error_t err = TP_ERROR_INVALID_VALUE;
+  tp__centry e = {addr, NULL, tag.epoch, tag.lseq};
+  if (v & 1u) {
+    tp__slab *slab = (tp__slab *)(v & ~(uintptr_t)1);
+    int64_t idx = tp__slab_index(slab, addr);
+    uint32_t req = idx < 0 ? 0
+                           : atomic_exchange_explicit(&slab->req[idx], 0,
+                                                      memory_order_acq_rel);
+    if (req) {
+      e.owner = slab;
+      free_to_pool(p, tag.stream, slab->cls, false, &e, req);
+      err = TP_SUCCESS;
+    }
+  } else if (v &&
+             atomic_compare_exchange_strong_explicit(
+                 entry, &v, 0, memory_order_acq_rel, memory_order_relaxed)) {
+    tp__block *b = (tp__block *)v;
+    atomic_store_explicit(&b->state, TP_BLOCK_CACHED, memory_order_relaxed);
+    e.owner = b;
+    free_to_pool(p, tag.stream, 0, true, &e, (int64_t)atomic_load(&b->req));
+    err = TP_SUCCESS;
+  }
+  tp__stream_unref(tag.stream);
+  return err;
+}
+
+/* ---- bytes in use
+ * ------------------------------------------------------------ "Used" changes
+ * on every allocate and free, and one shared counter would be a cache line that
+ * every thread's pair bounces. So each stream cache counts its own bytes
+ * exactly, and the total is their sum, taken under the pool lock. The high
+ * watermark needs that sum only when the total may pass it: each thread keeps,
+ * per pool, its own running count of what it allocated less what it freed, and
+ * the highest that count reached when the sum was last taken. While a thread's
+ * count stays at or below that mark, the total cannot exceed the high by
+ * anything this thread did; when it rises above, the thread takes the exact
+ * sum. One thread alone then keeps the high exact, and a warm pair touches
+ * nothing shared. With several threads, a peak made of allocations that each
+ * stayed below their thread's own mark can be missed (see the header). */
+typedef struct peak_slot {
+  uint64_t serial, gen;
+  int64_t count, mark;
+} peak_slot;
+static _Thread_local peak_slot peak_slots[8];
+
+/* Notes a change of the calling thread's bytes in use, after it was counted
+ * in a cache or the base. */
+static void peak_note(tp__pool *p, int64_t delta) {
+  peak_slot *t = &peak_slots[p->serial % 8];
+  uint64_t gen = atomic_load_explicit(&p->peak_gen, memory_order_relaxed);
+  if (TP_UNLIKELY(t->serial != p->serial || t->gen != gen))
+    *t = (peak_slot){p->serial, gen, 0, 0};
+  t->count += delta;
+  if (delta > 0 && t->count > t->mark) {
+    t->mark = t->count;
+    tp__pool_peak_raise(p);
+  }
+}
