@@ -4,7 +4,7 @@
  * and last error. Built twice: against a stand-in runtime (run with
  * TIDEPOOL_PRELOAD=host, the host platform, or =0, everything forwarded)
  * and against the toolkit's runtime (run on a GPU; exit 77 without one).
- * Usage: test_preload host|off|cuda */
+ * Usage: test_preload host|off|cuda (or env, for the launcher's test) */
 #include <dlfcn.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -534,6 +534,14 @@ static int load_diagnostics(void) {
 
 int main(int argc, char **argv) {
   const char *want = argc > 1 ? argv[1] : "host";
+  /* For the launcher's test: what tidepool-run set, and an exit status of
+   * the command's own. */
+  if (strcmp(want, "env") == 0) {
+    const char *preload = getenv("LD_PRELOAD");
+    const char *conf = getenv("PYTORCH_CUDA_ALLOC_CONF");
+    printf("%s|%s", preload ? preload : "", conf ? conf : "unset");
+    return 3;
+  }
   expected_mode = strcmp(want, "off") == 0    ? MODE_OFF
                   : strcmp(want, "cuda") == 0 ? MODE_CUDA
                                               : MODE_HOST;
