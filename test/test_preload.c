@@ -499,20 +499,31 @@ static void test_cuda_only(void) {
   CHECK_RC(cudaDeviceSynchronize(), cudaSuccess);
 }
 
-/* TIDEPOOL_PRELOAD=0: everything reaches the runtime (the stand-in). */
+/* TIDEPOOL_PRELOAD=0: everything reaches the runtime, and the interposer
+ * answers nothing. */
 static void test_off(void) {
   void *p = NULL;
   unsigned long before = stub("cudaMallocAsync");
-  CHECK_RC(cudaMallocAsync(&p, 16, NULL), cudaErrorNotSupported);
-  CHECK_EQ_U64(stub("cudaMallocAsync") - before, 1);
+  cudaError_t rc = cudaMallocAsync(&p, 16, NULL);
   CHECK_EQ_INT(preload_mode(), MODE_OFF);
-  CHECK_RC(cudaGetLastError(), cudaErrorNotSupported);
   cudaMemPool_t pool = NULL;
-  CHECK_RC(cudaDeviceGetDefaultMemPool(&pool, 0), cudaErrorNotSupported);
-  CHECK_EQ_U64(stub("cudaDeviceGetDefaultMemPool"), 1);
-  CHECK_RC(cudaFreeAsync(&pool, NULL), cudaErrorInvalidValue);
-  CHECK_EQ_U64(stub("cudaFreeAsync"), 1);
-  (void)cudaGetLastError();
+  if (stub_calls) {
+    CHECK_RC(rc, cudaErrorNotSupported);
+    CHECK_EQ_U64(stub("cudaMallocAsync") - before, 1);
+    CHECK_RC(cudaGetLastError(), cudaErrorNotSupported);
+    CHECK_RC(cudaDeviceGetDefaultMemPool(&pool, 0), cudaErrorNotSupported);
+    CHECK_EQ_U64(stub("cudaDeviceGetDefaultMemPool"), 1);
+    CHECK_RC(cudaFreeAsync(&pool, NULL), cudaErrorInvalidValue);
+    CHECK_EQ_U64(stub("cudaFreeAsync"), 1);
+    (void)cudaGetLastError();
+  } else {
+    /* The driver's pool answers. */
+    CHECK_RC(rc, cudaSuccess);
+    CHECK_RC(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
+    CHECK(attr(pool, cudaMemPoolAttrUsedMemCurrent) >= 16);
+    CHECK_RC(cudaFreeAsync(p, NULL), cudaSuccess);
+    CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+  }
   for (int i = C_MALLOC; i <= C_FAILED; i++)
     CHECK_EQ_U64(counter(i), 0);
 }
