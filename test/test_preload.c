@@ -6,6 +6,7 @@
  * and against the toolkit's runtime (run on a GPU; exit 77 without one).
  * Usage: test_preload host|off|cuda (or env, for the launcher's test) */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -528,6 +529,50 @@ static void test_off(void) {
     CHECK_EQ_U64(counter(i), 0);
 }
 
+/* tidepool's current device follows the runtime's: what the NULL stream
+ * means, and which pool cudaMallocAsync takes from, on every thread. */
+static void *alloc_on_device_1(void *arg) {
+  void **p = (void **)arg;
+  if (cudaSetDevice(1) == cudaSuccess &&
+      cudaMallocAsync(p, MiB, NULL) != cudaSuccess)
+    *p = NULL;
+  return NULL;
+}
+
+static void test_devices(void) {
+  int n = 0;
+  REQUIRE_RC(cudaGetDeviceCount(&n), cudaSuccess);
+  if (n < 2) {
+    printf("   skipped: one device\n");
+    return;
+  }
+  cudaMemPool_t pool0 = NULL, pool1 = NULL;
+  REQUIRE_RC(cudaDeviceGetDefaultMemPool(&pool0, 0), cudaSuccess);
+  REQUIRE_RC(cudaDeviceGetDefaultMemPool(&pool1, 1), cudaSuccess);
+  CHECK(pool0 != pool1);
+  uint64_t used0 = attr(pool0, cudaMemPoolAttrUsedMemCurrent);
+  uint64_t used1 = attr(pool1, cudaMemPoolAttrUsedMemCurrent);
+  void *p = NULL, *q = NULL;
+  REQUIRE_RC(cudaSetDevice(1), cudaSuccess);
+  CHECK_RC(cudaMallocAsync(&p, MiB, NULL), cudaSuccess);
+  CHECK_EQ_U64(attr(pool1, cudaMemPoolAttrUsedMemCurrent), used1 + MiB);
+  CHECK_EQ_U64(attr(pool0, cudaMemPoolAttrUsedMemCurrent), used0);
+  CHECK_RC(cudaFreeAsync(p, NULL), cudaSuccess);
+  CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+  CHECK_RC(cudaSetDevice(0), cudaSuccess);
+
+  pthread_t t;
+  REQUIRE_EQ_INT(pthread_create(&t, NULL, alloc_on_device_1, &q), 0);
+  pthread_join(t, NULL);
+  CHECK(q != NULL);
+  CHECK_EQ_U64(attr(pool1, cudaMemPoolAttrUsedMemCurrent), used1 + MiB);
+  CHECK_EQ_U64(attr(pool0, cudaMemPoolAttrUsedMemCurrent), used0);
+  /* Freed from this thread, on device 0: the block still knows its pool. */
+  CHECK_RC(cudaFreeAsync(q, NULL), cudaSuccess);
+  CHECK_RC(cudaDeviceSynchronize(), cudaSuccess);
+  CHECK_EQ_U64(attr(pool1, cudaMemPoolAttrUsedMemCurrent), used1);
+}
+
 /* ---- main ------------------------------------------------------------------
  */
 
@@ -584,6 +629,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_event_synchronize);
   RUN_TEST(test_capture);
   RUN_TEST(test_ipc);
+  RUN_TEST(test_devices);
   if (stub_calls) {
     RUN_TEST(test_foreign_pool_stub);
   } else {

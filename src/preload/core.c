@@ -124,6 +124,12 @@ static void decide(void) {
   int m = requested;
   if (m != TP_PL_OFF && !runtime_has_device())
     m = TP_PL_OFF;
+  /* Starting tidepool makes device 0's context current on this thread; the
+   * runtime's device is read before and given back after. */
+  get_device_fn get_device = next_cudaGetDevice();
+  int device = 0;
+  if (m != TP_PL_OFF && (!get_device || get_device(&device) != cudaSuccess))
+    m = TP_PL_OFF;
   if (m != TP_PL_OFF) {
     const char *want = m == TP_PL_HOST ? "host" : "cuda";
     const char *got = tp_platform_name();
@@ -132,6 +138,12 @@ static void decide(void) {
               "tidepool-preload: tidepool runs on the %s platform here, not "
               "%s; the interposer stays off\n",
               got ? got : "(none)", want);
+      m = TP_PL_OFF;
+    } else if (tp_set_device(device) != TP_SUCCESS) {
+      fprintf(stderr,
+              "tidepool-preload: tidepool cannot use device %d of the "
+              "runtime; the interposer stays off\n",
+              device);
       m = TP_PL_OFF;
     }
   }
