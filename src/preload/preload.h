@@ -81,7 +81,9 @@ tp_stream_t tp__pl_stream(cudaStream_t stream, bool per_thread);
 /* Whether work on `stream` must go to the runtime because it is being
  * captured into a graph (or the runtime cannot say): tidepool's pools do not
  * take part in stream capture yet, so graph allocations stay the driver's.
- * This is the one place where capture is routed. */
+ * This is the one place where capture is routed: once tidepool captures,
+ * the allocator calls ask it here instead, and graph launches
+ * (cudaGraphLaunch) join the interposed names. */
 bool tp__pl_capturing(cudaStream_t stream, bool per_thread);
 
 /* The runtime's code for a tidepool error. */
