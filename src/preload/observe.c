@@ -86,57 +86,59 @@ TP_PL_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 /* ---- events ----------------------------------------------------------------
  * tidepool's event is recorded before the runtime's, so that it never
  * covers more of the stream than the runtime's does: whatever tidepool then
- * believes ordered after it (a wait, a synchronize) truly is. Should the
- * runtime's record fail, the pair is not used until the next record.
- * Records on a stream being captured are the graph's and are not told. */
+ * believes ordered after it (a wait, a synchronize) truly is. A pair is
+ * used only while both records of its last recording succeeded; records on
+ * a stream being captured are the graph's, and leave the pair unused until
+ * the next record outside capture. */
 
-static void record_before(cudaEvent_t event, cudaStream_t stream,
+static bool record_before(cudaEvent_t event, cudaStream_t stream,
                           bool per_thread) {
   if (!tp__pl_on() || tp__pl_capturing(stream, per_thread) ||
       tp__pl_enter() != cudaSuccess)
-    return;
+    return false;
   tp_event_t ours = tp__pl_event_pair(event);
-  if (!ours)
-    return;
-  /* A failed record (an event of another device than the stream's) keeps
-   * what the pair covered before, which the runtime's event still covers:
-   * it is still safe to use. */
-  (void)tp_event_record(ours, tp__pl_stream(stream, per_thread));
+  if (!ours ||
+      tp_event_record(ours, tp__pl_stream(stream, per_thread)) != TP_SUCCESS)
+    return false;
   tp__pl_count(TP_PL_COUNT_EVENT);
+  return true;
 }
 
-static cudaError_t record_after(cudaEvent_t event, cudaError_t r) {
+static cudaError_t record_after(cudaEvent_t event, bool recorded,
+                                cudaError_t r) {
   if (tp__pl_on())
-    tp__pl_event_mark(event, r == cudaSuccess);
+    tp__pl_event_mark(event, recorded && r == cudaSuccess);
   return r;
 }
 
 TP_PL_EXPORT cudaError_t cudaEventRecord(cudaEvent_t event,
                                          cudaStream_t stream) {
-  record_before(event, stream, false);
-  return record_after(event, REAL(cudaEventRecord, (event, stream)));
+  bool recorded = record_before(event, stream, false);
+  return record_after(event, recorded, REAL(cudaEventRecord, (event, stream)));
 }
 
 TP_PL_EXPORT cudaError_t cudaEventRecord_ptsz(cudaEvent_t event,
                                               cudaStream_t stream) {
-  record_before(event, stream, true);
-  return record_after(event, REAL(cudaEventRecord_ptsz, (event, stream)));
+  bool recorded = record_before(event, stream, true);
+  return record_after(event, recorded,
+                      REAL(cudaEventRecord_ptsz, (event, stream)));
 }
 
 TP_PL_EXPORT cudaError_t cudaEventRecordWithFlags(cudaEvent_t event,
                                                   cudaStream_t stream,
                                                   unsigned int flags) {
-  record_before(event, stream, false);
-  return record_after(event,
+  bool recorded = record_before(event, stream, false);
+  return record_after(event, recorded,
                       REAL(cudaEventRecordWithFlags, (event, stream, flags)));
 }
 
 TP_PL_EXPORT cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t event,
                                                        cudaStream_t stream,
                                                        unsigned int flags) {
-  record_before(event, stream, true);
+  bool recorded = record_before(event, stream, true);
   return record_after(
-      event, REAL(cudaEventRecordWithFlags_ptsz, (event, stream, flags)));
+      event, recorded,
+      REAL(cudaEventRecordWithFlags_ptsz, (event, stream, flags)));
 }
 
 /* After the runtime's wait has been queued, tidepool's: the stream now

@@ -113,7 +113,7 @@ bool tp__pl_pool_known(tp_pool_t pool);
 tp_event_t tp__pl_event_find(cudaEvent_t event);
 /* The pair of `event`, made if needed (with the calling thread's device). */
 tp_event_t tp__pl_event_pair(cudaEvent_t event);
-/* Marks the pair usable (the runtime's record succeeded) or not. */
+/* Marks the pair usable (both records succeeded) or not. */
 void tp__pl_event_mark(cudaEvent_t event, bool valid);
 /* Forgets the pair and destroys tidepool's event. */
 void tp__pl_event_forget(cudaEvent_t event);
