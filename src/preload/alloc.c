@@ -81,7 +81,7 @@ TP_PL_NEXT(cudaMemSetMemPool, mem_set_pool_fn)
 /* Enters tidepool (see tp__pl_enter) or returns the runtime's error. */
 #define ENTER()                                                                \
   do {                                                                         \
-    cudaError_t enter_rc_ = tp__pl_enter();                                    \
+    cudaError_t enter_rc_ = tp__pl_enter(true);                                \
     if (enter_rc_ != cudaSuccess)                                              \
       return enter_rc_;                                                        \
   } while (0)

@@ -173,7 +173,7 @@ bool tp__pl_host_requested(void) {
 
 /* ---- calling into tidepool ----------------------------------------------- */
 
-cudaError_t tp__pl_enter(void) {
+cudaError_t tp__pl_enter(bool answering) {
   get_device_fn get_device = next_cudaGetDevice();
   if (!get_device)
     return TP_PL_NO_RUNTIME;
@@ -188,7 +188,9 @@ cudaError_t tp__pl_enter(void) {
   tp_error_t err = tp_get_device(&ours);
   if (err == TP_SUCCESS && ours != device)
     err = tp_set_device(device);
-  return err == TP_SUCCESS ? cudaSuccess : tp__pl_fail(err);
+  if (err == TP_SUCCESS)
+    return cudaSuccess;
+  return answering ? tp__pl_fail(err) : tp__pl_error(err);
 }
 
 tp_stream_t tp__pl_stream(cudaStream_t stream, bool per_thread) {
@@ -484,7 +486,7 @@ TP_PL_EXPORT int tidepool_preload_pool_stats(int device,
   static const tp_pool_attr_t attrs[4] = {
       TP_POOL_ATTR_RESERVED_MEM_CURRENT, TP_POOL_ATTR_RESERVED_MEM_HIGH,
       TP_POOL_ATTR_USED_MEM_CURRENT, TP_POOL_ATTR_USED_MEM_HIGH};
-  if (tp__pl_enter() != cudaSuccess)
+  if (tp__pl_enter(false) != cudaSuccess)
     return TP_ERROR_INVALID_DEVICE;
   tp_pool_t pool = NULL;
   tp_error_t err = tp_device_get_mem_pool(&pool, device);

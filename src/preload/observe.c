@@ -45,7 +45,7 @@ TP_PL_NEXT(cudaLaunchHostFunc_ptsz, host_func_fn)
 
 static cudaError_t stream_synchronize(cudaStream_t stream, bool per_thread,
                                       cudaError_t r) {
-  if (r != cudaSuccess || !tp__pl_on() || tp__pl_enter() != cudaSuccess)
+  if (r != cudaSuccess || !tp__pl_on() || tp__pl_enter(false) != cudaSuccess)
     return r;
   (void)tp_stream_synchronize(tp__pl_stream(stream, per_thread));
   tp__pl_count(TP_PL_COUNT_SYNC);
@@ -64,7 +64,7 @@ TP_PL_EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream) {
 
 TP_PL_EXPORT cudaError_t cudaDeviceSynchronize(void) {
   cudaError_t r = REAL(cudaDeviceSynchronize, ());
-  if (r != cudaSuccess || !tp__pl_on() || tp__pl_enter() != cudaSuccess)
+  if (r != cudaSuccess || !tp__pl_on() || tp__pl_enter(false) != cudaSuccess)
     return r;
   (void)tp_device_synchronize();
   tp__pl_count(TP_PL_COUNT_SYNC);
@@ -76,7 +76,7 @@ TP_PL_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (r != cudaSuccess || !tp__pl_on())
     return r;
   tp_event_t ours = tp__pl_event_find(event);
-  if (ours && tp__pl_enter() == cudaSuccess) {
+  if (ours && tp__pl_enter(false) == cudaSuccess) {
     (void)tp_event_synchronize(ours);
     tp__pl_count(TP_PL_COUNT_SYNC);
   }
@@ -94,7 +94,7 @@ TP_PL_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 static bool record_before(cudaEvent_t event, cudaStream_t stream,
                           bool per_thread) {
   if (!tp__pl_on() || tp__pl_capturing(stream, per_thread) ||
-      tp__pl_enter() != cudaSuccess)
+      tp__pl_enter(false) != cudaSuccess)
     return false;
   tp_event_t ours = tp__pl_event_pair(event);
   if (!ours ||
@@ -149,7 +149,7 @@ static cudaError_t wait_after(cudaStream_t stream, cudaEvent_t event,
     return r;
   tp_event_t ours = tp__pl_event_find(event);
   if (!ours || tp__pl_capturing(stream, per_thread) ||
-      tp__pl_enter() != cudaSuccess)
+      tp__pl_enter(false) != cudaSuccess)
     return r;
   (void)tp_stream_wait_event(tp__pl_stream(stream, per_thread), ours, 0);
   tp__pl_count(TP_PL_COUNT_EVENT);
@@ -187,7 +187,7 @@ static cudaError_t host_stream_create(cudaStream_t *stream, unsigned flags) {
       (flags & cudaStreamNonBlocking) ? TP_STREAM_NON_BLOCKING : 0;
   if (!stream || (flags & ~(unsigned)cudaStreamNonBlocking))
     return tp__pl_fail(TP_ERROR_INVALID_VALUE);
-  cudaError_t r = tp__pl_enter();
+  cudaError_t r = tp__pl_enter(true);
   if (r != cudaSuccess)
     return r;
   tp_error_t err = tp_stream_create(&made, tp_flags);
@@ -223,18 +223,25 @@ TP_PL_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return REAL(cudaStreamDestroy, (stream));
 }
 
+static cudaError_t host_launch(cudaStream_t stream, cudaHostFn_t fn, void *arg,
+                               bool per_thread) {
+  cudaError_t r = tp__pl_enter(true);
+  if (r != cudaSuccess)
+    return r;
+  return tp__pl_fail(
+      tp_launch_host_func(tp__pl_stream(stream, per_thread), fn, arg));
+}
+
 TP_PL_EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t stream,
                                             cudaHostFn_t fn, void *arg) {
   if (tp__pl_host_requested() && tp__pl_active())
-    return tp__pl_fail(
-        tp_launch_host_func(tp__pl_stream(stream, false), fn, arg));
+    return host_launch(stream, fn, arg, false);
   return REAL(cudaLaunchHostFunc, (stream, fn, arg));
 }
 
 TP_PL_EXPORT cudaError_t cudaLaunchHostFunc_ptsz(cudaStream_t stream,
                                                  cudaHostFn_t fn, void *arg) {
   if (tp__pl_host_requested() && tp__pl_active())
-    return tp__pl_fail(
-        tp_launch_host_func(tp__pl_stream(stream, true), fn, arg));
+    return host_launch(stream, fn, arg, true);
   return REAL(cudaLaunchHostFunc_ptsz, (stream, fn, arg));
 }

@@ -71,8 +71,10 @@ bool tp__pl_host_requested(void);
 /* ---- calling into tidepool -----------------------------------------------
  * Makes tidepool's current device the runtime's current device of the
  * calling thread, which decides what the NULL stream and device-wide calls
- * mean. Returns the runtime's error if it cannot say its device. */
-cudaError_t tp__pl_enter(void);
+ * mean. Returns the runtime's error if it cannot say its device (the
+ * runtime has recorded it), or tidepool's, recorded as the last error only
+ * when `answering` (a call tidepool answers, not one it only observes). */
+cudaError_t tp__pl_enter(bool answering);
 
 /* The stream tidepool should see for a runtime stream; `per_thread` for the
  * _ptsz entry points, where NULL means the per-thread default stream. */
