@@ -56,29 +56,6 @@ static bool report_at_exit;        /* TIDEPOOL_PRELOAD_REPORT=1 */
 static _Atomic int mode = TP_PL_UNDECIDED;
 static pthread_once_t decide_once = PTHREAD_ONCE_INIT;
 
-/* Reads the switches while the process is still single-threaded. For the
- * host mode it also picks tidepool's platform, which tidepool reads from
- * the environment at its first call; nothing else is changed. */
-__attribute__((constructor)) static void read_switches(void) {
-  const char *v = getenv("TIDEPOOL_PRELOAD");
-  if (!v || !*v || strcmp(v, "1") == 0 || strcmp(v, "cuda") == 0) {
-    requested = TP_PL_CUDA;
-  } else if (strcmp(v, "0") == 0) {
-    requested = TP_PL_OFF;
-  } else if (strcmp(v, "host") == 0) {
-    requested = TP_PL_HOST;
-    setenv("TIDEPOOL_PLATFORM", "host", 1);
-  } else {
-    fprintf(stderr,
-            "tidepool-preload: TIDEPOOL_PRELOAD=%s is not 0, 1, cuda or host; "
-            "the interposer stays off\n",
-            v);
-    requested = TP_PL_OFF;
-  }
-  const char *r = getenv("TIDEPOOL_PRELOAD_REPORT");
-  report_at_exit = r && strcmp(r, "1") == 0;
-}
-
 static const char *mode_name(int m) {
   switch (m) {
   case TP_PL_OFF: return "off";
@@ -101,6 +78,33 @@ static void report(void) {
           (unsigned long long)counters[TP_PL_COUNT_FORWARDED],
           (unsigned long long)counters[TP_PL_COUNT_SYNC],
           (unsigned long long)counters[TP_PL_COUNT_EVENT]);
+}
+
+/* Reads the switches while the process is still single-threaded. For the
+ * host mode it also picks tidepool's platform, which tidepool reads from
+ * the environment at its first call; nothing else is changed. */
+__attribute__((constructor)) static void read_switches(void) {
+  const char *v = getenv("TIDEPOOL_PRELOAD");
+  if (!v || !*v || strcmp(v, "1") == 0 || strcmp(v, "cuda") == 0) {
+    requested = TP_PL_CUDA;
+  } else if (strcmp(v, "0") == 0) {
+    requested = TP_PL_OFF;
+  } else if (strcmp(v, "host") == 0) {
+    requested = TP_PL_HOST;
+    setenv("TIDEPOOL_PLATFORM", "host", 1);
+  } else {
+    fprintf(stderr,
+            "tidepool-preload: TIDEPOOL_PRELOAD=%s is not 0, 1, cuda or host; "
+            "the interposer stays off\n",
+            v);
+    requested = TP_PL_OFF;
+  }
+  const char *r = getenv("TIDEPOOL_PRELOAD_REPORT");
+  report_at_exit = r && strcmp(r, "1") == 0;
+  /* From the start, so that a program whose calls never reach the
+   * interposer (a runtime linked statically) says so too. */
+  if (report_at_exit)
+    atexit(report);
 }
 
 /* Whether the runtime sees a device. Asking must not leave an error behind
@@ -148,10 +152,8 @@ static void decide(void) {
     }
   }
   atomic_store_explicit(&mode, m, memory_order_release);
-  if (report_at_exit) {
+  if (report_at_exit)
     fprintf(stderr, "tidepool-preload: mode %s\n", mode_name(m));
-    atexit(report);
-  }
 }
 
 int tp__pl_mode(void) {
