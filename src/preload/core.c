@@ -1,0 +1,501 @@
+/* The interposer's machinery: finding the real runtime, deciding once
+ * whether tidepool answers, keeping tidepool's current device in step with
+ * the runtime's, translating errors, and the registries of pools and event
+ * pairs. The CUDA entry points themselves are in alloc.c and observe.c. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda.h>
+
+#include "preload.h"
+
+#ifndef TP_PL_CUDART_NODE
+#error "TP_PL_CUDART_NODE (the runtime's version node) must be defined"
+#endif
+
+/* ---- the real runtime ---------------------------------------------------- */
+
+tp__pl_fn tp__pl_lookup(const char *name) {
+  /* The versioned lookup first: RTLD_NEXT with a plain dlsym would also do,
+   * but the runtime may one day export several versions of a name. */
+  void *sym = dlvsym(RTLD_NEXT, name, TP_PL_CUDART_NODE);
+  if (!sym)
+    sym = dlsym(RTLD_NEXT, name);
+  tp__pl_fn fn = NULL;
+  memcpy(&fn, &sym, sizeof fn);
+  return fn;
+}
+
+typedef cudaError_t (*get_device_count_fn)(int *);
+typedef cudaError_t (*get_device_fn)(int *);
+typedef cudaError_t (*get_error_fn)(void);
+typedef cudaError_t (*is_capturing_fn)(cudaStream_t,
+                                       enum cudaStreamCaptureStatus *);
+TP_PL_NEXT(cudaGetDeviceCount, get_device_count_fn)
+TP_PL_NEXT(cudaGetDevice, get_device_fn)
+TP_PL_NEXT(cudaGetLastError, get_error_fn)
+TP_PL_NEXT(cudaPeekAtLastError, get_error_fn)
+TP_PL_NEXT(cudaStreamIsCapturing, is_capturing_fn)
+TP_PL_NEXT(cudaStreamIsCapturing_ptsz, is_capturing_fn)
+
+/* ---- counters ------------------------------------------------------------ */
+
+static _Atomic uint64_t counters[TP_PL_NCOUNTERS];
+
+void tp__pl_count(int which) {
+  atomic_fetch_add_explicit(&counters[which], 1, memory_order_relaxed);
+}
+
+/* ---- the mode ------------------------------------------------------------ */
+
+static int requested = TP_PL_CUDA; /* from TIDEPOOL_PRELOAD, at load */
+static bool report_at_exit;        /* TIDEPOOL_PRELOAD_REPORT=1 */
+static _Atomic int mode = TP_PL_UNDECIDED;
+static pthread_once_t decide_once = PTHREAD_ONCE_INIT;
+
+static const char *mode_name(int m) {
+  switch (m) {
+  case TP_PL_OFF: return "off";
+  case TP_PL_CUDA: return "cuda";
+  case TP_PL_HOST: return "host";
+  default: return "undecided";
+  }
+}
+
+static void report(void) {
+  fprintf(stderr,
+          "tidepool-preload: mode %s; answered %llu allocations, %llu frees, "
+          "%llu pool calls (%llu failed); forwarded %llu allocator calls; "
+          "saw %llu synchronizations, %llu event records and waits\n",
+          mode_name(tp__pl_mode()),
+          (unsigned long long)counters[TP_PL_COUNT_MALLOC],
+          (unsigned long long)counters[TP_PL_COUNT_FREE],
+          (unsigned long long)counters[TP_PL_COUNT_POOL],
+          (unsigned long long)counters[TP_PL_COUNT_FAILED],
+          (unsigned long long)counters[TP_PL_COUNT_FORWARDED],
+          (unsigned long long)counters[TP_PL_COUNT_SYNC],
+          (unsigned long long)counters[TP_PL_COUNT_EVENT]);
+}
+
+/* Reads the switches while the process is still single-threaded. For the
+ * host mode it also picks tidepool's platform, which tidepool reads from
+ * the environment at its first call; nothing else is changed. */
+__attribute__((constructor)) static void read_switches(void) {
+  const char *v = getenv("TIDEPOOL_PRELOAD");
+  if (!v || !*v || strcmp(v, "1") == 0 || strcmp(v, "cuda") == 0) {
+    requested = TP_PL_CUDA;
+  } else if (strcmp(v, "0") == 0) {
+    requested = TP_PL_OFF;
+  } else if (strcmp(v, "host") == 0) {
+    requested = TP_PL_HOST;
+    setenv("TIDEPOOL_PLATFORM", "host", 1);
+  } else {
+    fprintf(stderr,
+            "tidepool-preload: TIDEPOOL_PRELOAD=%s is not 0, 1, cuda or host; "
+            "the interposer stays off\n",
+            v);
+    requested = TP_PL_OFF;
+  }
+  const char *r = getenv("TIDEPOOL_PRELOAD_REPORT");
+  report_at_exit = r && strcmp(r, "1") == 0;
+  /* From the start, so that a program whose calls never reach the
+   * interposer (a runtime linked statically) says so too. */
+  if (report_at_exit)
+    atexit(report);
+}
+
+/* Whether the runtime sees a device. Asking must not leave an error behind
+ * for the program to find: a failed cudaGetDeviceCount records one, which is
+ * taken back unless an earlier one was waiting. */
+static bool runtime_has_device(void) {
+  get_device_count_fn count = next_cudaGetDeviceCount();
+  get_error_fn peek = next_cudaPeekAtLastError();
+  get_error_fn get = next_cudaGetLastError();
+  if (!count || !peek || !get)
+    return false;
+  cudaError_t before = peek();
+  int n = 0;
+  cudaError_t r = count(&n);
+  if (r != cudaSuccess && before == cudaSuccess)
+    (void)get();
+  return r == cudaSuccess && n > 0;
+}
+
+static void decide(void) {
+  int m = requested;
+  if (m != TP_PL_OFF && !runtime_has_device())
+    m = TP_PL_OFF;
+  /* Starting tidepool makes device 0's context current on this thread; the
+   * runtime's device is read before and given back after. */
+  get_device_fn get_device = next_cudaGetDevice();
+  int device = 0;
+  if (m != TP_PL_OFF && (!get_device || get_device(&device) != cudaSuccess))
+    m = TP_PL_OFF;
+  if (m != TP_PL_OFF) {
+    const char *want = m == TP_PL_HOST ? "host" : "cuda";
+    const char *got = tp_platform_name();
+    if (!got || strcmp(got, want) != 0) {
+      fprintf(stderr,
+              "tidepool-preload: tidepool runs on the %s platform here, not "
+              "%s; the interposer stays off\n",
+              got ? got : "(none)", want);
+      m = TP_PL_OFF;
+    } else if (tp_set_device(device) != TP_SUCCESS) {
+      fprintf(stderr,
+              "tidepool-preload: tidepool cannot use device %d of the "
+              "runtime; the interposer stays off\n",
+              device);
+      m = TP_PL_OFF;
+    }
+  }
+  atomic_store_explicit(&mode, m, memory_order_release);
+  if (report_at_exit)
+    fprintf(stderr, "tidepool-preload: mode %s\n", mode_name(m));
+}
+
+int tp__pl_mode(void) {
+  return atomic_load_explicit(&mode, memory_order_acquire);
+}
+
+bool tp__pl_active(void) {
+  int m = atomic_load_explicit(&mode, memory_order_acquire);
+  if (TP_PL_UNDECIDED == m) {
+    pthread_once(&decide_once, decide);
+    m = atomic_load_explicit(&mode, memory_order_acquire);
+  }
+  return m == TP_PL_CUDA || m == TP_PL_HOST;
+}
+
+bool tp__pl_host_requested(void) {
+  return requested == TP_PL_HOST;
+}
+
+/* ---- calling into tidepool ----------------------------------------------- */
+
+cudaError_t tp__pl_enter(bool answering) {
+  get_device_fn get_device = next_cudaGetDevice();
+  if (!get_device)
+    return TP_PL_NO_RUNTIME;
+  /* The runtime's device is read before tidepool is touched: a thread's
+   * first call into tidepool makes device 0's context current, which would
+   * change the runtime's answer. */
+  int device = 0;
+  cudaError_t r = get_device(&device);
+  if (r != cudaSuccess)
+    return r;
+  int ours = -1;
+  tp_error_t err = tp_get_device(&ours);
+  if (err == TP_SUCCESS && ours != device)
+    err = tp_set_device(device);
+  if (err == TP_SUCCESS)
+    return cudaSuccess;
+  return answering ? tp__pl_fail(err) : tp__pl_error(err);
+}
+
+tp_stream_t tp__pl_stream(cudaStream_t stream, bool per_thread) {
+  if (per_thread && stream == NULL)
+    stream = cudaStreamPerThread;
+  /* The host platform knows the legacy stream only as NULL. */
+  if (tp__pl_mode() == TP_PL_HOST && stream == cudaStreamLegacy)
+    stream = NULL;
+  return (tp_stream_t)stream;
+}
+
+bool tp__pl_capturing(cudaStream_t stream, bool per_thread) {
+  is_capturing_fn is_capturing = per_thread ? next_cudaStreamIsCapturing_ptsz()
+                                            : next_cudaStreamIsCapturing();
+  if (!is_capturing)
+    return false;
+  enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  /* An error (the legacy stream while another stream captures, say) sends
+   * the call to the runtime, which gives the error the program expects. */
+  cudaError_t r = is_capturing(stream, &status);
+  return r != cudaSuccess || status != cudaStreamCaptureStatusNone;
+}
+
+/* ---- errors --------------------------------------------------------------
+ * tidepool's errors are the driver's, so each has one runtime code. For a
+ * platform error the driver's own code is translated where the runtime has
+ * the same error; the rest become cudaErrorUnknown. */
+
+static const struct {
+  int driver;
+  cudaError_t runtime;
+} driver_codes[] = {
+    {CUDA_ERROR_INVALID_VALUE, cudaErrorInvalidValue},
+    {CUDA_ERROR_OUT_OF_MEMORY, cudaErrorMemoryAllocation},
+    {CUDA_ERROR_NOT_INITIALIZED, cudaErrorInitializationError},
+    {CUDA_ERROR_DEINITIALIZED, cudaErrorCudartUnloading},
+    {CUDA_ERROR_NO_DEVICE, cudaErrorNoDevice},
+    {CUDA_ERROR_INVALID_DEVICE, cudaErrorInvalidDevice},
+    {CUDA_ERROR_INVALID_CONTEXT, cudaErrorDeviceUninitialized},
+    {CUDA_ERROR_INVALID_HANDLE, cudaErrorInvalidResourceHandle},
+    {CUDA_ERROR_NOT_READY, cudaErrorNotReady},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, cudaErrorIllegalAddress},
+    {CUDA_ERROR_LAUNCH_FAILED, cudaErrorLaunchFailure},
+    {CUDA_ERROR_LAUNCH_TIMEOUT, cudaErrorLaunchTimeout},
+    {CUDA_ERROR_HARDWARE_STACK_ERROR, cudaErrorHardwareStackError},
+    {CUDA_ERROR_ILLEGAL_INSTRUCTION, cudaErrorIllegalInstruction},
+    {CUDA_ERROR_MISALIGNED_ADDRESS, cudaErrorMisalignedAddress},
+    {CUDA_ERROR_INVALID_ADDRESS_SPACE, cudaErrorInvalidAddressSpace},
+    {CUDA_ERROR_INVALID_PC, cudaErrorInvalidPc},
+    {CUDA_ERROR_ECC_UNCORRECTABLE, cudaErrorECCUncorrectable},
+    {CUDA_ERROR_NOT_PERMITTED, cudaErrorNotPermitted},
+    {CUDA_ERROR_NOT_SUPPORTED, cudaErrorNotSupported},
+    {CUDA_ERROR_SYSTEM_NOT_READY, cudaErrorSystemNotReady},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, cudaErrorStreamCaptureUnsupported},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, cudaErrorStreamCaptureInvalidated},
+    {CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, cudaErrorStreamCaptureImplicit},
+};
+
+static cudaError_t platform_error(void) {
+  int code = 0;
+  (void)tp_get_last_platform_error(&code, NULL);
+  /* On the host platform the code is an errno, which has no runtime twin. */
+  if (tp__pl_mode() != TP_PL_CUDA)
+    return cudaErrorUnknown;
+  for (size_t i = 0; i < sizeof driver_codes / sizeof driver_codes[0]; i++)
+    if (driver_codes[i].driver == code)
+      return driver_codes[i].runtime;
+  return cudaErrorUnknown;
+}
+
+cudaError_t tp__pl_error(tp_error_t err) {
+  switch (err) {
+  case TP_SUCCESS: return cudaSuccess;
+  case TP_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
+  case TP_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
+  case TP_ERROR_NOT_SUPPORTED: return cudaErrorNotSupported;
+  case TP_ERROR_INVALID_DEVICE: return cudaErrorInvalidDevice;
+  case TP_ERROR_NOT_PERMITTED: return cudaErrorNotPermitted;
+  case TP_ERROR_NOT_READY: return cudaErrorNotReady;
+  case TP_ERROR_NO_DEVICE: return cudaErrorNoDevice;
+  case TP_ERROR_ILLEGAL_ADDRESS: return cudaErrorIllegalAddress;
+  case TP_ERROR_PLATFORM: return platform_error();
+  }
+  return cudaErrorUnknown;
+}
+
+/* ---- the last error --------------------------------------------------------
+ * The runtime keeps a last error per thread, which every failed runtime call
+ * sets and cudaGetLastError reads and clears. A call tidepool answered
+ * never reached the runtime, so its failure is kept here, with the
+ * runtime's own last error at that moment: if the runtime's has changed by
+ * the time the program asks, a runtime call failed later, and its error is
+ * the last one. (A later runtime failure with the very same code as the
+ * earlier one is not told apart: tidepool's error is reported then.) */
+
+static _Thread_local cudaError_t pending;
+static _Thread_local cudaError_t pending_snapshot;
+
+cudaError_t tp__pl_fail_code(cudaError_t code) {
+  if (code != cudaSuccess) {
+    get_error_fn peek = next_cudaPeekAtLastError();
+    pending_snapshot = peek ? peek() : cudaSuccess;
+    pending = code;
+    tp__pl_count(TP_PL_COUNT_FAILED);
+  }
+  return code;
+}
+
+cudaError_t tp__pl_fail(tp_error_t err) {
+  return tp__pl_fail_code(tp__pl_error(err));
+}
+
+TP_PL_EXPORT cudaError_t cudaGetLastError(void) {
+  get_error_fn get = next_cudaGetLastError();
+  cudaError_t runtime = get ? get() : TP_PL_NO_RUNTIME;
+  if (cudaSuccess == pending)
+    return runtime;
+  cudaError_t ours = pending;
+  pending = cudaSuccess;
+  return runtime == pending_snapshot ? ours : runtime;
+}
+
+TP_PL_EXPORT cudaError_t cudaPeekAtLastError(void) {
+  get_error_fn peek = next_cudaPeekAtLastError();
+  cudaError_t runtime = peek ? peek() : TP_PL_NO_RUNTIME;
+  if (cudaSuccess == pending)
+    return runtime;
+  if (runtime != pending_snapshot) {
+    pending = cudaSuccess; /* a later runtime error replaced ours */
+    return runtime;
+  }
+  return pending;
+}
+
+/* ---- pools ----------------------------------------------------------------
+ * An open-addressing set of pointers, grown under a lock; pools are few and
+ * are looked up on pool calls, not on every allocation. */
+
+static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+static tp_pool_t *pools;
+static size_t pools_cap, pools_n;
+
+static size_t slot_of(const void *p, size_t cap) {
+  uintptr_t h = (uintptr_t)p;
+  h ^= h >> 17;
+  h *= 0x9E3779B97F4A7C15ull;
+  return (size_t)(h >> 7) & (cap - 1);
+}
+
+static bool pools_insert(tp_pool_t *set, size_t cap, tp_pool_t pool) {
+  size_t i = slot_of(pool, cap);
+  while (set[i] && set[i] != pool)
+    i = (i + 1) & (cap - 1);
+  bool added = set[i] == NULL;
+  set[i] = pool;
+  return added;
+}
+
+void tp__pl_pool_remember(tp_pool_t pool) {
+  if (!pool)
+    return;
+  pthread_mutex_lock(&pools_lock);
+  if ((pools_n + 1) * 2 > pools_cap) {
+    size_t cap = pools_cap ? pools_cap * 2 : 64;
+    tp_pool_t *grown = calloc(cap, sizeof *grown);
+    if (grown) {
+      for (size_t i = 0; i < pools_cap; i++)
+        if (pools[i])
+          (void)pools_insert(grown, cap, pools[i]);
+      free(pools);
+      pools = grown;
+      pools_cap = cap;
+    }
+  }
+  /* Without room the pool is not remembered, and later calls on it go to
+   * the runtime, which refuses the handle: an error, never a crash. */
+  if ((pools_n + 1) * 2 <= pools_cap && pools_insert(pools, pools_cap, pool))
+    pools_n++;
+  pthread_mutex_unlock(&pools_lock);
+}
+
+bool tp__pl_pool_known(tp_pool_t pool) {
+  if (!pool)
+    return false;
+  pthread_mutex_lock(&pools_lock);
+  bool found = false;
+  if (pools_cap) {
+    size_t i = slot_of(pool, pools_cap);
+    while (pools[i] && pools[i] != pool)
+      i = (i + 1) & (pools_cap - 1);
+    found = pools[i] == pool;
+  }
+  pthread_mutex_unlock(&pools_lock);
+  return found;
+}
+
+/* ---- event pairs -----------------------------------------------------------
+ * A chained hash map from the runtime's event to tidepool's. Events come
+ * and go (PyTorch makes one per multi-stream free), so entries are removed
+ * at cudaEventDestroy. */
+
+typedef struct pair {
+  cudaEvent_t event;
+  tp_event_t ours;
+  bool valid;
+  struct pair *next;
+} pair;
+
+#define PAIR_BUCKETS 256
+static pthread_mutex_t pairs_lock = PTHREAD_MUTEX_INITIALIZER;
+static pair *pairs[PAIR_BUCKETS];
+
+static pair **pair_slot(cudaEvent_t event) {
+  pair **p = &pairs[slot_of(event, PAIR_BUCKETS)];
+  while (*p && (*p)->event != event)
+    p = &(*p)->next;
+  return p;
+}
+
+tp_event_t tp__pl_event_find(cudaEvent_t event) {
+  pthread_mutex_lock(&pairs_lock);
+  pair *p = *pair_slot(event);
+  tp_event_t ours = p && p->valid ? p->ours : NULL;
+  pthread_mutex_unlock(&pairs_lock);
+  return ours;
+}
+
+tp_event_t tp__pl_event_pair(cudaEvent_t event) {
+  pthread_mutex_lock(&pairs_lock);
+  pair **slot = pair_slot(event);
+  if (!*slot) {
+    pair *p = calloc(1, sizeof *p);
+    if (p && tp_event_create(&p->ours) == TP_SUCCESS) {
+      p->event = event;
+      *slot = p;
+    } else {
+      free(p);
+    }
+  }
+  tp_event_t ours = *slot ? (*slot)->ours : NULL;
+  pthread_mutex_unlock(&pairs_lock);
+  return ours;
+}
+
+void tp__pl_event_mark(cudaEvent_t event, bool valid) {
+  pthread_mutex_lock(&pairs_lock);
+  pair *p = *pair_slot(event);
+  if (p)
+    p->valid = valid;
+  pthread_mutex_unlock(&pairs_lock);
+}
+
+void tp__pl_event_forget(cudaEvent_t event) {
+  pthread_mutex_lock(&pairs_lock);
+  pair **slot = pair_slot(event);
+  pair *p = *slot;
+  if (p)
+    *slot = p->next;
+  pthread_mutex_unlock(&pairs_lock);
+  if (p) {
+    (void)tp_event_destroy(p->ours);
+    free(p);
+  }
+}
+
+/* ---- diagnostics -----------------------------------------------------------
+ * Not CUDA's: for tests, benchmarks and the curious, under a version node of
+ * their own (TIDEPOOL_PRELOAD_0). Reach them with dlsym(RTLD_DEFAULT, ...)
+ * or ctypes.CDLL(None). */
+
+/* 0 undecided, 1 off, 2 cuda, 3 host. */
+TP_PL_EXPORT int tidepool_preload_mode(void) {
+  return tp__pl_mode();
+}
+
+/* A counter of the list in preload.h (0 allocations answered, 1 frees,
+ * 2 pool calls, 3 allocator calls forwarded, 4 synchronizations seen,
+ * 5 event records and waits seen, 6 failures answered); 0 for others. */
+TP_PL_EXPORT unsigned long long tidepool_preload_counter(int which) {
+  if (which < 0 || which >= TP_PL_NCOUNTERS)
+    return 0;
+  return atomic_load_explicit(&counters[which], memory_order_relaxed);
+}
+
+/* tidepool's own figures of the current pool of `device`, asked directly
+ * rather than through the runtime's names: out[0] reserved, out[1] reserved
+ * high, out[2] used, out[3] used high. Returns a tp_error_t; INVALID_VALUE
+ * while tidepool does not answer. */
+TP_PL_EXPORT int tidepool_preload_pool_stats(int device,
+                                             unsigned long long out[4]) {
+  if (!out || !tp__pl_on())
+    return TP_ERROR_INVALID_VALUE;
+  static const tp_pool_attr_t attrs[4] = {
+      TP_POOL_ATTR_RESERVED_MEM_CURRENT, TP_POOL_ATTR_RESERVED_MEM_HIGH,
+      TP_POOL_ATTR_USED_MEM_CURRENT, TP_POOL_ATTR_USED_MEM_HIGH};
+  if (tp__pl_enter(false) != cudaSuccess)
+    return TP_ERROR_INVALID_DEVICE;
+  tp_pool_t pool = NULL;
+  tp_error_t err = tp_device_get_mem_pool(&pool, device);
+  for (int i = 0; err == TP_SUCCESS && i < 4; i++) {
+    uint64_t v = 0;
+    err = tp_pool_get_attribute(pool, attrs[i], &v);
+    out[i] = v;
+  }
+  return err;
+}

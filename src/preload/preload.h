@@ -1,0 +1,139 @@
+/* What the interposer's files share: the real runtime's functions, the mode
+ * the process runs in, the way into tidepool (device, streams, errors), the
+ * registry of pools and the pairs of events. Only tidepool's public header
+ * and the CUDA toolkit's runtime headers are used here. */
+#ifndef TP_PRELOAD_H
+#define TP_PRELOAD_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "tidepool.h"
+
+/* Symbols the interposer exports, as the runtime does; everything else in
+ * the library (tidepool included) stays local through the version script. */
+#define TP_PL_EXPORT __attribute__((visibility("default")))
+
+/* ---- the real runtime ----------------------------------------------------
+ * A generic function pointer: ISO C converts between function pointer types
+ * but not from void *, so the lookup copies the address into one of these. */
+typedef void (*tp__pl_fn)(void);
+
+/* The next definition of `name` after the interposer (the runtime's own,
+ * with the runtime's version node), or NULL when there is none. */
+tp__pl_fn tp__pl_lookup(const char *name);
+
+/* Declares next_NAME(), which returns the real NAME of type `type` (a
+ * pointer-to-function typedef), looked up once. */
+#define TP_PL_NEXT(name, type)                                                 \
+  static type next_##name(void) {                                              \
+    static _Atomic(tp__pl_fn) fn;                                              \
+    tp__pl_fn f = atomic_load_explicit(&fn, memory_order_acquire);             \
+    if (!f) {                                                                  \
+      f = tp__pl_lookup(#name);                                                \
+      atomic_store_explicit(&fn, f, memory_order_release);                     \
+    }                                                                          \
+    return (type)f;                                                            \
+  }
+
+/* What a wrapper answers when the runtime lacks the function it forwards. */
+#define TP_PL_NO_RUNTIME cudaErrorSharedObjectSymbolNotFound
+
+/* ---- the mode ------------------------------------------------------------
+ * Decided once, at the first allocator call, from TIDEPOOL_PRELOAD and what
+ * the runtime and tidepool find. Until then, and when off, every call goes
+ * to the runtime unchanged. */
+enum { TP_PL_UNDECIDED = 0, TP_PL_OFF, TP_PL_CUDA, TP_PL_HOST };
+
+/* The mode without deciding it (TP_PL_UNDECIDED before the first allocator
+ * call): for the calls that only observe, which have nothing to tell
+ * tidepool before it has answered anything. */
+int tp__pl_mode(void);
+
+/* Whether tidepool answers, without deciding: for the calls that only
+ * concern what tidepool already gave out. */
+static inline bool tp__pl_on(void) {
+  int m = tp__pl_mode();
+  return m == TP_PL_CUDA || m == TP_PL_HOST;
+}
+
+/* Decides the mode if needed; true when tidepool answers. */
+bool tp__pl_active(void);
+
+/* Whether TIDEPOOL_PRELOAD=host asked for the host platform (tests). There
+ * streams are tidepool's own, since the host platform cannot adopt the
+ * runtime's. */
+bool tp__pl_host_requested(void);
+
+/* ---- calling into tidepool -----------------------------------------------
+ * Makes tidepool's current device the runtime's current device of the
+ * calling thread, which decides what the NULL stream and device-wide calls
+ * mean. Returns the runtime's error if it cannot say its device (the
+ * runtime has recorded it), or tidepool's, recorded as the last error only
+ * when `answering` (a call tidepool answers, not one it only observes). */
+cudaError_t tp__pl_enter(bool answering);
+
+/* The stream tidepool should see for a runtime stream; `per_thread` for the
+ * _ptsz entry points, where NULL means the per-thread default stream. */
+tp_stream_t tp__pl_stream(cudaStream_t stream, bool per_thread);
+
+/* Whether work on `stream` must go to the runtime because it is being
+ * captured into a graph (or the runtime cannot say): tidepool's pools do not
+ * take part in stream capture yet, so graph allocations stay the driver's.
+ * This is the one place where capture is routed: once tidepool captures,
+ * the allocator calls ask it here instead, and graph launches
+ * (cudaGraphLaunch) join the interposed names. */
+bool tp__pl_capturing(cudaStream_t stream, bool per_thread);
+
+/* The runtime's code for a tidepool error. */
+cudaError_t tp__pl_error(tp_error_t err);
+
+/* Returns the runtime's code for `err` and, for a failure, records it as
+ * the calling thread's last error (see cudaGetLastError in observe.c). */
+cudaError_t tp__pl_fail(tp_error_t err);
+/* The same for an error already in the runtime's terms. */
+cudaError_t tp__pl_fail_code(cudaError_t code);
+
+/* ---- pools ---------------------------------------------------------------
+ * Every pool handle tidepool gave out through the interposer. Others (made
+ * with the driver API, say) are the runtime's, and calls on them go there:
+ * tidepool must never be handed a handle it did not make. Handles are never
+ * forgotten; tidepool keeps destroyed ones as tombstones, so their addresses
+ * are not reused. */
+void tp__pl_pool_remember(tp_pool_t pool);
+bool tp__pl_pool_known(tp_pool_t pool);
+
+/* ---- events --------------------------------------------------------------
+ * A runtime event recorded while tidepool answers gets a tidepool event
+ * recorded just before it on the same stream, so that tidepool learns the
+ * stream order that events carry (reuse across streams, release at
+ * cudaEventSynchronize). Returns NULL where there is none, or where the
+ * runtime's last record of the event failed. */
+tp_event_t tp__pl_event_find(cudaEvent_t event);
+/* The pair of `event`, made if needed (with the calling thread's device). */
+tp_event_t tp__pl_event_pair(cudaEvent_t event);
+/* Marks the pair usable (both records succeeded) or not. */
+void tp__pl_event_mark(cudaEvent_t event, bool valid);
+/* Forgets the pair and destroys tidepool's event. */
+void tp__pl_event_forget(cudaEvent_t event);
+
+/* ---- counters ------------------------------------------------------------
+ * What the interposer did, for tidepool_preload_counter() and the report at
+ * exit (TIDEPOOL_PRELOAD_REPORT=1). */
+enum {
+  TP_PL_COUNT_MALLOC,    /* allocations tidepool answered */
+  TP_PL_COUNT_FREE,      /* frees tidepool answered (cudaFree included) */
+  TP_PL_COUNT_POOL,      /* pool and current-pool calls tidepool answered */
+  TP_PL_COUNT_FORWARDED, /* allocator calls sent on: foreign pool or
+                            pointer, stream capture */
+  TP_PL_COUNT_SYNC,      /* synchronizations passed on to tidepool */
+  TP_PL_COUNT_EVENT,     /* event records and waits passed on to tidepool */
+  TP_PL_COUNT_FAILED,    /* calls tidepool answered with an error */
+  TP_PL_NCOUNTERS
+};
+void tp__pl_count(int which);
+
+#endif /* TP_PRELOAD_H */

@@ -1,0 +1,645 @@
+/* test_preload: the CUDA runtime's stream-ordered allocator called by its own
+ * names (cudaMallocAsync, cudaMemPool*, ...) with libtidepool_preload.so
+ * preloaded, checking that tidepool answers, with the runtime's error codes
+ * and last error. Built twice: against a stand-in runtime (run with
+ * TIDEPOOL_PRELOAD=host, the host platform, or =0, everything forwarded)
+ * and against the toolkit's runtime (run on a GPU; exit 77 without one).
+ * Usage: test_preload host|off|cuda (or env, for the launcher's test) */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+
+#include "check.h"
+
+#define MiB ((size_t)1 << 20)
+#define SKIP_EXIT 77
+
+/* The entry points of per-thread default stream builds, which the header
+ * declares only for them. */
+extern cudaError_t cudaMallocAsync_ptsz(void **, size_t, cudaStream_t);
+extern cudaError_t cudaFreeAsync_ptsz(void *, cudaStream_t);
+
+#define CHECK_RC(expr, want) CHECK_EQ_INT((expr), (want))
+#define REQUIRE_RC(expr, want) REQUIRE_EQ_INT((expr), (want))
+
+/* ---- the interposer's and the stand-in's diagnostics ----------------------
+ */
+
+enum { MODE_UNDECIDED, MODE_OFF, MODE_CUDA, MODE_HOST };
+enum { C_MALLOC, C_FREE, C_POOL, C_FORWARDED, C_SYNC, C_EVENT, C_FAILED };
+
+static int (*preload_mode)(void);
+static unsigned long long (*preload_counter)(int);
+static int (*preload_pool_stats)(int, unsigned long long[4]);
+static unsigned long (*stub_calls)(const char *);
+static int expected_mode;
+
+static unsigned long long counter(int which) {
+  return preload_counter(which);
+}
+
+static unsigned long stub(const char *name) {
+  return stub_calls ? stub_calls(name) : 0;
+}
+
+static uint64_t attr(cudaMemPool_t pool, enum cudaMemPoolAttr a) {
+  uint64_t v = UINT64_MAX;
+  CHECK_RC(cudaMemPoolGetAttribute(pool, a, &v), cudaSuccess);
+  return v;
+}
+
+static cudaMemPool_t new_pool(unsigned handle_types) {
+  struct cudaMemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = (enum cudaMemAllocationHandleType)handle_types;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = 0;
+  cudaMemPool_t pool = NULL;
+  CHECK_RC(cudaMemPoolCreate(&pool, &props), cudaSuccess);
+  return pool;
+}
+
+/* ---- holding a stream -----------------------------------------------------
+ * A host function that waits for a flag keeps everything queued behind it
+ * pending, for as long as the test wants (30 s at most). */
+
+static atomic_int hold_open[8];
+
+static void hold_fn(void *arg) {
+  atomic_int *open = (atomic_int *)arg;
+  double deadline = check_now_s() + 30.0;
+  while (!atomic_load(open)) {
+    if (check_now_s() > deadline) {
+      CHECK_FAIL("a held stream was never released");
+      break;
+    }
+    check_sleep_us(100);
+  }
+}
+
+static atomic_int *hold(cudaStream_t stream, int slot) {
+  atomic_store(&hold_open[slot], 0);
+  CHECK_RC(cudaLaunchHostFunc(stream, hold_fn, &hold_open[slot]), cudaSuccess);
+  return &hold_open[slot];
+}
+
+/* ---- tests ------------------------------------------------------------------
+ */
+
+static void test_malloc_free(void) {
+  cudaMemPool_t pool = NULL;
+  REQUIRE_RC(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
+  uint64_t zero = 0;
+  REQUIRE_RC(
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &zero),
+      cudaSuccess);
+  unsigned long long mallocs = counter(C_MALLOC), frees = counter(C_FREE);
+  void *p = NULL;
+  REQUIRE_RC(cudaMallocAsync(&p, MiB, NULL), cudaSuccess);
+  CHECK(p != NULL);
+  CHECK_EQ_U64(counter(C_MALLOC) - mallocs, 1);
+  CHECK_EQ_U64(attr(pool, cudaMemPoolAttrUsedMemCurrent), MiB);
+  /* tidepool reserves in 2 MiB chunks, the driver in 32 MiB steps. */
+  uint64_t reserved = attr(pool, cudaMemPoolAttrReservedMemCurrent);
+  CHECK_EQ_U64(reserved, 2 * MiB);
+
+  unsigned char back[64];
+  CHECK_RC(cudaMemsetAsync(p, 0x5a, MiB, NULL), cudaSuccess);
+  CHECK_RC(cudaMemcpyAsync(back, (char *)p + MiB - sizeof back, sizeof back,
+                           cudaMemcpyDeviceToHost, NULL),
+           cudaSuccess);
+  CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+  CHECK_EQ_INT(back[0], 0x5a);
+  CHECK_EQ_INT(back[sizeof back - 1], 0x5a);
+
+  /* tidepool's own figures, asked directly, are the runtime names'. */
+  unsigned long long own[4] = {0};
+  CHECK_EQ_INT(preload_pool_stats(0, own), 0);
+  CHECK_EQ_U64(own[0], reserved);
+  CHECK_EQ_U64(own[2], MiB);
+
+  CHECK_RC(cudaFreeAsync(p, NULL), cudaSuccess);
+  CHECK_EQ_U64(counter(C_FREE) - frees, 1);
+  CHECK_EQ_U64(attr(pool, cudaMemPoolAttrUsedMemCurrent), 0);
+  /* The runtime's synchronize reaches tidepool, which falls to the release
+   * threshold (0). */
+  unsigned long long syncs = counter(C_SYNC);
+  CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+  CHECK(counter(C_SYNC) > syncs);
+  CHECK_EQ_U64(attr(pool, cudaMemPoolAttrReservedMemCurrent), 0);
+  CHECK(attr(pool, cudaMemPoolAttrUsedMemHigh) >= MiB);
+  CHECK_RC(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero),
+           cudaSuccess);
+  CHECK_EQ_U64(attr(pool, cudaMemPoolAttrUsedMemHigh), 0);
+
+  /* Size 0 succeeds with NULL, as tidepool answers. */
+  p = &zero;
+  CHECK_RC(cudaMallocAsync(&p, 0, NULL), cudaSuccess);
+  CHECK(p == NULL);
+}
+
+static void test_errors(void) {
+  (void)cudaGetLastError();
+  CHECK_RC(cudaMallocAsync(NULL, 16, NULL), cudaErrorInvalidValue);
+  CHECK_RC(cudaPeekAtLastError(), cudaErrorInvalidValue);
+  CHECK_RC(cudaGetLastError(), cudaErrorInvalidValue);
+  CHECK_RC(cudaGetLastError(), cudaSuccess);
+
+  void *p = NULL;
+  CHECK_RC(cudaMallocAsync(&p, (size_t)1 << 62, NULL),
+           cudaErrorMemoryAllocation);
+  CHECK_RC(cudaGetLastError(), cudaErrorMemoryAllocation);
+  CHECK_RC(cudaGetLastError(), cudaSuccess);
+
+  /* A runtime failure after tidepool's is the last error. */
+  CHECK_RC(cudaMallocAsync(NULL, 16, NULL), cudaErrorInvalidValue);
+  CHECK_RC(cudaSetDevice(1 << 20), cudaErrorInvalidDevice);
+  CHECK_RC(cudaGetLastError(), cudaErrorInvalidDevice);
+  CHECK_RC(cudaGetLastError(), cudaSuccess);
+
+  cudaMemPool_t pool = NULL;
+  CHECK_RC(cudaDeviceGetDefaultMemPool(&pool, 1 << 20), cudaErrorInvalidDevice);
+  CHECK_RC(cudaDeviceGetDefaultMemPool(NULL, 0), cudaErrorInvalidValue);
+  REQUIRE_RC(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
+  uint64_t v = 0;
+  CHECK_RC(cudaMemPoolGetAttribute(pool, (enum cudaMemPoolAttr)0x77, &v),
+           cudaErrorInvalidValue);
+  CHECK_RC(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &v),
+           cudaErrorInvalidValue);
+  CHECK_RC(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, NULL),
+           cudaErrorInvalidValue);
+  /* The default pool cannot be destroyed. */
+  CHECK_RC(cudaMemPoolDestroy(pool), cudaErrorInvalidValue);
+  CHECK_RC(cudaGetLastError(), cudaErrorInvalidValue);
+
+  /* A pointer nobody gave out goes to the runtime, which refuses it. */
+  unsigned long long forwarded = counter(C_FORWARDED);
+  int local = 0;
+  CHECK(cudaFreeAsync(&local, NULL) != cudaSuccess);
+  CHECK_EQ_U64(counter(C_FORWARDED) - forwarded, 1);
+  (void)cudaGetLastError();
+}
+
+static void test_pool_create(void) {
+  cudaMemPool_t pool = new_pool(0);
+  REQUIRE(pool != NULL);
+  uint64_t threshold = 4 * MiB;
+  CHECK_RC(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold,
+                                   &threshold),
+           cudaSuccess);
+  CHECK_EQ_U64(attr(pool, cudaMemPoolAttrReleaseThreshold), 4 * MiB);
+  int on = -1;
+  CHECK_RC(cudaMemPoolGetAttribute(
+               pool, cudaMemPoolReuseFollowEventDependencies, &on),
+           cudaSuccess);
+  CHECK_EQ_INT(on, 1);
+
+  struct cudaMemAccessDesc desc;
+  memset(&desc, 0, sizeof desc);
+  desc.location.type = cudaMemLocationTypeDevice;
+  desc.location.id = 0;
+  desc.flags = cudaMemAccessFlagsProtReadWrite;
+  CHECK_RC(cudaMemPoolSetAccess(pool, &desc, 1), cudaSuccess);
+  CHECK_RC(cudaMemPoolSetAccess(pool, NULL, 1), cudaErrorInvalidValue);
+  enum cudaMemAccessFlags flags = cudaMemAccessFlagsProtNone;
+  struct cudaMemLocation loc = {cudaMemLocationTypeDevice, 0};
+  CHECK_RC(cudaMemPoolGetAccess(&flags, pool, &loc), cudaSuccess);
+  CHECK_EQ_INT(flags, cudaMemAccessFlagsProtReadWrite);
+  loc.id = 1 << 20;
+  CHECK_RC(cudaMemPoolGetAccess(&flags, pool, &loc), cudaErrorInvalidDevice);
+  (void)cudaGetLastError();
+
+  cudaMemPool_t def = NULL;
+  REQUIRE_RC(cudaDeviceGetDefaultMemPool(&def, 0), cudaSuccess);
+  uint64_t def_used = attr(def, cudaMemPoolAttrUsedMemCurrent);
+  void *p = NULL;
+  REQUIRE_RC(cudaMallocFromPoolAsync(&p, 3 * MiB, pool, NULL), cudaSuccess);
+  CHECK_EQ_U64(attr(pool, cudaMemPoolAttrUsedMemCurrent), 3 * MiB);
+  CHECK_EQ_U64(attr(def, cudaMemPoolAttrUsedMemCurrent), def_used);
+  CHECK_RC(cudaFreeAsync(p, NULL), cudaSuccess);
+  CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+  /* Kept up to the threshold, then trimmed. */
+  CHECK_EQ_U64(attr(pool, cudaMemPoolAttrReservedMemCurrent), 4 * MiB);
+  CHECK_RC(cudaMemPoolTrimTo(pool, 0), cudaSuccess);
+  CHECK_EQ_U64(attr(pool, cudaMemPoolAttrReservedMemCurrent), 0);
+
+  CHECK_RC(cudaMemPoolDestroy(pool), cudaSuccess);
+  CHECK_RC(cudaMemPoolDestroy(pool), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+
+  struct cudaMemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = (enum cudaMemLocationType)99;
+  CHECK_RC(cudaMemPoolCreate(&pool, &props), cudaErrorInvalidValue);
+  props.location.type = cudaMemLocationTypeDevice;
+  props.handleTypes = cudaMemHandleTypeWin32;
+  CHECK_RC(cudaMemPoolCreate(&pool, &props), cudaErrorNotSupported);
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.allocType = (enum cudaMemAllocationType)5;
+  CHECK_RC(cudaMemPoolCreate(&pool, &props), cudaErrorInvalidValue);
+  CHECK_RC(cudaMemPoolCreate(NULL, &props), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+}
+
+static void test_current_pools(void) {
+  cudaMemPool_t def = NULL, cur = NULL, got = NULL;
+  REQUIRE_RC(cudaDeviceGetDefaultMemPool(&def, 0), cudaSuccess);
+  REQUIRE_RC(cudaDeviceGetMemPool(&cur, 0), cudaSuccess);
+  CHECK(def == cur);
+  struct cudaMemLocation loc = {cudaMemLocationTypeDevice, 0};
+  CHECK_RC(cudaMemGetDefaultMemPool(&got, &loc, cudaMemAllocationTypePinned),
+           cudaSuccess);
+  CHECK(got == def);
+  CHECK_RC(cudaMemGetMemPool(&got, &loc, cudaMemAllocationTypePinned),
+           cudaSuccess);
+  CHECK(got == def);
+
+  cudaMemPool_t mine = new_pool(0);
+  REQUIRE(mine != NULL);
+  CHECK_RC(cudaDeviceSetMemPool(0, mine), cudaSuccess);
+  CHECK_RC(cudaDeviceGetMemPool(&got, 0), cudaSuccess);
+  CHECK(got == mine);
+  CHECK_RC(cudaMemGetMemPool(&got, &loc, cudaMemAllocationTypePinned),
+           cudaSuccess);
+  CHECK(got == mine);
+  void *p = NULL;
+  CHECK_RC(cudaMallocAsync(&p, MiB, NULL), cudaSuccess);
+  CHECK_EQ_U64(attr(mine, cudaMemPoolAttrUsedMemCurrent), MiB);
+  CHECK_RC(cudaFreeAsync(p, NULL), cudaSuccess);
+  CHECK_RC(cudaMemSetMemPool(&loc, cudaMemAllocationTypePinned, def),
+           cudaSuccess);
+  CHECK_RC(cudaDeviceGetMemPool(&got, 0), cudaSuccess);
+  CHECK(got == def);
+  /* A pool tidepool did not make cannot become current. */
+  CHECK_RC(cudaDeviceSetMemPool(0, (cudaMemPool_t)&loc), cudaErrorInvalidValue);
+  CHECK_RC(cudaMemGetMemPool(&got, NULL, cudaMemAllocationTypePinned),
+           cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+  CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+  CHECK_RC(cudaMemPoolDestroy(mine), cudaSuccess);
+}
+
+static void test_cuda_free(void) {
+  cudaMemPool_t pool = NULL;
+  REQUIRE_RC(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
+  unsigned long long frees = counter(C_FREE);
+  void *p = NULL;
+  REQUIRE_RC(cudaMallocAsync(&p, MiB, NULL), cudaSuccess);
+  CHECK_RC(cudaFree(p), cudaSuccess);
+  CHECK_EQ_U64(counter(C_FREE) - frees, 1);
+  CHECK_EQ_U64(attr(pool, cudaMemPoolAttrUsedMemCurrent), 0);
+  /* cudaFree of the runtime's own memory is the runtime's. */
+  unsigned long before = stub("cudaFree");
+  void *q = NULL;
+  REQUIRE_RC(cudaMalloc(&q, 4096), cudaSuccess);
+  CHECK_RC(cudaFree(q), cudaSuccess);
+  CHECK_EQ_U64(counter(C_FREE) - frees, 1);
+  if (stub_calls)
+    CHECK_EQ_U64(stub("cudaFree") - before, 1);
+}
+
+/* A block freed on stream a, before an event that stream b waits for, is
+ * reused by b while a is still held; stream c, unordered, gets other
+ * memory. Only possible if tidepool learned the record and the wait. */
+static void test_event_order(void) {
+  cudaMemPool_t pool = new_pool(0);
+  REQUIRE(pool != NULL);
+  int off = 0;
+  CHECK_RC(cudaMemPoolSetAttribute(
+               pool, cudaMemPoolReuseAllowInternalDependencies, &off),
+           cudaSuccess);
+  CHECK_RC(
+      cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowOpportunistic, &off),
+      cudaSuccess);
+  cudaStream_t a = NULL, b = NULL, c = NULL;
+  REQUIRE_RC(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  REQUIRE_RC(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+  REQUIRE_RC(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t e = NULL;
+  REQUIRE_RC(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  unsigned long long events = counter(C_EVENT);
+
+  atomic_int *gate = hold(a, 0);
+  void *p = NULL, *x = NULL, *q = NULL;
+  CHECK_RC(cudaMallocFromPoolAsync(&p, 4 * MiB, pool, a), cudaSuccess);
+  CHECK_RC(cudaFreeAsync(p, a), cudaSuccess);
+  CHECK_RC(cudaEventRecord(e, a), cudaSuccess);
+  CHECK_RC(cudaMallocFromPoolAsync(&x, 4 * MiB, pool, c), cudaSuccess);
+  CHECK(x != p);
+  CHECK_RC(cudaStreamWaitEvent(b, e, 0), cudaSuccess);
+  CHECK_RC(cudaMallocFromPoolAsync(&q, 4 * MiB, pool, b), cudaSuccess);
+  CHECK_EQ_PTR(q, p);
+  CHECK_EQ_U64(counter(C_EVENT) - events, 2);
+  atomic_store(gate, 1);
+
+  CHECK_RC(cudaFreeAsync(x, c), cudaSuccess);
+  CHECK_RC(cudaFreeAsync(q, b), cudaSuccess);
+  CHECK_RC(cudaStreamSynchronize(a), cudaSuccess);
+  CHECK_RC(cudaStreamSynchronize(b), cudaSuccess);
+  CHECK_RC(cudaStreamSynchronize(c), cudaSuccess);
+  CHECK_RC(cudaEventDestroy(e), cudaSuccess);
+  CHECK_RC(cudaStreamDestroy(a), cudaSuccess);
+  CHECK_RC(cudaStreamDestroy(b), cudaSuccess);
+  CHECK_RC(cudaStreamDestroy(c), cudaSuccess);
+  CHECK_RC(cudaMemPoolDestroy(pool), cudaSuccess);
+}
+
+/* cudaEventSynchronize lets tidepool see the free complete and release. */
+static void test_event_synchronize(void) {
+  cudaMemPool_t pool = new_pool(0);
+  REQUIRE(pool != NULL);
+  cudaStream_t a = NULL;
+  REQUIRE_RC(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t e = NULL;
+  REQUIRE_RC(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  void *p = NULL;
+  CHECK_RC(cudaMallocFromPoolAsync(&p, 4 * MiB, pool, a), cudaSuccess);
+  CHECK_RC(cudaFreeAsync(p, a), cudaSuccess);
+  CHECK_RC(cudaEventRecord(e, a), cudaSuccess);
+  CHECK_EQ_U64(attr(pool, cudaMemPoolAttrReservedMemCurrent), 4 * MiB);
+  CHECK_RC(cudaEventSynchronize(e), cudaSuccess);
+  CHECK_EQ_U64(attr(pool, cudaMemPoolAttrReservedMemCurrent), 0);
+  CHECK_RC(cudaEventDestroy(e), cudaSuccess);
+  CHECK_RC(cudaStreamDestroy(a), cudaSuccess);
+  CHECK_RC(cudaMemPoolDestroy(pool), cudaSuccess);
+}
+
+/* Allocations on a stream being captured stay the runtime's (graph
+ * memory), and so do their frees. */
+static void test_capture(void) {
+  cudaStream_t s = NULL;
+  REQUIRE_RC(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  unsigned long long forwarded = counter(C_FORWARDED);
+  unsigned long long mallocs = counter(C_MALLOC);
+  unsigned long stub_mallocs = stub("cudaMallocAsync");
+  REQUIRE_RC(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed),
+             cudaSuccess);
+  void *g = NULL;
+  CHECK_RC(cudaMallocAsync(&g, MiB, s), cudaSuccess);
+  CHECK_RC(cudaFreeAsync(g, s), cudaSuccess);
+  cudaGraph_t graph = NULL;
+  CHECK_RC(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  if (graph)
+    CHECK_RC(cudaGraphDestroy(graph), cudaSuccess);
+  CHECK_EQ_U64(counter(C_FORWARDED) - forwarded, 2);
+  CHECK_EQ_U64(counter(C_MALLOC) - mallocs, 0);
+  if (stub_calls)
+    CHECK_EQ_U64(stub("cudaMallocAsync") - stub_mallocs, 1);
+  CHECK_RC(cudaStreamDestroy(s), cudaSuccess);
+}
+
+/* A pool shared through a POSIX descriptor (passed by value on import, as
+ * the runtime takes it) and a pointer through its 64-byte record. */
+static void test_ipc(void) {
+  cudaMemPool_t pool = new_pool(cudaMemHandleTypePosixFileDescriptor);
+  REQUIRE(pool != NULL);
+  int fd = -1;
+  CHECK_RC(cudaMemPoolExportToShareableHandle(
+               &fd, pool, cudaMemHandleTypePosixFileDescriptor, 0),
+           cudaSuccess);
+  REQUIRE(fd >= 0);
+  cudaMemPool_t imported = NULL;
+  CHECK_RC(cudaMemPoolImportFromShareableHandle(
+               &imported, (void *)(intptr_t)fd,
+               cudaMemHandleTypePosixFileDescriptor, 0),
+           cudaSuccess);
+  void *p = NULL, *q = NULL;
+  CHECK_RC(cudaMallocFromPoolAsync(&p, MiB, pool, NULL), cudaSuccess);
+  CHECK_RC(cudaMemsetAsync(p, 0x3c, MiB, NULL), cudaSuccess);
+  CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+  struct cudaMemPoolPtrExportData data;
+  memset(&data, 0, sizeof data);
+  CHECK_RC(cudaMemPoolExportPointer(&data, p), cudaSuccess);
+  if (imported)
+    CHECK_RC(cudaMemPoolImportPointer(&q, imported, &data), cudaSuccess);
+  CHECK(q != NULL);
+  if (q) {
+    unsigned char back[16] = {0};
+    CHECK_RC(
+        cudaMemcpyAsync(back, q, sizeof back, cudaMemcpyDeviceToHost, NULL),
+        cudaSuccess);
+    CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+    CHECK_EQ_INT(back[0], 0x3c);
+    CHECK_RC(cudaFreeAsync(q, NULL), cudaSuccess);
+    CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+  }
+  CHECK_RC(cudaFreeAsync(p, NULL), cudaSuccess);
+  CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+  if (imported)
+    CHECK_RC(cudaMemPoolDestroy(imported), cudaSuccess);
+  CHECK_RC(cudaMemPoolDestroy(pool), cudaSuccess);
+  close(fd);
+}
+
+/* Calls on a pool tidepool did not make go to the runtime. */
+static void test_foreign_pool_stub(void) {
+  cudaMemPool_t foreign = (cudaMemPool_t)(uintptr_t)0x1234000;
+  unsigned long long forwarded = counter(C_FORWARDED);
+  unsigned long before = stub("cudaMemPoolGetAttribute");
+  uint64_t v = 0;
+  CHECK_RC(cudaMemPoolGetAttribute(foreign, cudaMemPoolAttrUsedMemCurrent, &v),
+           cudaErrorNotSupported);
+  CHECK_EQ_U64(stub("cudaMemPoolGetAttribute") - before, 1);
+  void *p = NULL;
+  CHECK_RC(cudaMallocFromPoolAsync(&p, 16, foreign, NULL),
+           cudaErrorNotSupported);
+  CHECK_RC(cudaMemPoolTrimTo(foreign, 0), cudaErrorNotSupported);
+  CHECK_EQ_U64(counter(C_FORWARDED) - forwarded, 3);
+  /* The runtime's failure is the last error. */
+  CHECK_RC(cudaGetLastError(), cudaErrorNotSupported);
+}
+
+/* A pool of the driver's own (made through the driver API) stays the
+ * runtime's: allocations from it and their frees go there. */
+static void test_foreign_pool_driver(void) {
+  void *libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(libcuda != NULL);
+  int (*get_pool)(void **, int) = NULL;
+  int (*device_get)(int *, int) = NULL;
+  void *sym = dlsym(libcuda, "cuDeviceGetDefaultMemPool");
+  memcpy(&get_pool, &sym, sizeof sym);
+  sym = dlsym(libcuda, "cuDeviceGet");
+  memcpy(&device_get, &sym, sizeof sym);
+  REQUIRE(get_pool && device_get);
+  int dev = -1;
+  void *driver_pool = NULL;
+  REQUIRE_EQ_INT(device_get(&dev, 0), 0);
+  REQUIRE_EQ_INT(get_pool(&driver_pool, dev), 0);
+  unsigned long long forwarded = counter(C_FORWARDED);
+  void *p = NULL;
+  CHECK_RC(cudaMallocFromPoolAsync(&p, MiB, (cudaMemPool_t)driver_pool, NULL),
+           cudaSuccess);
+  CHECK_RC(cudaFreeAsync(p, NULL), cudaSuccess);
+  CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+  CHECK_EQ_U64(counter(C_FORWARDED) - forwarded, 2);
+  dlclose(libcuda);
+}
+
+/* What only a real runtime has: per-thread default stream entry points and
+ * pointer attributes from the driver. */
+static void test_cuda_only(void) {
+  void *p = NULL;
+  unsigned long long mallocs = counter(C_MALLOC);
+  CHECK_RC(cudaMallocAsync_ptsz(&p, MiB, NULL), cudaSuccess);
+  CHECK_EQ_U64(counter(C_MALLOC) - mallocs, 1);
+  struct cudaPointerAttributes a;
+  memset(&a, 0, sizeof a);
+  CHECK_RC(cudaPointerGetAttributes(&a, p), cudaSuccess);
+  CHECK_EQ_INT(a.type, cudaMemoryTypeDevice);
+  CHECK_EQ_INT(a.device, 0);
+  CHECK_EQ_PTR(a.devicePointer, p);
+  CHECK_RC(cudaFreeAsync_ptsz(p, NULL), cudaSuccess);
+  CHECK_RC(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+/* TIDEPOOL_PRELOAD=0: everything reaches the runtime, and the interposer
+ * answers nothing. */
+static void test_off(void) {
+  void *p = NULL;
+  unsigned long before = stub("cudaMallocAsync");
+  cudaError_t rc = cudaMallocAsync(&p, 16, NULL);
+  CHECK_EQ_INT(preload_mode(), MODE_OFF);
+  cudaMemPool_t pool = NULL;
+  if (stub_calls) {
+    CHECK_RC(rc, cudaErrorNotSupported);
+    CHECK_EQ_U64(stub("cudaMallocAsync") - before, 1);
+    CHECK_RC(cudaGetLastError(), cudaErrorNotSupported);
+    CHECK_RC(cudaDeviceGetDefaultMemPool(&pool, 0), cudaErrorNotSupported);
+    CHECK_EQ_U64(stub("cudaDeviceGetDefaultMemPool"), 1);
+    CHECK_RC(cudaFreeAsync(&pool, NULL), cudaErrorInvalidValue);
+    CHECK_EQ_U64(stub("cudaFreeAsync"), 1);
+    (void)cudaGetLastError();
+  } else {
+    /* The driver's pool answers. */
+    CHECK_RC(rc, cudaSuccess);
+    CHECK_RC(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
+    CHECK(attr(pool, cudaMemPoolAttrUsedMemCurrent) >= 16);
+    CHECK_RC(cudaFreeAsync(p, NULL), cudaSuccess);
+    CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+  }
+  for (int i = C_MALLOC; i <= C_FAILED; i++)
+    CHECK_EQ_U64(counter(i), 0);
+}
+
+/* tidepool's current device follows the runtime's: what the NULL stream
+ * means, and which pool cudaMallocAsync takes from, on every thread. */
+static void *alloc_on_device_1(void *arg) {
+  void **p = (void **)arg;
+  if (cudaSetDevice(1) == cudaSuccess &&
+      cudaMallocAsync(p, MiB, NULL) != cudaSuccess)
+    *p = NULL;
+  return NULL;
+}
+
+static void test_devices(void) {
+  int n = 0;
+  REQUIRE_RC(cudaGetDeviceCount(&n), cudaSuccess);
+  if (n < 2) {
+    printf("   skipped: one device\n");
+    return;
+  }
+  cudaMemPool_t pool0 = NULL, pool1 = NULL;
+  REQUIRE_RC(cudaDeviceGetDefaultMemPool(&pool0, 0), cudaSuccess);
+  REQUIRE_RC(cudaDeviceGetDefaultMemPool(&pool1, 1), cudaSuccess);
+  CHECK(pool0 != pool1);
+  uint64_t used0 = attr(pool0, cudaMemPoolAttrUsedMemCurrent);
+  uint64_t used1 = attr(pool1, cudaMemPoolAttrUsedMemCurrent);
+  void *p = NULL, *q = NULL;
+  REQUIRE_RC(cudaSetDevice(1), cudaSuccess);
+  CHECK_RC(cudaMallocAsync(&p, MiB, NULL), cudaSuccess);
+  CHECK_EQ_U64(attr(pool1, cudaMemPoolAttrUsedMemCurrent), used1 + MiB);
+  CHECK_EQ_U64(attr(pool0, cudaMemPoolAttrUsedMemCurrent), used0);
+  CHECK_RC(cudaFreeAsync(p, NULL), cudaSuccess);
+  CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+  CHECK_RC(cudaSetDevice(0), cudaSuccess);
+
+  pthread_t t;
+  REQUIRE_EQ_INT(pthread_create(&t, NULL, alloc_on_device_1, &q), 0);
+  pthread_join(t, NULL);
+  CHECK(q != NULL);
+  CHECK_EQ_U64(attr(pool1, cudaMemPoolAttrUsedMemCurrent), used1 + MiB);
+  CHECK_EQ_U64(attr(pool0, cudaMemPoolAttrUsedMemCurrent), used0);
+  /* Freed from this thread, on device 0: the block still knows its pool. */
+  CHECK_RC(cudaFreeAsync(q, NULL), cudaSuccess);
+  CHECK_RC(cudaDeviceSynchronize(), cudaSuccess);
+  CHECK_EQ_U64(attr(pool1, cudaMemPoolAttrUsedMemCurrent), used1);
+}
+
+/* ---- main ------------------------------------------------------------------
+ */
+
+static int load_diagnostics(void) {
+  void *sym = dlsym(RTLD_DEFAULT, "tidepool_preload_mode");
+  memcpy(&preload_mode, &sym, sizeof sym);
+  sym = dlsym(RTLD_DEFAULT, "tidepool_preload_counter");
+  memcpy(&preload_counter, &sym, sizeof sym);
+  sym = dlsym(RTLD_DEFAULT, "tidepool_preload_pool_stats");
+  memcpy(&preload_pool_stats, &sym, sizeof sym);
+  sym = dlsym(RTLD_DEFAULT, "cudart_stub_calls");
+  memcpy(&stub_calls, &sym, sizeof sym);
+  return preload_mode && preload_counter && preload_pool_stats;
+}
+
+int main(int argc, char **argv) {
+  const char *want = argc > 1 ? argv[1] : "host";
+  /* For the launcher's test: what tidepool-run set, and an exit status of
+   * the command's own. */
+  if (strcmp(want, "env") == 0) {
+    const char *preload = getenv("LD_PRELOAD");
+    const char *conf = getenv("PYTORCH_CUDA_ALLOC_CONF");
+    printf("%s|%s", preload ? preload : "", conf ? conf : "unset");
+    return 3;
+  }
+  expected_mode = strcmp(want, "off") == 0    ? MODE_OFF
+                  : strcmp(want, "cuda") == 0 ? MODE_CUDA
+                                              : MODE_HOST;
+  if (!load_diagnostics()) {
+    printf("FAIL: libtidepool_preload.so is not preloaded (LD_PRELOAD)\n");
+    return 1;
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    (void)cudaGetLastError();
+    printf("SKIP: the runtime sees no CUDA device\n");
+    return SKIP_EXIT;
+  }
+  printf("test_preload: %s, runtime %s, %d device(s)\n", want,
+         stub_calls ? "stand-in" : "real", devices);
+  /* Nothing is decided before the first allocator call. */
+  CHECK_EQ_INT(preload_mode(), MODE_UNDECIDED);
+  if (expected_mode == MODE_OFF) {
+    RUN_TEST(test_off);
+    return check_done();
+  }
+  RUN_TEST(test_malloc_free);
+  REQUIRE_EXIT(preload_mode() == expected_mode);
+  RUN_TEST(test_errors);
+  RUN_TEST(test_pool_create);
+  RUN_TEST(test_current_pools);
+  RUN_TEST(test_cuda_free);
+  RUN_TEST(test_event_order);
+  RUN_TEST(test_event_synchronize);
+  RUN_TEST(test_capture);
+  RUN_TEST(test_ipc);
+  RUN_TEST(test_devices);
+  if (stub_calls) {
+    RUN_TEST(test_foreign_pool_stub);
+  } else {
+    RUN_TEST(test_foreign_pool_driver);
+    RUN_TEST(test_cuda_only);
+  }
+  printf("interposer: %llu allocations, %llu frees, %llu pool calls, %llu "
+         "forwarded, %llu synchronizations, %llu event calls answered or "
+         "seen\n",
+         counter(C_MALLOC), counter(C_FREE), counter(C_POOL),
+         counter(C_FORWARDED), counter(C_SYNC), counter(C_EVENT));
+  return check_done();
+}
