@@ -1,6 +1,7 @@
 /* bench_alloc: the allocation benchmark. It times stream-ordered
  * malloc+free through a table of allocator backends (today only tidepool) and
- * prints each figure next to the H200 driver anchor recorded in DESIGN.md. */
+ * prints each figure next to the H200 driver anchor recorded in docs/design.md.
+ */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -22,8 +23,8 @@
  * Anchors
  *
  * Figures of the CUDA driver's own pool (driver 580, NVIDIA H200), copied
- * from DESIGN.md's "Measured anchors". They were measured on another machine
- * at another time: they give scale, they are not a side-by-side run.
+ * from docs/design.md's "Measured anchors". They were measured on another
+ * machine at another time: they give scale, they are not a side-by-side run.
  * ======================================================================== */
 
 #define ANCHOR_PAIR_NS 1200.0 /* cudaMallocAsync+cudaFreeAsync, same stream */
@@ -625,7 +626,7 @@ static void write_json(const char *path, const config *cfg,
   fprintf(f, "  \"platform\": \"%s\",\n  \"quick\": %s,\n", platform,
           cfg->quick ? "true" : "false");
   fprintf(f,
-          "  \"anchor\": {\"source\": \"DESIGN.md: CUDA driver 580 on an "
+          "  \"anchor\": {\"source\": \"docs/design.md: CUDA driver 580 on an "
           "NVIDIA H200, measured separately, not a side-by-side run\", "
           "\"same_stream_pair_ns\": %.0f, \"threads_1_mpairs_per_s\": %.2f, "
           "\"threads_2_to_16_mpairs_per_s\": [%.2f, %.2f]},\n",
@@ -780,7 +781,7 @@ int main(int argc, char **argv) {
          "release threshold UINT64_MAX%s\n",
          platform, devices, cfg.quick ? ", --quick (rough figures)" : "");
   printf("H200 anchor columns: the CUDA driver's own pool (driver 580) on an "
-         "NVIDIA H200, from DESIGN.md,\n"
+         "NVIDIA H200, from docs/design.md,\n"
          "  measured separately, NOT in this run: cudaMallocAsync+"
          "cudaFreeAsync on one stream %.1f us a pair;\n"
          "  1 thread %.2f M pairs/s, 2 to 16 threads on their own streams "

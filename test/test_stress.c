@@ -323,9 +323,9 @@ static int verify_live(tp_pool_t pool, char *why, size_t why_len) {
     snprintf(why, why_len, "not a live pool");
     return 1;
   }
-  pthread_mutex_lock(&p->lock);
+  tp__mutex_lock(&p->lock);
   int r = tp__pool_walk(p, false, why, why_len);
-  pthread_mutex_unlock(&p->lock);
+  tp__mutex_unlock(&p->lock);
   return r;
 }
 

@@ -8,9 +8,6 @@
 /* Initialises the platform and the core once; every entry point calls it. */
 tp_error_t tp__api_init(void);
 
-/* The number of devices of the platform (0 before init). */
-int tp__device_count(void);
-
 /* INVALID_DEVICE unless 0 <= device < count. */
 tp_error_t tp__check_device(int device);
 

@@ -16,7 +16,7 @@ enum {
   NSLOTS
 };
 
-static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER;
+static tp__mutex slots_lock = TP_MUTEX_INIT(TP_RANK_SLOTS);
 static tp_pool_t defaults[NSLOTS];
 static _Atomic(tp_pool_t) currents[NSLOTS];
 
@@ -67,7 +67,7 @@ static tp_pool_props_t slot_props(int slot) {
 }
 
 static tp_error_t default_of(int slot, tp_pool_t *out) {
-  pthread_mutex_lock(&slots_lock);
+  tp__mutex_lock(&slots_lock);
   tp_error_t err = TP_SUCCESS;
   if (!defaults[slot]) {
     tp_pool_props_t props = slot_props(slot);
@@ -76,7 +76,7 @@ static tp_error_t default_of(int slot, tp_pool_t *out) {
       atomic_store(&currents[slot], defaults[slot]);
   }
   *out = defaults[slot];
-  pthread_mutex_unlock(&slots_lock);
+  tp__mutex_unlock(&slots_lock);
   return err;
 }
 
@@ -90,12 +90,12 @@ static tp_error_t current_of(int slot, tp_pool_t *out) {
 }
 
 void tp__current_pools_forget(tp_pool_t pool) {
-  pthread_mutex_lock(&slots_lock);
+  tp__mutex_lock(&slots_lock);
   for (int i = 0; i < NSLOTS; i++) {
     tp_pool_t expect = pool;
     atomic_compare_exchange_strong(&currents[i], &expect, defaults[i]);
   }
-  pthread_mutex_unlock(&slots_lock);
+  tp__mutex_unlock(&slots_lock);
 }
 
 TP_API tp_error_t tp_mem_get_default_pool(tp_pool_t *pool,

@@ -34,10 +34,6 @@ tp_error_t tp__api_init(void) {
   return TP_SUCCESS;
 }
 
-int tp__device_count(void) {
-  return ndevices;
-}
-
 tp_error_t tp__check_device(int device) {
   TP_RETURN_IF(device < 0 || device >= ndevices, TP_ERROR_INVALID_DEVICE);
   return TP_SUCCESS;

@@ -1,24 +1,9 @@
-/* Implementation of the shared helpers of common.h: the slow half of the
- * spin lock, failed-check reporting and environment parsing. */
+/* Implementation of the shared helpers of common.h: failed-check reporting,
+ * environment parsing and growable arrays. */
 #include "common.h"
 
 #include <ctype.h>
-#include <sched.h>
 #include <string.h>
-
-void tp__spin_lock_slow(tp__spin *s) {
-  for (unsigned spins = 0;; spins++) {
-    if (!atomic_load_explicit(&s->held, memory_order_relaxed) &&
-        !atomic_exchange_explicit(&s->held, 1, memory_order_acquire))
-      return;
-    if (spins >= 64)
-      sched_yield();
-#if defined(__x86_64__) || defined(__i386__)
-    else
-      __builtin_ia32_pause();
-#endif
-  }
-}
 
 void tp__check_failed(const char *what, const char *file, int line) {
   fprintf(stderr, "tidepool: invariant violated at %s:%d: %s\n", file, line,

@@ -43,32 +43,11 @@
 #endif
 _Noreturn void tp__check_failed(const char *what, const char *file, int line);
 
-/* A test-and-test-and-set lock for short critical sections on the fast path
- * (a pthread mutex costs twice as much uncontended). It yields after a short
- * spin so that an oversubscribed machine still makes progress. */
-typedef struct tp__spin {
-  atomic_int held;
-} tp__spin;
-#define TP_SPIN_INIT                                                           \
-  { 0 }
-void tp__spin_lock_slow(tp__spin *s);
-static inline void tp__spin_lock(tp__spin *s) {
-  if (TP_LIKELY(!atomic_exchange_explicit(&s->held, 1, memory_order_acquire)))
-    return;
-  tp__spin_lock_slow(s);
-}
-static inline void tp__spin_unlock(tp__spin *s) {
-  atomic_store_explicit(&s->held, 0, memory_order_release);
-}
-
 static inline size_t tp__align_up(size_t v, size_t a) {
   return (v + a - 1) & ~(a - 1);
 }
 static inline uint64_t tp__max_u64(uint64_t a, uint64_t b) {
   return a > b ? a : b;
-}
-static inline uint64_t tp__min_u64(uint64_t a, uint64_t b) {
-  return a < b ? a : b;
 }
 
 /* Raises *high to v if v is larger (a watermark, a completed epoch). The

@@ -4,6 +4,8 @@
  * those older than every thread inside. */
 #include "common/guard.h"
 
+#include "common/lock.h"
+
 #include <linux/membarrier.h>
 #include <pthread.h>
 #include <sys/syscall.h>
@@ -26,7 +28,7 @@ typedef struct retired {
 
 static _Atomic uint64_t global_epoch = 1;
 static _Atomic(rec *) recs;
-static pthread_mutex_t limbo_lock = PTHREAD_MUTEX_INITIALIZER;
+static tp__mutex limbo_lock = TP_MUTEX_INIT(TP_RANK_LIMBO);
 static retired *limbo;
 /* How many wait in limbo, and the epoch of the newest: read by every
  * outermost exit, written rarely. */
@@ -141,9 +143,9 @@ static uint64_t oldest_inside(void) {
 }
 
 void tp__guard_collect(void) {
-  pthread_mutex_lock(&limbo_lock);
+  tp__mutex_lock(&limbo_lock);
   if (!limbo) {
-    pthread_mutex_unlock(&limbo_lock);
+    tp__mutex_unlock(&limbo_lock);
     return;
   }
   uint64_t oldest = oldest_inside();
@@ -159,7 +161,7 @@ void tp__guard_collect(void) {
     done = t;
     atomic_fetch_sub_explicit(&nlimbo, 1, memory_order_relaxed);
   }
-  pthread_mutex_unlock(&limbo_lock);
+  tp__mutex_unlock(&limbo_lock);
   while (done) {
     retired *t = done;
     done = t->next;
@@ -180,11 +182,11 @@ void tp__guard_retire(void *obj, void (*fn)(void *)) {
     return;
   }
   *t = (retired){obj, fn, e, NULL};
-  pthread_mutex_lock(&limbo_lock);
+  tp__mutex_lock(&limbo_lock);
   t->next = limbo;
   limbo = t;
   atomic_fetch_add_explicit(&nlimbo, 1, memory_order_relaxed);
   tp__atomic_max(&newest_retired, e);
-  pthread_mutex_unlock(&limbo_lock);
+  tp__mutex_unlock(&limbo_lock);
   tp__guard_collect();
 }

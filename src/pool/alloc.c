@@ -160,7 +160,7 @@ static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
   tp__centry got[16];
   tp_error_t err = TP_ERROR_INVALID_VALUE;
   uint32_t n = 0;
-  pthread_mutex_lock(&p->lock);
+  tp__mutex_lock(&p->lock);
   tp__cache *c = p->torn_down ? NULL : tp__cache_ensure(&p->caches, s);
   if (c) {
     tp__reuse r = reuse_of(p);
@@ -179,7 +179,7 @@ static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
     tp__cache_give_back(&p->caches, s, cls, false, got + kept, n - kept);
   }
   TP_DEBUG_WALK(p);
-  pthread_mutex_unlock(&p->lock);
+  tp__mutex_unlock(&p->lock);
   TP_RETURN_IF(n == 0, err);
   *ptr = finish_small(&got[0], size);
   peak_note(p, (int64_t)size);
@@ -190,7 +190,7 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
                              void **ptr) {
   tp__block *b = NULL;
   tp_error_t err = TP_ERROR_INVALID_VALUE;
-  pthread_mutex_lock(&p->lock);
+  tp__mutex_lock(&p->lock);
   if (!p->torn_down) {
     /* The stream's own cached blocks go back first, so that they merge
      * with their neighbours before the search. */
@@ -214,7 +214,7 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
     tp__spin_unlock(&s->lock);
   }
   TP_DEBUG_WALK(p);
-  pthread_mutex_unlock(&p->lock);
+  tp__mutex_unlock(&p->lock);
   if (err == TP_SUCCESS)
     peak_note(p, (int64_t)size);
   return err;
@@ -228,7 +228,7 @@ static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
                       const tp__centry *e, int64_t req) {
   tp__centry out[TP_SMALL_CACHE / 2 + 1];
   uint32_t nout = 0;
-  pthread_mutex_lock(&p->lock);
+  tp__mutex_lock(&p->lock);
   tp__cache *c = p->torn_down ? NULL : tp__cache_ensure(&p->caches, s);
   tp__spin_lock(&s->lock);
   if (c)
@@ -241,7 +241,7 @@ static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
   }
   tp__cache_give_back(&p->caches, s, cls, large, out, nout);
   TP_DEBUG_WALK(p);
-  pthread_mutex_unlock(&p->lock);
+  tp__mutex_unlock(&p->lock);
 }
 
 /* ---- frees from elsewhere
@@ -269,11 +269,11 @@ tp_error_t tp__pool_live_size(tp__pool *p, void *ptr, size_t *size) {
 /* The block goes to the pool, counted in the same step. */
 static void free_to_pool(tp__pool *p, tp__stream *s, unsigned cls, bool large,
                          const tp__centry *e, int64_t req) {
-  pthread_mutex_lock(&p->lock);
+  tp__mutex_lock(&p->lock);
   tp__cache_give_back(&p->caches, s, cls, large, e, 1);
   atomic_fetch_add_explicit(&p->caches.base, -req, memory_order_relaxed);
   TP_DEBUG_WALK(p);
-  pthread_mutex_unlock(&p->lock);
+  tp__mutex_unlock(&p->lock);
 }
 
 tp_error_t tp__pool_free_tagged(tp__pool *p, void *ptr, tp__tag tag) {

@@ -10,7 +10,7 @@
 
 static struct tp_pool_opaque *_Atomic chunks[MAX_CHUNKS];
 static _Atomic uint32_t nchunks;
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static tp__mutex lock = TP_MUTEX_INIT(TP_RANK_HANDLES);
 static uint64_t next_slot; /* under lock: slots handed out so far */
 
 static struct tp_pool_opaque *slot_at(uint64_t i) {
@@ -43,13 +43,13 @@ static struct tp_pool_opaque *slot_take(void) {
 }
 
 tp_pool_t tp__handle_new(void) {
-  pthread_mutex_lock(&lock);
+  tp__mutex_lock(&lock);
   struct tp_pool_opaque *h = slot_take();
   if (h) {
     atomic_store_explicit(&h->pool, NULL, memory_order_relaxed);
     atomic_store_explicit(&h->state, TP_POOL_MADE, memory_order_relaxed);
   }
-  pthread_mutex_unlock(&lock);
+  tp__mutex_unlock(&lock);
   return h;
 }
 

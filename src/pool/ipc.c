@@ -457,11 +457,11 @@ static tp_error_t do_chunk(tp__pool *p, conn *c, uint64_t index, wire *a,
   pthread_mutex_unlock(&x->lock);
   TP_RETURN_IF(!held, TP_ERROR_INVALID_VALUE);
   tp__chunk_share share = {0, -1};
-  pthread_mutex_lock(&p->lock);
+  tp__mutex_lock(&p->lock);
   tp__phys phys = p->space.phys[index];
   tp_error_t err = phys ? tp__platform->share_chunk(p->space.res, phys, &share)
                         : TP_ERROR_INVALID_VALUE;
-  pthread_mutex_unlock(&p->lock);
+  tp__mutex_unlock(&p->lock);
   TP_FORWARD(err);
   a->offset = share.offset;
   *fd = share.fd;
@@ -1248,10 +1248,10 @@ tp_error_t tp__ipc_import_set_access(tp__pool *p, const tp_access_desc_t *list,
   for (size_t c = 0; c < m->nchunks && err == TP_SUCCESS; c++)
     if (m->phys[c])
       err = tp__platform->set_access(m->res, c * m->gran, m->gran, list, n);
-  pthread_mutex_lock(&p->lock);
+  tp__mutex_lock(&p->lock);
   for (size_t i = 0; err == TP_SUCCESS && i < n; i++)
     p->space.access[list[i].location.id] = list[i].flags;
-  pthread_mutex_unlock(&p->lock);
+  tp__mutex_unlock(&p->lock);
   pthread_mutex_unlock(&m->mu);
   return err;
 }

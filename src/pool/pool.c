@@ -13,7 +13,7 @@ static _Atomic uint64_t pool_serial;
 
 /* Every live pool, for synchronize and stream destruction to visit. Taken
  * before any pool lock, never while one is held. */
-static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+static tp__mutex pools_lock = TP_MUTEX_INIT(TP_RANK_POOLS);
 static tp__pool **pools;
 static uint32_t npools, cappools;
 
@@ -36,7 +36,7 @@ static tp__pool *pool_alloc(const tp_pool_props_t *props) {
   atomic_init(&p->opportunistic, 1);
   atomic_init(&p->internal_deps, 1);
   atomic_init(&p->oom_wait, 1);
-  pthread_mutex_init(&p->lock, NULL);
+  tp__mutex_init(&p->lock, TP_RANK_POOL);
   p->slabs.heap = &p->heap;
   p->caches.heap = &p->heap;
   p->caches.slabs = &p->slabs;
@@ -50,7 +50,7 @@ static void pool_free(void *arg) {
   tp__heap_fini(&p->heap);
   tp__slabs_fini(&p->slabs);
   tp__space_free(&p->space);
-  pthread_mutex_destroy(&p->lock);
+  tp__mutex_destroy(&p->lock);
   free(p);
 }
 
@@ -108,12 +108,12 @@ tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
   bool rooms = err == TP_SUCCESS;
   if (err == TP_SUCCESS && props->handle_types)
     err = tp__ipc_export_init(p);
-  pthread_mutex_lock(&pools_lock);
+  tp__mutex_lock(&pools_lock);
   if (err == TP_SUCCESS && !TP_RESERVE(pools, npools, cappools))
     err = TP_ERROR_OUT_OF_MEMORY;
   if (err == TP_SUCCESS)
     pools[npools++] = p;
-  pthread_mutex_unlock(&pools_lock);
+  tp__mutex_unlock(&pools_lock);
   if (err != TP_SUCCESS) {
     tp__ipc_export_free(p);
     if (rooms) {
@@ -142,13 +142,14 @@ tp_error_t tp__pool_new_imported(const tp_pool_props_t *props, tp_pool_t *out) {
  * Counted per stream cache (alloc.c); the total is their sum. */
 
 uint64_t tp__pool_used(tp__pool *p) {
+  TP_CHECK_HELD(&p->lock);
   return tp__caches_used(&p->caches);
 }
 
 void tp__pool_peak_raise(tp__pool *p) {
-  pthread_mutex_lock(&p->lock);
+  tp__mutex_lock(&p->lock);
   tp__atomic_max(&p->used_high, tp__pool_used(p));
-  pthread_mutex_unlock(&p->lock);
+  tp__mutex_unlock(&p->lock);
 }
 
 /* ---- release
@@ -166,18 +167,18 @@ static tp_error_t settle_and_release(tp__pool *p, uint64_t keep) {
 static void reap(bool poll);
 
 void tp__pool_after_sync(tp__stream *s) {
-  pthread_mutex_lock(&pools_lock);
+  tp__mutex_lock(&pools_lock);
   for (uint32_t i = 0; i < npools; i++) {
     tp__pool *p = pools[i];
-    pthread_mutex_lock(&p->lock);
+    tp__mutex_lock(&p->lock);
     if (!p->torn_down) {
       tp__caches_drain_one(&p->caches, s);
       /* Best effort: what stays reserved is released at a later try. */
       (void)settle_and_release(p, atomic_load(&p->release_threshold));
     }
-    pthread_mutex_unlock(&p->lock);
+    tp__mutex_unlock(&p->lock);
   }
-  pthread_mutex_unlock(&pools_lock);
+  tp__mutex_unlock(&pools_lock);
   reap(false);
 }
 
@@ -186,29 +187,29 @@ tp_error_t tp__pool_trim(tp__pool *p, uint64_t keep) {
     tp__ipc_import_trim(p);
     return TP_SUCCESS;
   }
-  pthread_mutex_lock(&p->lock);
+  tp__mutex_lock(&p->lock);
   tp_error_t err = TP_ERROR_INVALID_VALUE;
   if (!p->torn_down) {
     tp__caches_drain_all(&p->caches);
     err = settle_and_release(p, keep);
   }
-  pthread_mutex_unlock(&p->lock);
+  tp__mutex_unlock(&p->lock);
   return err;
 }
 
 void tp__pools_drop_stream(tp__stream *s) {
-  pthread_mutex_lock(&pools_lock);
+  tp__mutex_lock(&pools_lock);
   for (uint32_t i = 0; i < npools; i++) {
     tp__pool *p = pools[i];
-    pthread_mutex_lock(&p->lock);
+    tp__mutex_lock(&p->lock);
     tp__spin_lock(&s->lock);
     tp__cache *c = tp__cache_find(s, &p->caches);
     tp__spin_unlock(&s->lock);
     if (c)
       tp__cache_free(&p->caches, c);
-    pthread_mutex_unlock(&p->lock);
+    tp__mutex_unlock(&p->lock);
   }
-  pthread_mutex_unlock(&pools_lock);
+  tp__mutex_unlock(&pools_lock);
 }
 
 /* ---- access
@@ -221,9 +222,9 @@ tp_error_t tp__pool_get_access(tp__pool *p, const tp_location_t *loc,
                    p->props.location.type == TP_LOCATION_HOST_NUMA;
   switch (loc->type) {
   case TP_LOCATION_DEVICE:
-    pthread_mutex_lock(&p->lock);
+    tp__mutex_lock(&p->lock);
     *flags = p->space.access[loc->id];
-    pthread_mutex_unlock(&p->lock);
+    tp__mutex_unlock(&p->lock);
     return TP_SUCCESS;
   case TP_LOCATION_HOST:
   case TP_LOCATION_HOST_NUMA:
@@ -237,10 +238,10 @@ tp_error_t tp__pool_set_access(tp__pool *p, const tp_access_desc_t *list,
                                size_t n) {
   if (p->imported) /* its mappings are ipc's, under a lock of its own */
     return tp__ipc_import_set_access(p, list, n);
-  pthread_mutex_lock(&p->lock);
+  tp__mutex_lock(&p->lock);
   tp_error_t err = p->torn_down ? TP_ERROR_INVALID_VALUE
                                 : tp__space_set_access(&p->space, list, n);
-  pthread_mutex_unlock(&p->lock);
+  tp__mutex_unlock(&p->lock);
   return err;
 }
 
@@ -282,9 +283,9 @@ static void reset_reserved_high(tp__pool *p, uint64_t v) {
   atomic_store(&p->space.reserved_high, atomic_load(&p->space.reserved));
 }
 static uint64_t get_used(tp__pool *p) {
-  pthread_mutex_lock(&p->lock);
+  tp__mutex_lock(&p->lock);
   uint64_t u = tp__pool_used(p);
-  pthread_mutex_unlock(&p->lock);
+  tp__mutex_unlock(&p->lock);
   return u;
 }
 /* Never below the current total when read. */
@@ -295,10 +296,10 @@ static uint64_t get_used_high(tp__pool *p) {
 /* Resets the high to the current total; every thread's mark starts over. */
 static void reset_used_high(tp__pool *p, uint64_t v) {
   (void)v;
-  pthread_mutex_lock(&p->lock);
+  tp__mutex_lock(&p->lock);
   atomic_store(&p->used_high, tp__pool_used(p));
   atomic_fetch_add(&p->peak_gen, 1);
-  pthread_mutex_unlock(&p->lock);
+  tp__mutex_unlock(&p->lock);
 }
 static uint64_t get_alloc_type(tp__pool *p) {
   return (uint64_t)p->props.alloc_type;
@@ -410,7 +411,7 @@ static bool teardown(tp__pool *p, bool poll) {
    * holds keeps the pool. */
   if (p->exp && !tp__ipc_export_stop(p))
     return false;
-  pthread_mutex_lock(&p->lock);
+  tp__mutex_lock(&p->lock);
   bool gone = !p->torn_down;
   /* Draining first means an allocation racing in from a cache is either
    * counted below or finds the cache empty and then waits for this lock. */
@@ -430,7 +431,7 @@ static bool teardown(tp__pool *p, bool poll) {
     tp__registry_remove(p->space.base, p->space.va_size);
     tp__space_fini(&p->space);
   }
-  pthread_mutex_unlock(&p->lock);
+  tp__mutex_unlock(&p->lock);
   if (!gone)
     return false;
   for (uint32_t i = 0; i < npools; i++)
@@ -444,14 +445,14 @@ static bool teardown(tp__pool *p, bool poll) {
 
 /* Finishes destroyed pools whose frees have completed. */
 static void reap(bool poll) {
-  pthread_mutex_lock(&pools_lock);
+  tp__mutex_lock(&pools_lock);
   for (uint32_t i = 0; i < npools;) {
     tp__pool *p = pools[i];
     if (atomic_load(&p->destroyed) && teardown(p, poll))
       continue; /* the array moved; look at index i again */
     i++;
   }
-  pthread_mutex_unlock(&pools_lock);
+  tp__mutex_unlock(&pools_lock);
 }
 
 void tp__pool_maybe_reap(tp__pool *p) {

@@ -37,7 +37,7 @@ struct tp__pool {
    * fields every call reads. */
   _Alignas(64) _Atomic uint64_t used_high;
 
-  pthread_mutex_t lock; /* the slow path: the rooms below and their lists */
+  tp__mutex lock; /* the slow path: the rooms below and their lists */
   tp__space space;
   tp__heap heap;
   tp__slabs slabs;

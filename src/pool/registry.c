@@ -13,7 +13,7 @@ typedef struct leaf {
 } leaf;
 
 static _Atomic(leaf *) root[L1_SIZE];
-static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+static tp__mutex table_lock = TP_MUTEX_INIT(TP_RANK_ADDRESSES);
 
 static bool split(uintptr_t addr, size_t *i1, size_t *i2) {
   uint64_t g = (uint64_t)addr >> TP_REGISTRY_SHIFT;
@@ -38,7 +38,7 @@ static void set_range(uintptr_t base, size_t size, tp__pool *value) {
 tp_error_t tp__registry_add(uintptr_t base, size_t size, tp__pool *p) {
   TP_RETURN_IF(base % ((uintptr_t)1 << TP_REGISTRY_SHIFT) != 0,
                TP_ERROR_INVALID_VALUE);
-  pthread_mutex_lock(&table_lock);
+  tp__mutex_lock(&table_lock);
   tp_error_t err = TP_SUCCESS;
   for (uintptr_t a = base; a < base + size && !err;
        a += (uintptr_t)1 << TP_REGISTRY_SHIFT) {
@@ -57,14 +57,14 @@ tp_error_t tp__registry_add(uintptr_t base, size_t size, tp__pool *p) {
   }
   if (!err)
     set_range(base, size, p);
-  pthread_mutex_unlock(&table_lock);
+  tp__mutex_unlock(&table_lock);
   return err;
 }
 
 void tp__registry_remove(uintptr_t base, size_t size) {
-  pthread_mutex_lock(&table_lock);
+  tp__mutex_lock(&table_lock);
   set_range(base, size, NULL);
-  pthread_mutex_unlock(&table_lock);
+  tp__mutex_unlock(&table_lock);
 }
 
 tp__pool *tp__registry_find(uintptr_t addr) {

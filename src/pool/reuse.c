@@ -39,13 +39,13 @@ static void wait_pending(const tp__reuse *r) {
   uint32_t n = 0, cap = 0;
   tp__heap_pending_tags(r->heap, &tags, &n, &cap);
   tp__slabs_pending_tags(r->slabs, &tags, &n, &cap);
-  pthread_mutex_unlock(r->lock);
+  tp__mutex_unlock(r->lock);
   for (uint32_t i = 0; i < n; i++) {
     (void)tp__stream_wait_host(&tags[i]);
     tp__stream_unref(tags[i].stream);
   }
   free(tags);
-  pthread_mutex_lock(r->lock);
+  tp__mutex_lock(r->lock);
   if (*r->gone)
     return;
   tp__slabs_settle(r->slabs, false, true);
@@ -78,6 +78,7 @@ static tp__block *reuse_free(const tp__reuse *r, tp__stream *a, size_t size) {
 
 tp_error_t tp__reuse_large(const tp__reuse *r, tp__stream *a, size_t size,
                            bool grow, tp__block **out) {
+  TP_CHECK_HELD(r->lock);
   tp__block *b = reuse_free(r, a, size);
   tp_error_t err = TP_SUCCESS;
   tp__taker now = taker(r, a, false);
@@ -118,6 +119,7 @@ static tp_error_t slab_new(const tp__reuse *r, tp__stream *a, unsigned cls,
  * a slab from new memory. */
 uint32_t tp__reuse_small(const tp__reuse *r, tp__stream *a, unsigned cls,
                          tp__centry *out, uint32_t want, tp_error_t *err) {
+  TP_CHECK_HELD(r->lock);
   tp__taker now = taker(r, a, false), later = taker(r, a, true);
   *err = TP_ERROR_OUT_OF_MEMORY;
   for (int step = 0; step < 4; step++) {

@@ -13,8 +13,8 @@ typedef struct tp__reuse {
   tp__heap *heap;
   tp__slabs *slabs;
   tp__caches *caches;
-  pthread_mutex_t *lock; /* the pool lock, dropped while waiting on the host */
-  const bool *gone;      /* the pool was torn down meanwhile */
+  tp__mutex *lock;  /* the pool lock, dropped while waiting on the host */
+  const bool *gone; /* the pool was torn down meanwhile */
   const _Atomic uint64_t *used_high;
   bool follow_events, opportunistic, internal_deps, oom_wait;
 } tp__reuse;

@@ -161,9 +161,9 @@ int tp__pool_verify(tp_pool_t pool, char *why, size_t why_len) {
   tp__pool *p;
   if (tp__pool_get(pool, &p) != TP_SUCCESS)
     return fail(why, why_len, "not a live pool");
-  pthread_mutex_lock(&p->lock);
+  tp__mutex_lock(&p->lock);
   int r = tp__pool_walk(p, true, why, why_len);
-  pthread_mutex_unlock(&p->lock);
+  tp__mutex_unlock(&p->lock);
   return r;
 }
 
@@ -183,7 +183,7 @@ void tp__pool_breakdown(tp_pool_t pool, uint64_t out[8]) {
   if (tp__pool_get(pool, &p) != TP_SUCCESS || p->imported)
     return;
   tp__space *sp = &p->space;
-  pthread_mutex_lock(&p->lock);
+  tp__mutex_lock(&p->lock);
   for (size_t c = tp__space_segment_next(sp, 0); c < sp->nchunks;
        c = tp__space_segment_next(sp, c + 1)) {
     for (const tp__block *b = p->heap.segs[c].first; b; b = b->next) {
@@ -209,5 +209,5 @@ void tp__pool_breakdown(tp_pool_t pool, uint64_t out[8]) {
       }
     }
   }
-  pthread_mutex_unlock(&p->lock);
+  tp__mutex_unlock(&p->lock);
 }

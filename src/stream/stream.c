@@ -49,17 +49,17 @@ static void clock_free(tp__clock *c) {
  * lock held across the queueing, so that a reader who sees number n knows
  * operation n is queued, and a free that read n-1 was issued before it. */
 static struct {
-  pthread_mutex_t lock;
+  tp__mutex lock;
   _Atomic uint64_t seq;
 } legacy_seqs[TP_MAX_DEVICES];
 
 void tp__legacy_begin(int device) {
-  pthread_mutex_lock(&legacy_seqs[device].lock);
+  tp__mutex_lock(&legacy_seqs[device].lock);
   atomic_fetch_add_explicit(&legacy_seqs[device].seq, 1, memory_order_release);
 }
 
 void tp__legacy_end(int device) {
-  pthread_mutex_unlock(&legacy_seqs[device].lock);
+  tp__mutex_unlock(&legacy_seqs[device].lock);
 }
 
 uint64_t tp__legacy_seq(int device) {
@@ -67,10 +67,10 @@ uint64_t tp__legacy_seq(int device) {
 }
 
 static uint64_t legacy_seq_settled(int device) {
-  pthread_mutex_lock(&legacy_seqs[device].lock);
+  tp__mutex_lock(&legacy_seqs[device].lock);
   uint64_t v =
       atomic_load_explicit(&legacy_seqs[device].seq, memory_order_relaxed);
-  pthread_mutex_unlock(&legacy_seqs[device].lock);
+  tp__mutex_unlock(&legacy_seqs[device].lock);
   return v;
 }
 
@@ -80,7 +80,7 @@ static uint64_t legacy_seq_settled(int device) {
  * are adopted by uid on every call, since their handle values get reused.
  * A per-thread cache skips the lock for the handles used last; it is
  * invalidated by a generation count that every destruction bumps. */
-static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static tp__mutex reg_lock = TP_MUTEX_INIT(TP_RANK_STREAM_TABLE);
 static tp__stream **reg;
 static uint32_t nreg, capreg;
 static _Atomic(tp__stream *) legacy_streams[TP_MAX_DEVICES];
@@ -105,7 +105,7 @@ void tp__set_current_device(int device) {
 
 tp_error_t tp__streams_init(void) {
   for (int i = 0; i < TP_MAX_DEVICES; i++)
-    pthread_mutex_init(&legacy_seqs[i].lock, NULL);
+    tp__mutex_init(&legacy_seqs[i].lock, TP_RANK_LEGACY);
   return TP_SUCCESS;
 }
 
@@ -113,6 +113,7 @@ static tp__stream *stream_alloc(const tp__stream_desc *d) {
   tp__stream *s = calloc(1, sizeof *s);
   if (!s)
     return NULL;
+  tp__spin_init(&s->lock, TP_RANK_STREAM);
   s->uid = d->uid;
   s->device = d->device;
   s->flags = d->flags;
@@ -147,11 +148,11 @@ void tp__stream_unref(tp__stream *s) {
 }
 
 static bool reg_add(tp__stream *s) {
-  pthread_mutex_lock(&reg_lock);
+  tp__mutex_lock(&reg_lock);
   bool ok = TP_RESERVE(reg, nreg, capreg);
   if (ok)
     reg[nreg++] = s;
-  pthread_mutex_unlock(&reg_lock);
+  tp__mutex_unlock(&reg_lock);
   return ok;
 }
 
@@ -178,7 +179,7 @@ static tp_error_t legacy_get(int device, tp__stream **out) {
   }
   tp__stream_desc d;
   TP_FORWARD(tp__platform->stream_legacy(device, &d));
-  pthread_mutex_lock(&reg_lock);
+  tp__mutex_lock(&reg_lock);
   s = atomic_load_explicit(&legacy_streams[device], memory_order_relaxed);
   tp_error_t err = TP_SUCCESS;
   if (!s) {
@@ -194,7 +195,7 @@ static tp_error_t legacy_get(int device, tp__stream **out) {
       atomic_store_explicit(&legacy_streams[device], s, memory_order_release);
     }
   }
-  pthread_mutex_unlock(&reg_lock);
+  tp__mutex_unlock(&reg_lock);
   *out = s;
   return err;
 }
@@ -214,9 +215,9 @@ tp_error_t tp__stream_get(tp_stream_t handle, tp__stream **out) {
     memset(&tls_cache, 0, sizeof tls_cache);
     tls_cache.gen = gen;
   }
-  pthread_mutex_lock(&reg_lock);
+  tp__mutex_lock(&reg_lock);
   tp__stream *s = reg_find_handle(handle);
-  pthread_mutex_unlock(&reg_lock);
+  tp__mutex_unlock(&reg_lock);
   if (s) {
     unsigned way = tls_cache.next++ % TLS_WAYS;
     tls_cache.handle[way] = handle;
@@ -228,7 +229,7 @@ tp_error_t tp__stream_get(tp_stream_t handle, tp__stream **out) {
   TP_FORWARD(tp__platform->stream_adopt(handle, &d));
   if (d.legacy)
     return legacy_get(d.device, out);
-  pthread_mutex_lock(&reg_lock);
+  tp__mutex_lock(&reg_lock);
   s = reg_find_uid(d.uid);
   if (!s && (s = stream_alloc(&d)) != NULL) {
     s->handle = handle;
@@ -239,7 +240,7 @@ tp_error_t tp__stream_get(tp_stream_t handle, tp__stream **out) {
       reg[nreg++] = s;
     }
   }
-  pthread_mutex_unlock(&reg_lock);
+  tp__mutex_unlock(&reg_lock);
   TP_RETURN_IF(!s, TP_ERROR_OUT_OF_MEMORY);
   *out = s;
   return TP_SUCCESS;
@@ -425,7 +426,7 @@ bool tp__stream_follows(tp__stream *a, const tp__tag *t) {
 
 tp_error_t tp__stream_retire(tp__stream *s) {
   TP_RETURN_IF(!s->owned, TP_ERROR_INVALID_VALUE);
-  pthread_mutex_lock(&reg_lock);
+  tp__mutex_lock(&reg_lock);
   uint32_t i = 0;
   while (i < nreg && reg[i] != s)
     i++;
@@ -434,7 +435,7 @@ tp_error_t tp__stream_retire(tp__stream *s) {
     reg[i] = reg[--nreg];
     atomic_fetch_add_explicit(&reg_gen, 1, memory_order_release);
   }
-  pthread_mutex_unlock(&reg_lock);
+  tp__mutex_unlock(&reg_lock);
   TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);
   /* The last marker covers every free issued on the stream, so that blocks
    * it cached stay resolvable once the platform stream is gone. */
@@ -456,7 +457,7 @@ tp_error_t tp__stream_release(tp__stream *s) {
 }
 
 tp_error_t tp__streams_list(int device, tp__stream ***out, size_t *n) {
-  pthread_mutex_lock(&reg_lock);
+  tp__mutex_lock(&reg_lock);
   tp__stream **v = malloc((nreg ? nreg : 1) * sizeof *v);
   size_t k = 0;
   for (uint32_t i = 0; v && i < nreg; i++) {
@@ -465,7 +466,7 @@ tp_error_t tp__streams_list(int device, tp__stream ***out, size_t *n) {
     tp__stream_ref(reg[i]);
     v[k++] = reg[i];
   }
-  pthread_mutex_unlock(&reg_lock);
+  tp__mutex_unlock(&reg_lock);
   TP_RETURN_IF(!v, TP_ERROR_OUT_OF_MEMORY);
   *out = v;
   *n = k;
@@ -484,13 +485,14 @@ struct tp__event {
   tp__clock clock;
 };
 
-static pthread_mutex_t ev_lock = PTHREAD_MUTEX_INITIALIZER;
+static tp__mutex ev_lock = TP_MUTEX_INIT(TP_RANK_EVENT_TABLE);
 static tp__event **events;
 static uint32_t nevents, capevents;
 
 tp_error_t tp__event_create(tp_event_t *out) {
   tp__event *e = calloc(1, sizeof *e);
   TP_RETURN_IF(!e, TP_ERROR_OUT_OF_MEMORY);
+  tp__spin_init(&e->lock, TP_RANK_EVENT);
   e->magic = TP_EVENT_MAGIC;
   e->device = current_device;
   tp_error_t err = tp__platform->event_create(e->device, &e->pe);
@@ -498,11 +500,11 @@ tp_error_t tp__event_create(tp_event_t *out) {
     free(e);
     return err;
   }
-  pthread_mutex_lock(&ev_lock);
+  tp__mutex_lock(&ev_lock);
   bool ok = TP_RESERVE(events, nevents, capevents);
   if (ok)
     events[nevents++] = e;
-  pthread_mutex_unlock(&ev_lock);
+  tp__mutex_unlock(&ev_lock);
   if (!ok) {
     (void)tp__platform->event_destroy(e->pe);
     free(e);
@@ -514,11 +516,11 @@ tp_error_t tp__event_create(tp_event_t *out) {
 
 tp_error_t tp__event_get(tp_event_t handle, tp__event **out) {
   TP_RETURN_IF(!handle, TP_ERROR_INVALID_VALUE);
-  pthread_mutex_lock(&ev_lock);
+  tp__mutex_lock(&ev_lock);
   bool found = false;
   for (uint32_t i = 0; i < nevents && !found; i++)
     found = events[i] == (tp__event *)handle;
-  pthread_mutex_unlock(&ev_lock);
+  tp__mutex_unlock(&ev_lock);
   TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);
   *out = (tp__event *)handle;
   return TP_SUCCESS;
@@ -535,14 +537,14 @@ static void event_free(void *arg) {
 /* The event stops answering at once; its memory and platform event go once
  * no thread is inside a call that found it before (common/guard.h). */
 tp_error_t tp__event_destroy(tp__event *e) {
-  pthread_mutex_lock(&ev_lock);
+  tp__mutex_lock(&ev_lock);
   uint32_t i = 0;
   while (i < nevents && events[i] != e)
     i++;
   bool found = i < nevents;
   if (found)
     events[i] = events[--nevents];
-  pthread_mutex_unlock(&ev_lock);
+  tp__mutex_unlock(&ev_lock);
   TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);
   tp__guard_retire(e, event_free);
   return TP_SUCCESS;
@@ -617,11 +619,11 @@ static tp_error_t event_settle(tp__event *e, tp__stream ***out, size_t *n) {
   for (uint32_t i = 0; v && i < c.n; i++) {
     if (c.v[i].key & TP_CLOCK_LEGACY)
       continue;
-    pthread_mutex_lock(&reg_lock);
+    tp__mutex_lock(&reg_lock);
     tp__stream *s = reg_find_uid(c.v[i].key);
     if (s)
       tp__stream_ref(s);
-    pthread_mutex_unlock(&reg_lock);
+    tp__mutex_unlock(&reg_lock);
     if (!s)
       continue;
     tp__stream_mark_done(s, c.v[i].value);

@@ -10,6 +10,7 @@
 #include <pthread.h>
 
 #include "common/common.h"
+#include "common/lock.h"
 #include "platform/platform.h"
 
 #define TP_MAX_DEVICES 16

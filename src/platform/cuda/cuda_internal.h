@@ -9,6 +9,7 @@
 #include <cudaTypedefs.h>
 
 #include "common/common.h"
+#include "common/lock.h"
 #include "platform/platform.h"
 
 /* Every driver function the platform calls, with the ABI version it is

@@ -26,7 +26,7 @@ static atomic_int managed_elsewhere;
 
 /* Whether cuMemUnmap takes a range made of several separate mappings.
  * cuda.h says only that a range may not cut a mapping, and the H200
- * measurements of DESIGN.md unmapped 64 chunks in one call. One call is
+ * measurements of docs/design.md unmapped 64 chunks in one call. One call is
  * made until a driver refuses it; from then on, one call per chunk. */
 static atomic_int unmap_spans = 1;
 

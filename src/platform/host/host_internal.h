@@ -7,6 +7,7 @@
 #include <stdbool.h>
 
 #include "common/common.h"
+#include "common/lock.h"
 #include "platform/host/host_testing.h"
 #include "platform/platform.h"
 
