@@ -334,7 +334,8 @@ static void settle_tag(tp__block *b, bool poll) {
 }
 
 void tp__heap_settle(tp__heap *h, bool poll) {
-  const tp__space *sp = h->space;
+  tp__space *sp = h->space;
+  tp__space_settle_ghosts(sp, poll);
   for (size_t c = tp__space_segment_next(sp, 0); c < sp->nchunks;
        c = tp__space_segment_next(sp, c + 1)) {
     for (tp__block *b = h->segs[c].first; b; b = b->next) {
@@ -360,6 +361,8 @@ void tp__heap_settle(tp__heap *h, bool poll) {
 }
 
 bool tp__heap_pending(const tp__heap *h) {
+  if (h->space->nghosts)
+    return true;
   for (unsigned bin = 0; bin < TP_NBINS; bin++)
     for (const tp__block *b = h->bins[bin]; b; b = b->fnext)
       if (b->tag.stream)
@@ -393,8 +396,16 @@ static bool whole_chunks(const tp__space *sp, const tp__block *b, size_t *c0,
   return true;
 }
 
-static bool movable(const tp__block *b) {
-  return is_free(b) && !b->tag.stream;
+/* Whether the chunks of free block `b` may move for the taker (NULL: only
+ * completed ones, as release wants): completed, or pending on a free the
+ * taker may use now, whose chunks then move in stream order (the old
+ * mappings stay until the free completed). */
+static bool movable(const tp__block *b, const tp__taker *t) {
+  if (!is_free(b))
+    return false;
+  if (!b->tag.stream)
+    return true;
+  return t && !t->deps && tp__stream_may_use(t->a, &b->tag, t->follow);
 }
 
 /* Removes whole chunks [c0, c1) from free block b (which must hold them),
@@ -408,7 +419,8 @@ static tp_error_t carve(tp__heap *h, tp__block *b, size_t c0, size_t c1,
   tp__block *right = NULL;
   if (z < hi && !(right = tp__block_new(h)))
     return TP_ERROR_OUT_OF_MEMORY;
-  tp_error_t err = tp__space_unmap(sp, c0, c1, phys);
+  tp_error_t err = b->tag.stream ? tp__space_detach(sp, c0, c1, phys, &b->tag)
+                                 : tp__space_unmap(sp, c0, c1, phys);
   if (err != TP_SUCCESS) {
     if (right)
       tp__block_recycle(h, right);
@@ -418,19 +430,11 @@ static tp_error_t carve(tp__heap *h, tp__block *b, size_t c0, size_t c1,
   tp__block *prev = b->prev, *next = b->next;
   for (size_t c = c0; c < c1; c++)
     h->segs[c] = (tp__seg){0};
-  if (lo < a) {
-    b->size = a - lo;
-    b->next = NULL;
-    h->segs[c0 - 1].last = b;
-    bin_insert(h, b);
-  } else {
-    if (prev) {
-      prev->next = NULL;
-      h->segs[c0 - 1].last = prev;
-    }
-    tp__block_recycle(h, b);
-  }
+  /* The pieces on either side were freed at the same point as b. */
   if (right) {
+    right->tag = b->tag;
+    if (right->tag.stream)
+      tp__stream_ref(right->tag.stream);
     right->addr = z;
     right->size = hi - z;
     right->next = next;
@@ -444,26 +448,43 @@ static tp_error_t carve(tp__heap *h, tp__block *b, size_t c0, size_t c1,
     next->prev = NULL;
     h->segs[c1].first = next;
   }
+  if (lo < a) {
+    b->size = a - lo;
+    b->next = NULL;
+    h->segs[c0 - 1].last = b;
+    bin_insert(h, b);
+  } else {
+    if (prev) {
+      prev->next = NULL;
+      h->segs[c0 - 1].last = prev;
+    }
+    tp__tag_clear(&b->tag);
+    tp__block_recycle(h, b);
+  }
   return TP_SUCCESS;
 }
 
-/* Takes up to `want` wholly free, completed chunks out of the bins (largest
- * blocks first, from their high end), unmapping them. `keep` is a block not
- * to touch. Returns how many were taken. */
-static size_t gather(tp__heap *h, size_t want, const tp__block *keep,
-                     tp__phys *phys, tp_error_t *err) {
+/* Takes up to `want` chunks that may move for the taker (see movable) out
+ * of the bins, largest blocks first, from their high end. `keep` is a block
+ * not to touch. Returns how many were taken; *pending tells whether any
+ * came from a pending free. */
+static size_t gather(tp__heap *h, const tp__taker *t, size_t want,
+                     const tp__block *keep, tp__phys *phys, bool *pending,
+                     tp_error_t *err) {
   size_t got = 0;
   for (int bin = TP_NBINS - 1; bin >= 0 && got < want; bin--) {
     tp__block *b = h->bins[bin];
     while (b && got < want) {
       tp__block *next = b->fnext;
       size_t c0, c1;
-      if (b != keep && movable(b) && whole_chunks(h->space, b, &c0, &c1)) {
+      if (b != keep && movable(b, t) && whole_chunks(h->space, b, &c0, &c1)) {
         if (c1 - c0 > want - got)
           c0 = c1 - (want - got);
+        bool was_pending = b->tag.stream != NULL;
         *err = carve(h, b, c0, c1, phys + got);
         if (*err != TP_SUCCESS)
           return got;
+        *pending = *pending || was_pending;
         got += c1 - c0;
       }
       b = next;
@@ -472,27 +493,29 @@ static size_t gather(tp__heap *h, size_t want, const tp__block *keep,
   return got;
 }
 
-/* Counts the wholly free, completed chunks that gather() could take. */
-static size_t count_movable(const tp__heap *h, const tp__block *keep) {
+/* Counts the chunks that gather() could take. */
+static size_t count_movable(const tp__heap *h, const tp__taker *t,
+                            const tp__block *keep) {
   size_t n = 0;
   for (unsigned bin = 0; bin < TP_NBINS; bin++)
     for (const tp__block *b = h->bins[bin]; b; b = b->fnext) {
       size_t c0, c1;
-      if (b != keep && movable(b) && whole_chunks(h->space, b, &c0, &c1))
+      if (b != keep && movable(b, t) && whole_chunks(h->space, b, &c0, &c1))
         n += c1 - c0;
     }
   return n;
 }
 
-/* Where new chunks go: extending a completed free block at a segment's end
- * (or start) when the chunks beside it are unmapped, else a fresh run at the
- * lowest address that has room. */
+/* Where new chunks go: extending a free block the taker may use at a
+ * segment's end (or start) when the chunks beside it are unmapped, else a
+ * fresh run at the lowest address that has room. */
 typedef struct placement {
   size_t c0, n;
   tp__block *extend; /* NULL for a fresh run */
 } placement;
 
-static bool place(const tp__heap *h, size_t size, placement *out) {
+static bool place(const tp__heap *h, const tp__taker *t, size_t size,
+                  placement *out) {
   const tp__space *sp = h->space;
   size_t fresh = tp__align_up(size, sp->gran) / sp->gran;
   out->c0 = 0;
@@ -501,7 +524,7 @@ static bool place(const tp__heap *h, size_t size, placement *out) {
   out->extend = NULL;
   for (unsigned bin = 0; bin < TP_NBINS; bin++) {
     for (tp__block *b = h->bins[bin]; b; b = b->fnext) {
-      if (!movable(b) || b->size >= size || (b->next && b->prev))
+      if (!movable(b, t) || b->size >= size || (b->next && b->prev))
         continue;
       size_t n = tp__align_up(size - b->size, sp->gran) / sp->gran;
       if (found && n >= out->n)
@@ -561,14 +584,14 @@ static tp__block *adopt(tp__heap *h, const placement *pl, tp__block *fresh) {
   return b;
 }
 
-tp_error_t tp__heap_grow(tp__heap *h, size_t size, size_t create,
-                         tp__block **out) {
+tp_error_t tp__heap_grow(tp__heap *h, const tp__taker *t, size_t size,
+                         size_t create, tp__block **out) {
   tp__space *sp = h->space;
   placement pl;
-  TP_RETURN_IF(!place(h, size, &pl), TP_ERROR_OUT_OF_MEMORY);
+  TP_RETURN_IF(!place(h, t, size, &pl), TP_ERROR_OUT_OF_MEMORY);
   if (create > pl.n)
     create = pl.n;
-  size_t have = count_movable(h, pl.extend);
+  size_t have = count_movable(h, t, pl.extend);
   if (pl.n - create > have)
     create = pl.n - have;
   uint64_t reserved = atomic_load_explicit(&sp->reserved, memory_order_relaxed);
@@ -583,8 +606,9 @@ tp_error_t tp__heap_grow(tp__heap *h, size_t size, size_t create,
     return TP_ERROR_OUT_OF_MEMORY;
   }
   tp_error_t err = TP_SUCCESS;
-  size_t made = gather(h, pl.n - create, pl.extend, phys, &err);
-  /* The placement stays valid: gathering only unmaps chunks outside it,
+  bool pending = false;
+  size_t made = gather(h, t, pl.n - create, pl.extend, phys, &pending, &err);
+  /* The placement stays valid: gathering only takes chunks outside it,
    * and the block it extends was kept out of the gathering. */
   while (err == TP_SUCCESS && made < pl.n)
     if ((err = tp__space_create(sp, &phys[made])) == TP_SUCCESS)
@@ -599,7 +623,16 @@ tp_error_t tp__heap_grow(tp__heap *h, size_t size, size_t create,
     return err;
   }
   free(phys);
-  *out = tp__block_release(h, adopt(h, &pl, fresh));
+  tp__block *b = adopt(h, &pl, fresh);
+  /* Chunks that moved from pending frees the taker follows are usable in
+   * stream order after the taker's work so far, and by others only after
+   * that (the tag a taken pending block gets, see retag). */
+  if (pending) {
+    tp__tag_clear(&b->tag);
+    b->tag = tp__stream_tag(t->a);
+    tp__stream_ref(t->a);
+  }
+  *out = tp__block_release(h, b);
   return TP_SUCCESS;
 }
 
@@ -613,7 +646,8 @@ tp_error_t tp__heap_release(tp__heap *h, uint64_t keep) {
   tp__phys *phys = calloc(want, sizeof *phys);
   TP_RETURN_IF(!phys, TP_ERROR_OUT_OF_MEMORY);
   tp_error_t gerr = TP_SUCCESS;
-  size_t got = gather(h, want, NULL, phys, &gerr);
+  bool pending = false;
+  size_t got = gather(h, NULL, want, NULL, phys, &pending, &gerr);
   tp_error_t rerr = tp__space_release(sp, phys, got);
   free(phys);
   return err != TP_SUCCESS ? err : gerr != TP_SUCCESS ? gerr : rerr;

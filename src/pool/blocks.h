@@ -87,7 +87,8 @@ tp__block *tp__heap_take_run(tp__heap *h, const tp__taker *t, size_t size);
 /* Drops tags of completed frees (polling markers when `poll`) and merges
  * what then may. */
 void tp__heap_settle(tp__heap *h, bool poll);
-/* Whether a free block still waits on a free's completion. */
+/* Whether a free block (or a ghost mapping) still waits on a free's
+ * completion. */
 bool tp__heap_pending(const tp__heap *h);
 /* Appends the tag of every pending free block to tags[], with a stream
  * reference each. */
@@ -95,13 +96,15 @@ void tp__heap_pending_tags(const tp__heap *h, tp__tag **tags, uint32_t *n,
                            uint32_t *cap);
 
 /* Maps memory for a free block of at least `size` bytes and returns it,
- * taken out of the bins: beside a segment's completed free edge where the
- * chunks there are unmapped, else in the lowest free run. Of the chunks
- * needed, at most `create` are made new; the others are wholly free,
- * completed chunks moved from elsewhere (more are made where too few can
- * move). OUT_OF_MEMORY when the limit or the platform says so. */
-tp_error_t tp__heap_grow(tp__heap *h, size_t size, size_t create,
-                         tp__block **out);
+ * taken out of the bins: beside a segment's free edge the taker may use,
+ * where the chunks there are unmapped, else in the lowest free run. Of the
+ * chunks needed, at most `create` are made new; the others are wholly free
+ * chunks moved from elsewhere: completed ones, and ones whose free is
+ * pending where the taker may use it now (their old mappings stay until
+ * the free completed, space.h's ghosts). More are made where too few can
+ * move. OUT_OF_MEMORY when the limit or the platform says so. */
+tp_error_t tp__heap_grow(tp__heap *h, const tp__taker *t, size_t size,
+                         size_t create, tp__block **out);
 /* Unmaps wholly free, completed chunks and gives them back until at most
  * `keep` bytes stay reserved. Returns the first platform failure; what
  * could not be released stays reserved. */

@@ -84,7 +84,7 @@ tp_error_t tp__reuse_large(const tp__reuse *r, tp__stream *a, size_t size,
   tp__taker now = taker(r, a, false);
   for (int attempt = 0; !b && grow && attempt < 2; attempt++) {
     tp__block *grown = NULL;
-    err = tp__heap_grow(r->heap, size, growth_budget(r, size), &grown);
+    err = tp__heap_grow(r->heap, &now, size, growth_budget(r, size), &grown);
     if (err == TP_SUCCESS) {
       b = tp__heap_take(r->heap, &now, size);
       TP_CHECK(b != NULL);

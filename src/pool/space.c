@@ -15,13 +15,23 @@ static void set_slot(tp__space *sp, size_t c, tp__phys phys) {
     sp->mapbits[c / 64] &= ~(UINT64_C(1) << (c % 64));
 }
 
+static void set_ghost(tp__space *sp, size_t c, bool on) {
+  if (on)
+    sp->ghostbits[c / 64] |= UINT64_C(1) << (c % 64);
+  else
+    sp->ghostbits[c / 64] &= ~(UINT64_C(1) << (c % 64));
+}
+
 static void free_maps(tp__space *sp) {
   free(sp->phys);
   free((void *)sp->gtab);
   free(sp->mapbits);
+  free(sp->ghostbits);
+  free(sp->ghosts);
   sp->phys = NULL;
   sp->gtab = NULL;
-  sp->mapbits = NULL;
+  sp->mapbits = sp->ghostbits = NULL;
+  sp->ghosts = NULL;
 }
 
 tp_error_t tp__space_init(tp__space *sp, const tp__mem_kind *kind, size_t gran,
@@ -38,7 +48,8 @@ tp_error_t tp__space_init(tp__space *sp, const tp__mem_kind *kind, size_t gran,
   sp->phys = calloc(sp->nchunks, sizeof *sp->phys);
   sp->gtab = calloc(sp->nchunks, sizeof *sp->gtab);
   sp->mapbits = calloc((sp->nchunks + 63) / 64, sizeof *sp->mapbits);
-  if (!sp->phys || !sp->gtab || !sp->mapbits) {
+  sp->ghostbits = calloc((sp->nchunks + 63) / 64, sizeof *sp->ghostbits);
+  if (!sp->phys || !sp->gtab || !sp->mapbits || !sp->ghostbits) {
     free_maps(sp);
     return TP_ERROR_OUT_OF_MEMORY;
   }
@@ -94,7 +105,7 @@ bool tp__space_unmapped(const tp__space *sp, size_t c0, size_t n) {
   if (c0 + n > sp->nchunks)
     return false;
   for (size_t c = c0; c < c0 + n; c++)
-    if (tp__space_mapped(sp, c))
+    if (tp__space_occupied(sp, c))
       return false;
   return true;
 }
@@ -102,12 +113,13 @@ bool tp__space_unmapped(const tp__space *sp, size_t c0, size_t n) {
 bool tp__space_first_run(const tp__space *sp, size_t n, size_t *out) {
   size_t run = 0;
   for (size_t c = 0; c < sp->nchunks;) {
-    if (c % 64 == 0 && sp->mapbits[c / 64] == UINT64_MAX) {
+    if (c % 64 == 0 &&
+        (sp->mapbits[c / 64] | sp->ghostbits[c / 64]) == UINT64_MAX) {
       run = 0;
       c += 64;
       continue;
     }
-    if (tp__space_mapped(sp, c)) {
+    if (tp__space_occupied(sp, c)) {
       run = 0;
     } else if (++run == n) {
       *out = c + 1 - n;
@@ -174,9 +186,24 @@ tp_error_t tp__space_unmap(tp__space *sp, size_t c0, size_t c1,
   return TP_SUCCESS;
 }
 
+/* The ghost that still maps `phys`, if any. */
+static tp__ghost *ghost_of(tp__space *sp, tp__phys phys) {
+  for (uint32_t i = 0; i < sp->nghosts; i++)
+    if (sp->ghosts[i].phys == phys && !sp->ghosts[i].release)
+      return &sp->ghosts[i];
+  return NULL;
+}
+
 tp_error_t tp__space_release(tp__space *sp, const tp__phys *phys, size_t n) {
   tp_error_t first = TP_SUCCESS;
   for (size_t i = 0; i < n; i++) {
+    /* A chunk a ghost still maps stays allocated until the ghost goes, and
+     * stays counted until then. */
+    tp__ghost *g = sp->nghosts ? ghost_of(sp, phys[i]) : NULL;
+    if (g) {
+      g->release = true;
+      continue;
+    }
     tp_error_t err = tp__platform->chunk_release(sp->res, phys[i]);
     if (err == TP_SUCCESS) {
       reserved_add(sp, -(int64_t)sp->gran);
@@ -188,6 +215,49 @@ tp_error_t tp__space_release(tp__space *sp, const tp__phys *phys, size_t n) {
       sp->orphans[sp->norphans++] = phys[i];
   }
   return first;
+}
+
+tp_error_t tp__space_detach(tp__space *sp, size_t c0, size_t c1, tp__phys *phys,
+                            const tp__tag *tag) {
+  for (size_t c = c0; c < c1; c++) {
+    if (!TP_RESERVE(sp->ghosts, sp->nghosts, sp->capghosts)) {
+      while (c-- > c0) { /* undo: the chunks stay where they are */
+        tp__ghost *g = &sp->ghosts[--sp->nghosts];
+        set_ghost(sp, c, false);
+        set_slot(sp, c, g->phys);
+        tp__tag_clear(&g->tag);
+      }
+      return TP_ERROR_OUT_OF_MEMORY;
+    }
+    tp__ghost *g = &sp->ghosts[sp->nghosts++];
+    *g = (tp__ghost){c, sp->phys[c], *tag, false};
+    tp__stream_ref(tag->stream);
+    phys[c - c0] = sp->phys[c];
+    set_slot(sp, c, 0);
+    set_ghost(sp, c, true);
+  }
+  return TP_SUCCESS;
+}
+
+void tp__space_settle_ghosts(tp__space *sp, bool poll) {
+  for (uint32_t i = 0; i < sp->nghosts;) {
+    tp__ghost *g = &sp->ghosts[i];
+    if (!tp__stream_done(&g->tag) && !(poll && tp__stream_poll(&g->tag))) {
+      i++;
+      continue;
+    }
+    /* An unmap the platform refuses leaves the ghost for the next try. */
+    if (tp__platform->unmap(sp->res, g->chunk * sp->gran, 1) != TP_SUCCESS) {
+      i++;
+      continue;
+    }
+    atomic_fetch_add_explicit(&sp->unmaps, 1, memory_order_relaxed);
+    set_ghost(sp, g->chunk, false);
+    if (g->release)
+      (void)tp__space_release(sp, &g->phys, 1);
+    tp__tag_clear(&g->tag);
+    *g = sp->ghosts[--sp->nghosts];
+  }
 }
 
 tp_error_t tp__space_release_orphans(tp__space *sp) {
@@ -227,6 +297,15 @@ void tp__space_fini(tp__space *sp) {
     }
     c = tp__space_segment_next(sp, e);
   }
+  for (uint32_t i = 0; i < sp->nghosts; i++) {
+    tp__ghost *g = &sp->ghosts[i];
+    (void)tp__platform->unmap(sp->res, g->chunk * sp->gran, 1);
+    if (g->release &&
+        tp__platform->chunk_release(sp->res, g->phys) == TP_SUCCESS)
+      reserved_add(sp, -(int64_t)sp->gran);
+    tp__tag_clear(&g->tag);
+  }
+  sp->nghosts = 0;
   (void)tp__space_release_orphans(sp);
   (void)tp__platform->unreserve(sp->res);
 }

@@ -12,14 +12,28 @@
 #define TP_GRANULE 512u /* allocation step and minimum alignment */
 #define TP_GRANULE_SHIFT 9
 
+/* A chunk slot whose physical chunk moved while a free of its memory was
+ * still pending: the old mapping stays until the free's work completed,
+ * since that work may still reach the memory through it. The chunk is
+ * mapped elsewhere meanwhile and counted once. */
+typedef struct tp__ghost {
+  size_t chunk;
+  tp__phys phys;
+  tp__tag tag;
+  bool release; /* the chunk was released elsewhere: release at unmap */
+} tp__ghost;
+
 typedef struct tp__space {
   tp__pres *res;
   tp__mem_kind kind;
   uintptr_t base;
   size_t va_size, gran, nchunks;
-  uint64_t limit; /* physical bytes the space may hold */
-  tp__phys *phys; /* per chunk: the physical chunk mapped there, or 0 */
-  uint64_t *mapbits;
+  uint64_t limit;      /* physical bytes the space may hold */
+  tp__phys *phys;      /* per chunk: the physical chunk mapped there, or 0 */
+  uint64_t *mapbits;   /* per chunk: mapped and part of a segment */
+  uint64_t *ghostbits; /* per chunk: mapped, waiting for a free (ghosts) */
+  tp__ghost *ghosts;
+  uint32_t nghosts, capghosts;
   /* Per chunk, allocated on first use: one entry per granule, the live
    * allocation that starts there (a block, or a slab with its low bit). */
   _Atomic(_Atomic uintptr_t *) *gtab;
@@ -53,13 +67,17 @@ static inline uintptr_t tp__space_addr(const tp__space *sp, size_t chunk) {
 static inline bool tp__space_mapped(const tp__space *sp, size_t c) {
   return (sp->mapbits[c / 64] >> (c % 64)) & 1;
 }
+static inline bool tp__space_occupied(const tp__space *sp, size_t c) {
+  return ((sp->mapbits[c / 64] | sp->ghostbits[c / 64]) >> (c % 64)) & 1;
+}
 /* The first chunk at or after `from` that starts a segment (a maximal run
  * of mapped chunks), or nchunks; and the end of the segment at `start`. */
 size_t tp__space_segment_next(const tp__space *sp, size_t from);
 size_t tp__space_segment_end(const tp__space *sp, size_t start);
-/* Whether chunks [c0, c0 + n) lie in the range, all unmapped. */
+/* Whether chunks [c0, c0 + n) lie in the range, all unmapped (no ghost
+ * either). */
 bool tp__space_unmapped(const tp__space *sp, size_t c0, size_t n);
-/* The lowest run of n unmapped chunks. */
+/* The lowest run of n such chunks. */
 bool tp__space_first_run(const tp__space *sp, size_t n, size_t *c0);
 
 /* A new physical chunk, counted as reserved; OUT_OF_MEMORY beyond the
@@ -71,6 +89,14 @@ tp_error_t tp__space_map(tp__space *sp, size_t c0, const tp__phys *phys,
                          size_t n);
 /* Unmaps chunks [c0, c1), handing their physical chunks to phys[]. */
 tp_error_t tp__space_unmap(tp__space *sp, size_t c0, size_t c1, tp__phys *phys);
+/* Takes chunks [c0, c1) out of their segment while a free tagged `tag` of
+ * their memory is pending, handing their physical chunks to phys[] to be
+ * mapped elsewhere: the old mappings stay, as ghosts, until the free
+ * completed. OUT_OF_MEMORY when the ghosts cannot be recorded. */
+tp_error_t tp__space_detach(tp__space *sp, size_t c0, size_t c1, tp__phys *phys,
+                            const tp__tag *tag);
+/* Unmaps the ghosts whose frees completed (polling markers when `poll`). */
+void tp__space_settle_ghosts(tp__space *sp, bool poll);
 /* Gives unmapped chunks back to the platform. One it refuses stays
  * reserved, kept for the next try; returns the first failure. */
 tp_error_t tp__space_release(tp__space *sp, const tp__phys *phys, size_t n);

@@ -138,11 +138,21 @@ int tp__pool_walk(tp__pool *p, bool check_used, char *why, size_t len) {
                 "%zu blocks in bins, %zu free in "
                 "segments",
                 binned, free_blocks);
+  /* A chunk released while a ghost still maps it stays counted. */
+  uint64_t kept = 0;
+  for (uint32_t i = 0; i < sp->nghosts; i++) {
+    const tp__ghost *g = &sp->ghosts[i];
+    CHECK_OR_FAIL(g->tag.stream && !tp__space_mapped(sp, g->chunk) &&
+                      tp__space_occupied(sp, g->chunk),
+                  "ghost at chunk %zu is not a lone ghost", g->chunk);
+    kept += g->release;
+  }
   uint64_t reserved = atomic_load(&sp->reserved);
-  CHECK_OR_FAIL(reserved == (mapped + sp->norphans) * sp->gran,
-                "reserved %llu but %llu chunks mapped and %u unreleased",
+  CHECK_OR_FAIL(reserved == (mapped + sp->norphans + kept) * sp->gran,
+                "reserved %llu but %llu chunks mapped, %u unreleased and "
+                "%llu under old mappings",
                 (unsigned long long)reserved, (unsigned long long)mapped,
-                sp->norphans);
+                sp->norphans, (unsigned long long)kept);
   CHECK_OR_FAIL(reserved <= sp->limit, "reserved %llu over the limit %llu",
                 (unsigned long long)reserved, (unsigned long long)sp->limit);
   for (unsigned cls = 0; cls < TP_NCLASSES; cls++)
