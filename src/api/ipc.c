@@ -1,9 +1,10 @@
 /* The entry points for sharing pools between processes: the seed's argument
  * checks of the five IPC functions (the driver's answers), then the core's
- * export and import (pool/ipc.c). */
+ * export and import (src/ipc/). */
 #include <sys/stat.h>
 
 #include "api/api.h"
+#include "ipc/ipc.h"
 
 static tp_error_t check_type(tp_handle_type_t type, unsigned flags) {
   TP_RETURN_IF(flags != 0, TP_ERROR_INVALID_VALUE);

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "ipc/ipc.h"
 #include "pool/pool.h"
 
 static _Atomic uint64_t pool_serial;

@@ -25,8 +25,8 @@ typedef struct tp__pool tp__pool;
 typedef struct tp__block tp__block;
 typedef struct tp__slab tp__slab;
 typedef struct tp__cache tp__cache;
-typedef struct tp__ipc_export tp__ipc_export; /* ipc.c */
-typedef struct tp__ipc_import tp__ipc_import; /* ipc.c */
+typedef struct tp__ipc_export tp__ipc_export; /* ipc/export.c */
+typedef struct tp__ipc_import tp__ipc_import; /* ipc/import.c */
 
 /* ---- dependency clocks --------------------------------------------------
  * A clock maps a stream uid to the newest epoch of that stream a holder is
@@ -398,37 +398,6 @@ tp_error_t tp__pool_new_imported(const tp_pool_props_t *props, tp_pool_t *out);
  * block goes to the pool's free lists, never to a stream cache, since its
  * stream may be gone; the tag's stream reference is consumed. */
 tp_error_t tp__pool_free_tagged(tp__pool *p, void *ptr, tp__tag tag);
-
-/* ---- ipc.c ---------------------------------------------------------------
- * Sharing pools between processes. The exporting side: */
-tp_error_t tp__ipc_export_init(tp__pool *p);
-/* A new descriptor for importers (the caller owns it). */
-tp_error_t tp__ipc_export_handle(tp__pool *p, int *fd);
-tp_error_t tp__ipc_export_pointer(tp__pool *p, void *ptr,
-                                  tp_pool_ptr_export_data_t *data);
-/* The pool was destroyed: no new importers, no new imports. */
-void tp__ipc_export_close(tp__pool *p);
-/* Teardown: stops serving importers unless one still holds a block (then
- * false: the pool must stay). No lock held. */
-bool tp__ipc_export_stop(tp__pool *p);
-void tp__ipc_export_free(tp__pool *p);
-/* Called by a free of `addr` while p->ipc_watch is set: *kept when an
- * importer holds the allocation, which ipc.c then frees once released. */
-tp_error_t tp__ipc_on_free(tp__pool *p, uintptr_t addr, tp__stream *s,
-                           bool *kept);
-/* The importing side: */
-tp_error_t tp__ipc_import_pool(int fd, tp_pool_t *out);
-tp_error_t tp__ipc_import_pointer(tp__pool *p,
-                                  const tp_pool_ptr_export_data_t *data,
-                                  void **ptr);
-tp_error_t tp__ipc_import_free(tp__pool *p, uintptr_t addr, tp__stream *s);
-tp_error_t tp__ipc_import_set_access(tp__pool *p, const tp_access_desc_t *list,
-                                     size_t n);
-/* Unmaps chunks that no imported pointer still uses. */
-void tp__ipc_import_trim(tp__pool *p);
-void tp__ipc_import_destroy(tp__pool *p);
-/* After a synchronize: every imported pool unmaps what it no longer uses. */
-void tp__ipc_settle(void);
 
 /* ---- verify.c ------------------------------------------------------------
  * The invariant walker: free lists, accounting and the chunk map. Returns 0
