@@ -238,7 +238,7 @@ static tp_error_t serve_one(importer *im, ctl *c, int fd) {
   switch (c->op) {
   case CMD_POOL: {
     tp_error_t err = tp_pool_import_from_shareable_handle(
-        &im->pool, &fd, TP_HANDLE_POSIX_FD, 0);
+        &im->pool, (void *)(uintptr_t)fd, TP_HANDLE_POSIX_FD, 0);
     close(fd);
     if (err == TP_SUCCESS)
       imported_rules(im, c);
@@ -462,8 +462,8 @@ static void test_same_process(void) {
   int fd = -1;
   REQUIRE_OK(
       tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
-  REQUIRE_OK(tp_pool_import_from_shareable_handle(&imported, &fd,
-                                                  TP_HANDLE_POSIX_FD, 0));
+  REQUIRE_OK(tp_pool_import_from_shareable_handle(
+      &imported, (void *)(uintptr_t)fd, TP_HANDLE_POSIX_FD, 0));
   close(fd); /* the caller's descriptor: the import needs it no more */
   void *a = NULL, *b = NULL;
   REQUIRE_OK(tp_malloc_from_pool_async(&a, 3 * MiB, pool, s));
@@ -524,8 +524,8 @@ static void test_host_numa_pool(void) {
   int fd = -1;
   REQUIRE_OK(
       tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
-  REQUIRE_OK(tp_pool_import_from_shareable_handle(&imported, &fd,
-                                                  TP_HANDLE_POSIX_FD, 0));
+  REQUIRE_OK(tp_pool_import_from_shareable_handle(
+      &imported, (void *)(uintptr_t)fd, TP_HANDLE_POSIX_FD, 0));
   close(fd);
   CHECK_EQ_INT(attr_int(imported, TP_POOL_ATTR_LOCATION_TYPE),
                TP_LOCATION_HOST_NUMA);
@@ -619,8 +619,8 @@ static void test_concurrent_imports(void) {
   int fd = -1;
   REQUIRE_OK(
       tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
-  REQUIRE_OK(tp_pool_import_from_shareable_handle(&r[0].imported, &fd,
-                                                  TP_HANDLE_POSIX_FD, 0));
+  REQUIRE_OK(tp_pool_import_from_shareable_handle(
+      &r[0].imported, (void *)(uintptr_t)fd, TP_HANDLE_POSIX_FD, 0));
   close(fd);
   uint64_t total = 0;
   for (int k = 0; k < RACE_BLOCKS; k++) {
@@ -673,8 +673,8 @@ static void test_destroy_while_held(void) {
   int fd = -1;
   REQUIRE_OK(
       tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
-  REQUIRE_OK(tp_pool_import_from_shareable_handle(&imported, &fd,
-                                                  TP_HANDLE_POSIX_FD, 0));
+  REQUIRE_OK(tp_pool_import_from_shareable_handle(
+      &imported, (void *)(uintptr_t)fd, TP_HANDLE_POSIX_FD, 0));
   close(fd);
   void *a = NULL, *b = NULL;
   tp_pool_ptr_export_data_t rec;
@@ -855,8 +855,8 @@ static void test_importer_killed(void) {
   int fd = -1;
   CHECK_OK(
       tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
-  CHECK_OK(
-      tp_pool_import_from_shareable_handle(&self, &fd, TP_HANDLE_POSIX_FD, 0));
+  CHECK_OK(tp_pool_import_from_shareable_handle(&self, (void *)(uintptr_t)fd,
+                                                TP_HANDLE_POSIX_FD, 0));
   close(fd);
   void *z = NULL, *zi = NULL;
   tp_pool_ptr_export_data_t rec;

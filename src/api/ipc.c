@@ -1,6 +1,7 @@
 /* The entry points for sharing pools between processes: the seed's argument
  * checks of the five IPC functions (the driver's answers), then the core's
  * export and import (src/ipc/). */
+#include <limits.h>
 #include <sys/stat.h>
 
 #include "api/api.h"
@@ -34,17 +35,22 @@ TP_API tp_error_t tp_pool_export_to_shareable_handle(void *handle,
   return TP_SUCCESS;
 }
 
+/* As the driver's cuMemPoolImportFromShareableHandle, a posix descriptor
+ * comes by value, cast to a pointer ((void *)(uintptr_t)fd): NULL is
+ * descriptor 0, a valid one. */
 TP_API tp_error_t tp_pool_import_from_shareable_handle(tp_pool_t *pool,
                                                        void *handle,
                                                        tp_handle_type_t type,
                                                        unsigned flags) {
-  TP_RETURN_IF(!pool || !handle, TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(!pool, TP_ERROR_INVALID_VALUE);
   TP_FORWARD(tp__api_init());
   TP_FORWARD(check_type(type, flags));
   TP_RETURN_IF(type == TP_HANDLE_FABRIC, TP_ERROR_NOT_SUPPORTED);
+  uintptr_t value = (uintptr_t)handle;
+  TP_RETURN_IF(value > INT_MAX, TP_ERROR_INVALID_VALUE);
+  int fd = (int)value;
   struct stat st;
-  int fd = *(int *)handle;
-  TP_RETURN_IF(fd < 0 || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode),
+  TP_RETURN_IF(fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode),
                TP_ERROR_INVALID_VALUE);
   return tp__ipc_import_pool(fd, pool);
 }
