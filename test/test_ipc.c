@@ -4,13 +4,16 @@
  * threads), driven over a control socketpair that carries the pool's
  * descriptor (SCM_RIGHTS) and export records. Memory is read and written
  * through streams only, so the test runs on any platform. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -90,6 +93,11 @@ enum {
   CMD_OPEN,       /* let the held stream go, and wait for it */
   CMD_FREE_QUIET, /* free `slot` and poll the stream until it is done,
                      without a synchronize (which would unmap) */
+  CMD_FLOOD,      /* import the pool `size` times over, keeping every one;
+                     reply: seed = imported, size = NOT_PERMITTED, offset =
+                     any other answer */
+  CMD_MAKE,       /* exporter mode: allocate `size` bytes of pattern `seed`;
+                     reply: the pool's descriptor and the block's record */
   CMD_EXIT,
   CMD_REPLY
 };
@@ -100,6 +108,7 @@ typedef struct ctl {
   int slot;
   int expect;
   int loc_type, loc_id; /* CMD_POOL: the location the import must report */
+  int grant;            /* CMD_POOL: a device to grant read-write, plus 1 */
   uint64_t seed, size, offset;
   tp_pool_ptr_export_data_t rec;
 } ctl;
@@ -164,6 +173,7 @@ static int ctl_recv(int sock, ctl *c, int *fd) {
  * ======================================================================== */
 
 #define SLOTS 16
+#define FLOOD_MAX 128
 
 typedef struct importer {
   int sock;
@@ -171,6 +181,8 @@ typedef struct importer {
   tp_pool_t pool;
   void *ptr[SLOTS];
   gate_t gate;
+  tp_pool_t flood[FLOOD_MAX];
+  int nflood;
 } importer;
 
 /* Every corruption of one byte of a good record is refused, and maps
@@ -242,6 +254,11 @@ static tp_error_t serve_one(importer *im, ctl *c, int fd) {
     close(fd);
     if (err == TP_SUCCESS)
       imported_rules(im, c);
+    if (err == TP_SUCCESS && c->grant) {
+      tp_access_desc_t d = {{TP_LOCATION_DEVICE, c->grant - 1, 0},
+                            TP_ACCESS_READ_WRITE};
+      err = tp_pool_set_access(im->pool, &d, 1);
+    }
     return err;
   }
   case CMD_IMPORT: {
@@ -278,6 +295,24 @@ static tp_error_t serve_one(importer *im, ctl *c, int fd) {
   }
 }
 
+/* Opens channel after channel to one exporter, as an importer that never
+ * stops would, and counts the answers into the reply. */
+static void flood(importer *im, ctl *c, int fd, ctl *r) {
+  for (uint64_t i = 0; i < c->size; i++) {
+    tp_pool_t pool = NULL;
+    tp_error_t err = tp_pool_import_from_shareable_handle(
+        &pool, (void *)(uintptr_t)fd, TP_HANDLE_POSIX_FD, 0);
+    if (err == TP_SUCCESS && im->nflood < FLOOD_MAX)
+      im->flood[im->nflood++] = pool;
+    else if (err == TP_SUCCESS)
+      CHECK_OK(tp_pool_destroy(pool));
+    r->seed += err == TP_SUCCESS;
+    r->size += err == TP_ERROR_NOT_PERMITTED;
+    r->offset += err != TP_SUCCESS && err != TP_ERROR_NOT_PERMITTED;
+  }
+  close(fd);
+}
+
 static int importer_main(const char *mode, int sock) {
   check_context(mode);
   bool other_user = strcmp(mode, "other-user") == 0;
@@ -289,6 +324,9 @@ static int importer_main(const char *mode, int sock) {
     _exit(3);
   }
   importer im = {.sock = sock, .gate = {-1}};
+  /* An importer whose current device is 1 makes its stream there. */
+  if (strcmp(mode, "importer-dev1") == 0)
+    REQUIRE_OK_EXIT(tp_set_device(1));
   /* The refused importer needs no stream: it should be refused before it
    * touches a device. */
   if (!other_user)
@@ -304,6 +342,8 @@ static int importer_main(const char *mode, int sock) {
     memset(&r, 0, sizeof r);
     r.op = CMD_REPLY;
     if (c.op == CMD_EXIT) {
+      for (int i = 0; i < im.nflood; i++)
+        CHECK_OK(tp_pool_destroy(im.flood[i]));
       if (im.pool)
         CHECK_OK(tp_pool_destroy(im.pool));
       if (im.s)
@@ -314,7 +354,10 @@ static int importer_main(const char *mode, int sock) {
     }
     if (c.slot < 0 || c.slot >= SLOTS)
       c.slot = 0;
-    r.status = (int)serve_one(&im, &c, fd);
+    if (c.op == CMD_FLOOD)
+      flood(&im, &c, fd, &r);
+    else
+      r.status = (int)serve_one(&im, &c, fd);
     if (ctl_send(sock, &r, -1) != 0)
       break;
   }
@@ -324,6 +367,61 @@ static int importer_main(const char *mode, int sock) {
   if (other_user)
     _exit(rc);
   return rc;
+}
+
+/* An exporter in a process of its own, which a test can stop (SIGSTOP):
+ * it makes one pool of device 0 and blocks in it on command. */
+static int exporter_main(int sock) {
+  check_context("exporter");
+  tp_stream_t s = NULL;
+  tp_pool_t pool = NULL;
+  void *blocks[SLOTS];
+  int nblocks = 0;
+  REQUIRE_OK_EXIT(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  for (;;) {
+    ctl c, r;
+    if (ctl_recv(sock, &c, NULL) != 0) {
+      CHECK_FAIL("no command from the test");
+      break;
+    }
+    memset(&r, 0, sizeof r);
+    r.op = CMD_REPLY;
+    int fd = -1;
+    if (c.op == CMD_MAKE && nblocks < SLOTS) {
+      if (!pool)
+        pool = ipc_pool(0);
+      void *b = NULL;
+      tp_error_t err = pool ? tp_malloc_from_pool_async(&b, c.size, pool, s)
+                            : TP_ERROR_INVALID_VALUE;
+      if (err == TP_SUCCESS) {
+        blocks[nblocks++] = b;
+        fill(b, c.size, c.seed, s);
+        err = tp_pool_export_pointer(&r.rec, b);
+      }
+      if (err == TP_SUCCESS)
+        err = tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD,
+                                                 0);
+      r.status = (int)err;
+    } else if (c.op == CMD_EXIT) {
+      for (int i = 0; i < nblocks; i++)
+        CHECK_OK(tp_free_async(blocks[i], s));
+      CHECK_OK(tp_stream_synchronize(s));
+      if (pool)
+        CHECK_OK(tp_pool_destroy(pool));
+      CHECK_OK(tp_stream_destroy(s));
+      r.status = check_failure_count();
+      ctl_send(sock, &r, -1);
+      break;
+    } else {
+      r.status = TP_ERROR_INVALID_VALUE;
+    }
+    int sent = ctl_send(sock, &r, fd);
+    if (fd >= 0)
+      close(fd);
+    if (sent != 0)
+      break;
+  }
+  return check_failure_count() ? 1 : 0;
 }
 
 /* ========================================================================
@@ -376,15 +474,20 @@ static int spawn(child *c, const char *mode, const char *env) {
   return 0;
 }
 
-/* Sends a command and returns the importer's answer. */
-static tp_error_t ask(child *c, ctl *q, int fd) {
-  ctl r;
-  if (ctl_send(c->sock, q, fd) != 0 || ctl_recv(c->sock, &r, NULL) != 0 ||
-      r.op != CMD_REPLY) {
-    CHECK_FAIL("the importer did not answer command %d", q->op);
+/* Sends a command and returns the child's answer, its whole reply in *r
+ * and the descriptor that came with it in *rfd (when asked for). */
+static tp_error_t ask_reply(child *c, ctl *q, int fd, ctl *r, int *rfd) {
+  if (ctl_send(c->sock, q, fd) != 0 || ctl_recv(c->sock, r, rfd) != 0 ||
+      r->op != CMD_REPLY) {
+    CHECK_FAIL("the child did not answer command %d", q->op);
     return TP_ERROR_NOT_READY;
   }
-  return (tp_error_t)r.status;
+  return (tp_error_t)r->status;
+}
+
+static tp_error_t ask(child *c, ctl *q, int fd) {
+  ctl r;
+  return ask_reply(c, q, fd, &r, NULL);
 }
 
 static tp_error_t ask_import(child *c, int slot, const void *ptr, size_t size,
@@ -434,15 +537,20 @@ static uint64_t wait_used(tp_pool_t pool, uint64_t want) {
   return u;
 }
 
+/* Starts an importer and has it import `pool`, which must report the
+ * location (loc_type, loc_id) there; `grant` is a device it then grants
+ * read-write access, plus 1 (0: none). */
 static void start_importer(child *c, const char *mode, tp_pool_t pool,
-                           int loc_type, int loc_id, const char *env) {
+                           int loc_type, int loc_id, const char *env,
+                           int grant) {
   c->pid = -1;
   if (!CHECK(spawn(c, mode, env) == 0))
     return;
   int fd = -1;
   CHECK_OK(
       tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
-  ctl q = {.op = CMD_POOL, .loc_type = loc_type, .loc_id = loc_id};
+  ctl q = {
+      .op = CMD_POOL, .loc_type = loc_type, .loc_id = loc_id, .grant = grant};
   CHECK_OK(ask(c, &q, fd));
   /* The importer has its own copy now; ours can go. */
   close(fd);
@@ -718,7 +826,7 @@ static void test_across_processes(void) {
   fill(a, 4 * KiB, 11, s);
   fill(b, 3 * MiB, 12, s);
   child ch;
-  start_importer(&ch, "importer", pool, TP_LOCATION_DEVICE, 0, NULL);
+  start_importer(&ch, "importer", pool, TP_LOCATION_DEVICE, 0, NULL, 0);
   REQUIRE(ch.pid > 0);
   CHECK_OK(ask_import(&ch, 0, a, 4 * KiB, 11));
   CHECK_OK(ask_import(&ch, 1, b, 3 * MiB, 12));
@@ -800,7 +908,7 @@ static void test_remapped_chunk(void) {
   REQUIRE_OK(tp_malloc_from_pool_async(&p2, 2 * MiB, pool, s));
   fill(x, 2 * MiB, 41, s);
   child ch;
-  start_importer(&ch, "importer", pool, TP_LOCATION_DEVICE, 0, NULL);
+  start_importer(&ch, "importer", pool, TP_LOCATION_DEVICE, 0, NULL, 0);
   REQUIRE(ch.pid > 0);
   CHECK_OK(ask_import(&ch, 0, x, 2 * MiB, 41));
   CHECK_OK(ask_slot(&ch, CMD_FREE_QUIET, 0));
@@ -835,7 +943,7 @@ static void test_importer_killed(void) {
   fill(x, 4 * MiB, 21, s);
   fill(y, 1 * KiB, 22, s);
   child ch;
-  start_importer(&ch, "holder", pool, TP_LOCATION_DEVICE, 0, NULL);
+  start_importer(&ch, "holder", pool, TP_LOCATION_DEVICE, 0, NULL, 0);
   REQUIRE(ch.pid > 0);
   CHECK_OK(ask_import(&ch, 0, x, 4 * MiB, 21));
   CHECK_OK(ask_import(&ch, 1, y, 1 * KiB, 22));
@@ -899,30 +1007,59 @@ static void test_other_user(void) {
   CHECK_OK(tp_pool_destroy(pool));
 }
 
+/* The environment that shows a child importer only the device this process
+ * numbers 1: on cuda, CUDA_VISIBLE_DEVICES naming it. NULL where this
+ * process's own list does not say which that is. */
+static const char *only_device1(char *buf, size_t len) {
+  const char *v = getenv("CUDA_VISIBLE_DEVICES");
+  if (!v || !*v) {
+    snprintf(buf, len, "CUDA_VISIBLE_DEVICES=1");
+    return buf;
+  }
+  const char *comma = strchr(v, ',');
+  if (!comma || !comma[1])
+    return NULL;
+  size_t n = strcspn(comma + 1, ",");
+  snprintf(buf, len, "CUDA_VISIBLE_DEVICES=%.*s", (int)n, comma + 1);
+  return buf;
+}
+
 /* An importer that cannot see the pool's device reports it invisible, and
- * still reads the memory from its own device. */
+ * still reads and writes the memory from its own device. On the host
+ * platform: a pool of device 1, and an importer with one emulated device; on
+ * cuda: a pool of device 0, and an importer that sees only the GPU this
+ * process numbers 1. */
 static void test_invisible_device(void) {
   int n = 0;
   CHECK_OK(tp_get_device_count(&n));
-  if (!check_on_host() || n < 2) {
-    printf("   skipped: needs the host platform with 2 devices "
-           "(TIDEPOOL_HOST_DEVICES=2)\n");
+  char env[128];
+  const char *only = check_on_host() ? "TIDEPOOL_HOST_DEVICES=1"
+                                     : only_device1(env, sizeof env);
+  if (n < 2 || !only) {
+    printf("   skipped: needs 2 devices (TIDEPOOL_HOST_DEVICES=2 on the "
+           "host platform)\n");
     return;
   }
+  int dev = check_on_host() ? 1 : 0;
   tp_stream_t s = NULL;
-  CHECK_OK(tp_set_device(1));
+  CHECK_OK(tp_set_device(dev));
   CHECK_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
   CHECK_OK(tp_set_device(0));
-  tp_pool_t pool = ipc_pool(1);
+  tp_pool_t pool = ipc_pool(dev);
   REQUIRE(pool && s);
   void *a = NULL;
-  REQUIRE_OK(tp_malloc_from_pool_async(&a, 256 * KiB, pool, s));
-  fill(a, 256 * KiB, 31, s);
+  const size_t size = 2 * MiB + 256 * KiB; /* two chunks */
+  REQUIRE_OK(tp_malloc_from_pool_async(&a, size, pool, s));
+  fill(a, size, 31, s);
   child ch;
-  start_importer(&ch, "importer", pool, TP_LOCATION_INVISIBLE, -2,
-                 "TIDEPOOL_HOST_DEVICES=1");
+  printf("   importer with %s\n", only);
+  start_importer(&ch, "importer", pool, TP_LOCATION_INVISIBLE, -2, only, 0);
   REQUIRE(ch.pid > 0);
-  CHECK_OK(ask_import(&ch, 0, a, 256 * KiB, 31));
+  CHECK_OK(ask_import(&ch, 0, a, size, 31));
+  ctl w = {
+      .op = CMD_WRITE, .slot = 0, .seed = 32, .offset = 0, .size = 64 * KiB};
+  CHECK_OK(ask(&ch, &w, -1));
+  CHECK(holds(a, 64 * KiB, 32, s));
   CHECK_OK(ask_slot(&ch, CMD_FREE, 0));
   CHECK_EQ_INT(child_finish(&ch), 0);
   CHECK_OK(tp_free_async(a, s));
@@ -932,9 +1069,242 @@ static void test_invisible_device(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* Across devices: the exporter allocates on device 0; an importer whose
+ * current device is 1 imports the pool (which it sees as device 0's),
+ * grants its device access, reads the exporter's bytes through a stream of
+ * device 1 and writes bytes the exporter then reads. */
+static void test_importer_on_device1(void) {
+  int n = 0;
+  CHECK_OK(tp_get_device_count(&n));
+  if (n < 2) {
+    printf("   skipped: needs 2 devices (TIDEPOOL_HOST_DEVICES=2 on the "
+           "host platform)\n");
+    return;
+  }
+  tp_stream_t s = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  tp_pool_t pool = ipc_pool(0);
+  REQUIRE(pool);
+  void *a = NULL;
+  const size_t size = 2 * MiB + 4 * KiB; /* two chunks */
+  REQUIRE_OK(tp_malloc_from_pool_async(&a, size, pool, s));
+  fill(a, size, 51, s);
+  child ch;
+  start_importer(&ch, "importer-dev1", pool, TP_LOCATION_DEVICE, 0, NULL, 2);
+  REQUIRE(ch.pid > 0);
+  CHECK_OK(ask_import(&ch, 0, a, size, 51));
+  ctl w = {.op = CMD_WRITE,
+           .slot = 0,
+           .seed = 52,
+           .offset = 2 * MiB,
+           .size = 4 * KiB};
+  CHECK_OK(ask(&ch, &w, -1));
+  CHECK(holds((char *)a + 2 * MiB, 4 * KiB, 52, s));
+  CHECK_OK(ask_slot(&ch, CMD_FREE, 0));
+  CHECK_EQ_INT(child_finish(&ch), 0);
+  CHECK_OK(tp_free_async(a, s));
+  CHECK_EQ_U64(wait_used(pool, 0), 0);
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
+/* The descriptor comes by value, (void *)(uintptr_t)fd, as the driver
+ * takes it; NULL is descriptor 0. A pointer to a descriptor (the old
+ * convention), a number that is no open descriptor, and descriptors that
+ * are no exported pool's are refused without touching anything. */
+static void test_handle_by_value(void) {
+  tp_pool_t pool = ipc_pool(0), imported = NULL;
+  REQUIRE(pool);
+  int fd = -1;
+  REQUIRE_OK(
+      tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
+  CHECK_ERR(tp_pool_import_from_shareable_handle(&imported, &fd,
+                                                 TP_HANDLE_POSIX_FD, 0),
+            TP_ERROR_INVALID_VALUE);
+  CHECK_ERR(tp_pool_import_from_shareable_handle(
+                &imported, (void *)(uintptr_t)INT_MAX, TP_HANDLE_POSIX_FD, 0),
+            TP_ERROR_INVALID_VALUE);
+  CHECK_ERR(tp_pool_import_from_shareable_handle(
+                &imported, (void *)(uintptr_t)-1, TP_HANDLE_POSIX_FD, 0),
+            TP_ERROR_INVALID_VALUE);
+  int pv[2], sv[2];
+  REQUIRE(pipe(pv) == 0);
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  CHECK_ERR(tp_pool_import_from_shareable_handle(
+                &imported, (void *)(uintptr_t)pv[0], TP_HANDLE_POSIX_FD, 0),
+            TP_ERROR_INVALID_VALUE);
+  CHECK_ERR(tp_pool_import_from_shareable_handle(
+                &imported, (void *)(uintptr_t)sv[0], TP_HANDLE_POSIX_FD, 0),
+            TP_ERROR_INVALID_VALUE);
+  CHECK(imported == NULL);
+  close(pv[0]);
+  close(pv[1]);
+  close(sv[0]);
+  close(sv[1]);
+  if (CHECK_OK(tp_pool_import_from_shareable_handle(
+          &imported, (void *)(uintptr_t)fd, TP_HANDLE_POSIX_FD, 0)))
+    CHECK_OK(tp_pool_destroy(imported));
+  /* Descriptor 0, given as NULL. */
+  int saved = dup(0);
+  REQUIRE(saved >= 0 && dup2(fd, 0) == 0);
+  imported = NULL;
+  tp_error_t err = tp_pool_import_from_shareable_handle(&imported, NULL,
+                                                        TP_HANDLE_POSIX_FD, 0);
+  dup2(saved, 0);
+  close(saved);
+  if (CHECK_OK(err))
+    CHECK_OK(tp_pool_destroy(imported));
+  close(fd);
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
+/* The descriptors this process has open. */
+static uint64_t open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d)
+    return 0;
+  uint64_t n = 0;
+  for (struct dirent *e = readdir(d); e; e = readdir(d))
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n - 1;
+}
+
+/* An importer that opens channel after channel cannot take the exporter's
+ * descriptors: one importing process gets 64 channels to a pool and is
+ * refused the rest (NOT_PERMITTED), while the exporter still exports and
+ * other processes still import; and an exporter short of descriptors keeps
+ * 64 of them for itself, whoever asks. */
+static void test_channel_limits(void) {
+  tp_pool_props_t props;
+  memset(&props, 0, sizeof props);
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  props.handle_types = TP_HANDLE_POSIX_FD;
+  props.max_size = 64 * MiB; /* a small range for each of the imports */
+  tp_pool_t pool = NULL, self = NULL;
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  tp_stream_t s = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  child ch;
+  REQUIRE(spawn(&ch, "flood", NULL) == 0);
+  int fd = -1;
+  CHECK_OK(
+      tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
+  ctl q = {.op = CMD_FLOOD, .size = 100}, r;
+  CHECK_OK(ask_reply(&ch, &q, fd, &r, NULL));
+  close(fd);
+  CHECK_EQ_U64(r.seed, 64);
+  CHECK_EQ_U64(r.size, 36);
+  CHECK_EQ_U64(r.offset, 0);
+  /* The exporter goes on, and serves another process. */
+  CHECK_OK(
+      tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
+  CHECK_OK(tp_pool_import_from_shareable_handle(&self, (void *)(uintptr_t)fd,
+                                                TP_HANDLE_POSIX_FD, 0));
+  close(fd);
+  void *a = NULL, *b = NULL;
+  tp_pool_ptr_export_data_t rec;
+  REQUIRE_OK(tp_malloc_from_pool_async(&a, 8 * KiB, pool, s));
+  fill(a, 8 * KiB, 71, s);
+  CHECK_OK(tp_pool_export_pointer(&rec, a));
+  if (self && CHECK_OK(tp_pool_import_pointer(&b, self, &rec))) {
+    CHECK(holds(b, 8 * KiB, 71, s));
+    CHECK_OK(tp_free_async(b, s));
+  }
+  CHECK_OK(tp_stream_synchronize(s));
+  if (self)
+    CHECK_OK(tp_pool_destroy(self));
+  CHECK_EQ_INT(child_finish(&ch), 0);
+
+  /* Short of descriptors: 72 free ones less the channels make the limit,
+   * so a few channels pass and the exporter keeps its 64. */
+  struct rlimit old, low;
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &old) == 0);
+  REQUIRE(spawn(&ch, "flood", NULL) == 0); /* before the limit falls */
+  uint64_t open = open_fds();
+  low = old;
+  low.rlim_cur = open + 72;
+  if (open == 0 ||
+      (old.rlim_cur != RLIM_INFINITY && low.rlim_cur > old.rlim_cur)) {
+    printf("   descriptor reserve: skipped (%llu open)\n",
+           (unsigned long long)open);
+  } else if (CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0)) {
+    CHECK_OK(
+        tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
+    q = (ctl){.op = CMD_FLOOD, .size = 40};
+    CHECK_OK(ask_reply(&ch, &q, fd, &r, NULL));
+    close(fd);
+    printf("   with %llu descriptors free: %llu channels, %llu refused\n",
+           (unsigned long long)(low.rlim_cur - open),
+           (unsigned long long)r.seed, (unsigned long long)r.size);
+    CHECK(r.seed >= 1 && r.seed <= 8);
+    CHECK_EQ_U64(r.seed + r.size, 40);
+    /* The exporter's own use: another export. */
+    int mine = -1;
+    CHECK_OK(
+        tp_pool_export_to_shareable_handle(&mine, pool, TP_HANDLE_POSIX_FD, 0));
+    if (mine >= 0)
+      close(mine);
+    CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+  }
+  CHECK_EQ_INT(child_finish(&ch), 0);
+  CHECK_OK(tp_free_async(a, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
+/* Every wait on an exporter ends: with the exporter stopped (SIGSTOP), an
+ * importer's pool import and pointer import fail within its bound
+ * (TIDEPOOL_IPC_TIMEOUT_MS, 500 ms here) instead of hanging, later imports
+ * through that pool fail at once, and both sides end cleanly once the
+ * exporter runs again. */
+static void test_stopped_exporter(void) {
+  child ex, im;
+  REQUIRE(spawn(&ex, "exporter", NULL) == 0);
+  ctl q = {.op = CMD_MAKE, .size = MiB, .seed = 61}, r;
+  int fd = -1;
+  CHECK_OK(ask_reply(&ex, &q, -1, &r, &fd));
+  if (!CHECK(fd >= 0)) {
+    child_finish(&ex);
+    return;
+  }
+  REQUIRE(spawn(&im, "importer", "TIDEPOOL_IPC_TIMEOUT_MS=500") == 0);
+  ctl pq = {.op = CMD_POOL, .loc_type = TP_LOCATION_DEVICE, .loc_id = 0};
+  CHECK_OK(ask(&im, &pq, fd));
+  ctl iq = {.op = CMD_IMPORT, .slot = 0, .seed = 61, .size = MiB, .rec = r.rec};
+  CHECK_OK(ask(&im, &iq, -1));
+  REQUIRE(kill(ex.pid, SIGSTOP) == 0);
+  double t0 = check_now_s();
+  CHECK_ERR(ask(&im, &pq, fd), TP_ERROR_INVALID_VALUE);
+  double pool_s = check_now_s() - t0;
+  iq.slot = 1;
+  t0 = check_now_s();
+  CHECK_ERR(ask(&im, &iq, -1), TP_ERROR_INVALID_VALUE);
+  double ptr_s = check_now_s() - t0;
+  t0 = check_now_s();
+  CHECK_ERR(ask(&im, &iq, -1), TP_ERROR_INVALID_VALUE);
+  double again_s = check_now_s() - t0;
+  printf("   stopped exporter: pool import %.2f s, pointer import %.2f s, "
+         "then %.3f s\n",
+         pool_s, ptr_s, again_s);
+  CHECK(pool_s < 10.0);
+  CHECK(ptr_s < 10.0);
+  CHECK(again_s < 0.4); /* no second wait: the channel is known gone */
+  kill(ex.pid, SIGCONT);
+  CHECK_OK(ask_slot(&im, CMD_FREE, 0));
+  CHECK_EQ_INT(child_finish(&im), 0);
+  CHECK_EQ_INT(child_finish(&ex), 0);
+  close(fd);
+}
+
 int main(int argc, char **argv) {
   if (argc == 4 && strcmp(argv[1], "--importer") == 0)
-    return importer_main(argv[2], atoi(argv[3]));
+    return strcmp(argv[2], "exporter") == 0
+               ? exporter_main(atoi(argv[3]))
+               : importer_main(argv[2], atoi(argv[3]));
   signal(SIGPIPE, SIG_IGN);
   printf("test_ipc on the %s platform\n", tp_platform_name());
   RUN_TEST(test_same_process);
@@ -946,5 +1316,9 @@ int main(int argc, char **argv) {
   RUN_TEST(test_importer_killed);
   RUN_TEST(test_other_user);
   RUN_TEST(test_invisible_device);
+  RUN_TEST(test_importer_on_device1);
+  RUN_TEST(test_handle_by_value);
+  RUN_TEST(test_channel_limits);
+  RUN_TEST(test_stopped_exporter);
   return check_done();
 }
