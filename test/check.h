@@ -275,6 +275,27 @@ static inline void check_run_(const char *name, void (*fn)(void)) {
   fflush(stdout);
 }
 
+/* The exit code of a test program that did not run here (no GPU, one
+ * device, another platform): CMakeLists.txt gives it to CTest as every
+ * test's SKIP_RETURN_CODE, so that a skip is reported as a skip, never as a
+ * pass. 77 is the code automake's harness uses for the same. */
+#define CHECK_SKIP_CODE 77
+
+/* Prints why the program does not run here; returns the skip code, for
+ * main to return. */
+static inline int check_skip(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+static inline int check_skip(const char *fmt, ...) {
+  char msg[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  printf("skipped: %s\n", msg);
+  fflush(stdout);
+  return CHECK_SKIP_CODE;
+}
+
 /* Prints the summary; returns the process's exit code. */
 static inline int check_done(void) {
   int failed = check_failure_count();

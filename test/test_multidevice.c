@@ -204,12 +204,10 @@ static void test_cross_device_order(void) {
 int main(void) {
   int n = 0;
   REQUIRE_OK_EXIT(tp_get_device_count(&n));
-  if (n < 2) {
-    printf("skipped: %d device(s); this test needs 2 (on the host platform, "
-           "TIDEPOOL_HOST_DEVICES=2)\n",
-           n);
-    return 0;
-  }
+  if (n < 2)
+    return check_skip("%d device(s); this test needs 2 (on the host "
+                      "platform, TIDEPOOL_HOST_DEVICES=2)",
+                      n);
   printf("platform %s, %d devices\n", tp_platform_name(), n);
   tp_pool_props_t props = {0};
   props.alloc_type = TP_ALLOCATION_PINNED;
