@@ -158,6 +158,62 @@ static void test_channel_limits(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+#define TOTAL_CHILDREN 17 /* 16 of them fill the process's 1024 channels */
+
+/* The channels of every importer together are capped too: 1024 for the
+ * exporting process, whoever asks. Sixteen importers fill them, 64 each;
+ * a seventeenth gets none. Needs room for about 1,200 descriptors. */
+static void test_channel_total(void) {
+  struct rlimit old, wide;
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &old) == 0);
+  wide = old;
+  if (wide.rlim_cur != RLIM_INFINITY && wide.rlim_cur < 2048)
+    wide.rlim_cur = wide.rlim_max == RLIM_INFINITY || wide.rlim_max > 2048
+                        ? 2048
+                        : wide.rlim_max;
+  if (wide.rlim_cur != RLIM_INFINITY && wide.rlim_cur < 1300) {
+    printf("   skipped: %llu descriptors at most; this test needs 1300\n",
+           (unsigned long long)wide.rlim_cur);
+    return;
+  }
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &wide) == 0);
+  tp_pool_props_t props;
+  memset(&props, 0, sizeof props);
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  props.handle_types = TP_HANDLE_POSIX_FD;
+  props.max_size = 64 * MiB;
+  tp_pool_t pool = NULL;
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  child ch[TOTAL_CHILDREN];
+  uint64_t total = 0, refused = 0;
+  int started = 0;
+  for (int i = 0; i < TOTAL_CHILDREN; i++) {
+    if (!CHECK(spawn(&ch[i], "flood", NULL) == 0))
+      break;
+    started++;
+    int fd = -1;
+    CHECK_OK(
+        tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
+    ctl q = {.op = CMD_FLOOD, .size = 64}, r;
+    CHECK_OK(ask_reply(&ch[i], &q, fd, &r, NULL));
+    close(fd);
+    CHECK_EQ_U64(r.offset, 0);
+    if (i < TOTAL_CHILDREN - 1)
+      CHECK_EQ_U64(r.seed, 64);
+    total += r.seed;
+    refused += r.size;
+  }
+  printf("   %d importers: %llu channels, %llu refused\n", started,
+         (unsigned long long)total, (unsigned long long)refused);
+  CHECK_EQ_U64(total, 1024);
+  CHECK_EQ_U64(refused, 64);
+  for (int i = 0; i < started; i++)
+    CHECK_EQ_INT(child_finish(&ch[i]), 0);
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+}
+
 /* Every wait on an exporter ends: with the exporter stopped (SIGSTOP), an
  * importer's pool import and pointer import fail within its bound
  * (TIDEPOOL_IPC_TIMEOUT_MS, 500 ms here) instead of hanging, later imports
@@ -213,6 +269,7 @@ int main(int argc, char **argv) {
   printf("test_ipc_limits on the %s platform\n", tp_platform_name());
   RUN_TEST(test_handle_by_value);
   RUN_TEST(test_channel_limits);
+  RUN_TEST(test_channel_total);
   RUN_TEST(test_stopped_exporter);
   return check_done();
 }
