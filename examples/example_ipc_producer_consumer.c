@@ -147,8 +147,8 @@ static int consumer(int sock) {
   tp_pool_t pool = NULL;
   tp_stream_t s = NULL;
   if (!recv_msg(sock, &m, &fd) || fd < 0 ||
-      !ok(tp_pool_import_from_shareable_handle(&pool, &fd, TP_HANDLE_POSIX_FD,
-                                               0),
+      !ok(tp_pool_import_from_shareable_handle(&pool, (void *)(uintptr_t)fd,
+                                               TP_HANDLE_POSIX_FD, 0),
           me, "tp_pool_import_from_shareable_handle") ||
       !ok(tp_stream_create(&s, TP_STREAM_NON_BLOCKING), me, "tp_stream_create"))
     return 1;

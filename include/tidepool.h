@@ -345,6 +345,18 @@ TP_API tp_error_t tp_device_get_attribute(int *value, tp_device_attr_t attr,
  * or dies releases all it held. The exporter can still trim every chunk
  * that no importer maps. Only processes of the exporter's user may import.
  * TP_HANDLE_FABRIC is not supported for pools on any platform yet.
+ *
+ * Limits. Every wait of an importer on its exporter ends: the answer to a
+ * pool import, to a pointer import (and each chunk it maps), and room to
+ * send a request or a release, each within 30 s (TIDEPOOL_IPC_TIMEOUT_MS
+ * sets another bound, in milliseconds, for the whole process). An exporter
+ * that does not answer in time is taken as gone: the call fails with
+ * INVALID_VALUE, and so does every later import through that pool. An
+ * exporting process serves at most 64 importing channels (one per pool
+ * import) per importing process and pool, 1024 over all its pools, and
+ * never so many that fewer than 64 of its descriptors stay free
+ * (RLIMIT_NOFILE): a pool import beyond them is NOT_PERMITTED. Everything
+ * one process reads from another is checked before it is used.
  * ======================================================================== */
 
 /* Exports a pool created with `type` among its handle types. For
@@ -360,20 +372,22 @@ TP_API tp_error_t tp_pool_export_to_shareable_handle(void *handle,
                                                      tp_handle_type_t type,
                                                      unsigned flags);
 
-/* Imports a pool from a descriptor another process (or this one) exported;
- * the caller keeps *(int *)handle and may close it afterwards. Waits for the
- * exporter's answer (30 s at most). The imported pool cannot allocate; it
- * reports the exporter's allocation type and size limit, no export handle
- * types, and the exporter's location as this process names it:
- * TP_LOCATION_INVISIBLE (id -2) where the exporter's device is not one of
- * this process's (access then goes to the calling thread's device). Its
- * reserved and used figures are this process's mappings and imports.
- * tp_pool_set_access grants further devices; tp_pool_trim_to unmaps chunks
- * no imported pointer uses (a synchronize does so too). Destroying it waits
- * for frees of its pointers still queued on streams, then releases every
- * pointer not freed.
- * Errors: INVALID_VALUE (not an exported descriptor, no answer),
- * NOT_PERMITTED (the exporter runs as another user), NOT_SUPPORTED
+/* Imports a pool from a descriptor another process (or this one) exported. For
+ * TP_HANDLE_POSIX_FD the descriptor comes by value, cast to a pointer, as the
+ * driver takes it: (void *)(uintptr_t)fd, so that NULL is descriptor 0. The
+ * caller keeps the descriptor and may close it afterwards. Waits for the
+ * exporter's answer (30 s at most, see Limits). The imported pool cannot
+ * allocate; it reports the exporter's allocation type and size limit, no export
+ * handle types, and the exporter's location as this process names it:
+ * TP_LOCATION_INVISIBLE (id -2) where the exporter's device is not one of this
+ * process's (access then goes to the calling thread's device). Its reserved and
+ * used figures are this process's mappings and imports. tp_pool_set_access
+ * grants further devices; tp_pool_trim_to unmaps chunks no imported pointer
+ * uses (a synchronize does so too). Destroying it waits for frees of its
+ * pointers still queued on streams, then releases every pointer not freed.
+ * Errors: INVALID_VALUE (not an open descriptor of an exported pool, no answer
+ * in time, an answer no exporter would give), NOT_PERMITTED (the exporter runs
+ * as another user, or serves as many channels as it allows), NOT_SUPPORTED
  * (TP_HANDLE_FABRIC, a chunk size this process cannot map), OUT_OF_MEMORY,
  * PLATFORM. */
 TP_API tp_error_t tp_pool_import_from_shareable_handle(tp_pool_t *pool,
@@ -394,9 +408,11 @@ TP_API tp_error_t tp_pool_export_pointer(tp_pool_ptr_export_data_t *data,
  * stream) has completed. Importing the same allocation twice gives the same
  * pointer, to be freed twice. The exporter checks every record: a
  * corrupted, forged or stale one (its allocation freed), or one of another
- * pool, maps nothing.
+ * pool, maps nothing. Waits for the exporter's answers, 30 s at most each
+ * (see Limits).
  * Errors: INVALID_VALUE (such records, NULL arguments, pool not imported,
- * exporter gone or its pool destroyed), OUT_OF_MEMORY, PLATFORM. */
+ * exporter gone, silent past the bound, or its pool destroyed),
+ * OUT_OF_MEMORY, PLATFORM. */
 TP_API tp_error_t tp_pool_import_pointer(void **ptr, tp_pool_t pool,
                                          tp_pool_ptr_export_data_t *data);
 

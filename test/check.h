@@ -259,7 +259,27 @@ static inline void release_all_gates(void) {
  * A test that left a gate closed gets it opened, so that one broken test
  * does not stall the next. */
 #define RUN_TEST(fn) check_run_(#fn, fn)
+
+/* Whether TP_TEST_ONLY (a comma-separated list of test function names, for
+ * running a few under a slow tool such as compute-sanitizer) lets `name`
+ * run; unset or empty lets every test run. */
+static inline int check_selected_(const char *name) {
+  const char *only = getenv("TP_TEST_ONLY");
+  if (!only || !*only)
+    return 1;
+  size_t len = strlen(name);
+  for (const char *p = only; *p;) {
+    size_t n = strcspn(p, ",");
+    if (n == len && strncmp(p, name, n) == 0)
+      return 1;
+    p += n + (p[n] == ',');
+  }
+  return 0;
+}
+
 static inline void check_run_(const char *name, void (*fn)(void)) {
+  if (!check_selected_(name))
+    return;
   int before = check_failure_count();
   printf("== %s\n", name);
   fflush(stdout);
@@ -273,6 +293,27 @@ static inline void check_run_(const char *name, void (*fn)(void)) {
   else
     printf("   %s: ok\n", name);
   fflush(stdout);
+}
+
+/* The exit code of a test program that did not run here (no GPU, one
+ * device, another platform): CMakeLists.txt gives it to CTest as every
+ * test's SKIP_RETURN_CODE, so that a skip is reported as a skip, never as a
+ * pass. 77 is the code automake's harness uses for the same. */
+#define CHECK_SKIP_CODE 77
+
+/* Prints why the program does not run here; returns the skip code, for
+ * main to return. */
+static inline int check_skip(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+static inline int check_skip(const char *fmt, ...) {
+  char msg[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  printf("skipped: %s\n", msg);
+  fflush(stdout);
+  return CHECK_SKIP_CODE;
 }
 
 /* Prints the summary; returns the process's exit code. */

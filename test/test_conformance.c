@@ -543,8 +543,9 @@ static void test_driver_ipc_rows(void) {
 
   check_context("import own pool handle");
   tp_pool_t imported = NULL;
-  if (fd >= 0 && CHECK_OK(tp_pool_import_from_shareable_handle(
-                     &imported, &fd, TP_HANDLE_POSIX_FD, 0))) {
+  if (fd >= 0 &&
+      CHECK_OK(tp_pool_import_from_shareable_handle(
+          &imported, (void *)(uintptr_t)fd, TP_HANDLE_POSIX_FD, 0))) {
     CHECK(imported != NULL);
     check_context("mallocFromPool on imported pool");
     void *q = NULL;
@@ -2326,15 +2327,16 @@ static void bad_input_ipc(tp_stream_t s, tp_pool_t plain) {
   step("ipc: import with bad arguments");
   if (CHECK_OK(tp_pool_export_to_shareable_handle(&fd, ipc, TP_HANDLE_POSIX_FD,
                                                   0))) {
-    CHECK_ERR(
-        tp_pool_import_from_shareable_handle(NULL, &fd, TP_HANDLE_POSIX_FD, 0),
-        TP_ERROR_INVALID_VALUE);
-    CHECK_ERR(tp_pool_import_from_shareable_handle(&imported, NULL,
+    CHECK_ERR(tp_pool_import_from_shareable_handle(NULL, (void *)(uintptr_t)fd,
+                                                   TP_HANDLE_POSIX_FD, 0),
+              TP_ERROR_INVALID_VALUE);
+    /* The descriptor comes by value: a pointer to it is no descriptor. */
+    CHECK_ERR(tp_pool_import_from_shareable_handle(&imported, &fd,
                                                    TP_HANDLE_POSIX_FD, 0),
               TP_ERROR_INVALID_VALUE);
     imported = NULL;
-    CHECK_OK(tp_pool_import_from_shareable_handle(&imported, &fd,
-                                                  TP_HANDLE_POSIX_FD, 0));
+    CHECK_OK(tp_pool_import_from_shareable_handle(
+        &imported, (void *)(uintptr_t)fd, TP_HANDLE_POSIX_FD, 0));
   }
   step("ipc: import pointer with bad arguments");
   CHECK_OK(tp_pool_export_pointer(&data, p));

@@ -253,8 +253,7 @@ static void test_remap_instead_of_growth(void) {
 
 int main(int argc, char **argv) {
   if (!check_on_host()) {
-    printf("skipped: host platform only\n");
-    return 0;
+    return check_skip("host platform only");
   }
   /* A fixed seed unless one is given, so that CI runs are repeatable. */
   uint64_t seed = argc > 1 || getenv("TP_CORE_SEED")

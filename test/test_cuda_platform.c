@@ -585,8 +585,7 @@ static void test_threads(void) {
 
 int main(void) {
   if (tp__cuda_platform.init() != TP_SUCCESS) {
-    printf("skipped: no cuda device\n");
-    return 0;
+    return check_skip("no cuda device");
   }
   raw_driver_load();
   RUN(test_devices);

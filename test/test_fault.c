@@ -296,8 +296,7 @@ int main(void) {
   const char *platform = tp_platform_name();
   REQUIRE_EXIT(platform != NULL);
   if (strcmp(platform, "host") != 0) {
-    printf("skipped: host platform only\n");
-    return 0;
+    return check_skip("host platform only");
   }
   REQUIRE_OK_EXIT(tp_device_get_default_mem_pool(&default_pool, 0));
   verbose = getenv("TP_FAULT_VERBOSE") != NULL;

@@ -1,452 +1,9 @@
 /* test_ipc: sharing pools between processes. This process exports; the
- * importers are this same program started again in a helper mode (fork,
- * then exec, so that a child never runs with a copy of the parent's
- * threads), driven over a control socketpair that carries the pool's
- * descriptor (SCM_RIGHTS) and export records. Memory is read and written
- * through streams only, so the test runs on any platform. */
-#include <errno.h>
-#include <fcntl.h>
-#include <grp.h>
-#include <poll.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdbool.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include "check.h"
-#include "platform/host/host_testing.h"
-
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
-#define CHILD_TIMEOUT_MS 30000
-
-/* ========================================================================
- * Helpers shared by both sides
- * ======================================================================== */
-
-static tp_pool_t ipc_pool(int device) {
-  tp_pool_props_t props;
-  memset(&props, 0, sizeof props);
-  props.alloc_type = TP_ALLOCATION_PINNED;
-  props.location = (tp_location_t){TP_LOCATION_DEVICE, device, 0};
-  props.handle_types = TP_HANDLE_POSIX_FD;
-  tp_pool_t pool = NULL;
-  CHECK_OK(tp_pool_create(&pool, &props));
-  return pool;
-}
-
-static uint64_t attr_u64(tp_pool_t pool, tp_pool_attr_t attr) {
-  uint64_t v = 0;
-  CHECK_OK(tp_pool_get_attribute(pool, attr, &v));
-  return v;
-}
-
-static int attr_int(tp_pool_t pool, tp_pool_attr_t attr) {
-  int v = -99;
-  CHECK_OK(tp_pool_get_attribute(pool, attr, &v));
-  return v;
-}
-
-static unsigned char pattern(uint64_t seed, size_t i) {
-  return (unsigned char)(seed * 31 + i * 7 + (i >> 9));
-}
-
-/* Writes a pattern into device memory through `s`, and waits. */
-static void fill(void *ptr, size_t size, uint64_t seed, tp_stream_t s) {
-  unsigned char *buf = malloc(size);
-  REQUIRE(buf);
-  for (size_t i = 0; i < size; i++)
-    buf[i] = pattern(seed, i);
-  CHECK_OK(tp_memcpy_async(ptr, buf, size, s));
-  CHECK_OK(tp_stream_synchronize(s));
-  free(buf);
-}
-
-/* Whether device memory holds the pattern, read through `s`. */
-static int holds(const void *ptr, size_t size, uint64_t seed, tp_stream_t s) {
-  unsigned char *buf = malloc(size);
-  if (!buf)
-    return 0;
-  memset(buf, 0, size);
-  int ok = CHECK_OK(tp_memcpy_async(buf, ptr, size, s)) &&
-           CHECK_OK(tp_stream_synchronize(s));
-  for (size_t i = 0; ok && i < size; i++)
-    ok = buf[i] == pattern(seed, i);
-  free(buf);
-  return ok;
-}
-
-/* The control channel: one message per command or reply. */
-enum {
-  CMD_POOL = 1,   /* the pool's descriptor: import it */
-  CMD_IMPORT,     /* import `rec` into `slot`; check contents when seed != 0 */
-  CMD_WRITE,      /* write pattern `seed` at [offset, offset + size) of slot */
-  CMD_EXPECT,     /* importing `rec` must fail with `expect` */
-  CMD_CORRUPT,    /* every byte of `rec` corrupted must be refused */
-  CMD_FREE,       /* free `slot` on the stream and wait */
-  CMD_FREE_HELD,  /* free `slot` behind a held stream, without waiting */
-  CMD_OPEN,       /* let the held stream go, and wait for it */
-  CMD_FREE_QUIET, /* free `slot` and poll the stream until it is done,
-                     without a synchronize (which would unmap) */
-  CMD_EXIT,
-  CMD_REPLY
-};
-
-typedef struct ctl {
-  int op;
-  int status; /* replies: a tp_error_t */
-  int slot;
-  int expect;
-  int loc_type, loc_id; /* CMD_POOL: the location the import must report */
-  uint64_t seed, size, offset;
-  tp_pool_ptr_export_data_t rec;
-} ctl;
-
-static int ctl_send(int sock, const ctl *c, int fd) {
-  union {
-    struct cmsghdr align;
-    char buf[CMSG_SPACE(sizeof(int))];
-  } u;
-  memset(&u, 0, sizeof u);
-  struct iovec iov = {(void *)c, sizeof *c};
-  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-  if (fd >= 0) {
-    m.msg_control = u.buf;
-    m.msg_controllen = sizeof u.buf;
-    struct cmsghdr *h = CMSG_FIRSTHDR(&m);
-    h->cmsg_level = SOL_SOCKET;
-    h->cmsg_type = SCM_RIGHTS;
-    h->cmsg_len = CMSG_LEN(sizeof fd);
-    memcpy(CMSG_DATA(h), &fd, sizeof fd);
-  }
-  return sendmsg(sock, &m, MSG_NOSIGNAL) == (ssize_t)sizeof *c ? 0 : -1;
-}
-
-/* Waits for one message; -1 on timeout, end or error. */
-static int ctl_recv(int sock, ctl *c, int *fd) {
-  struct pollfd pf = {.fd = sock, .events = POLLIN};
-  int r;
-  do
-    r = poll(&pf, 1, CHILD_TIMEOUT_MS);
-  while (r < 0 && errno == EINTR);
-  if (r <= 0)
-    return -1;
-  union {
-    struct cmsghdr align;
-    char buf[CMSG_SPACE(sizeof(int))];
-  } u;
-  struct iovec iov = {c, sizeof *c};
-  struct msghdr m = {.msg_iov = &iov,
-                     .msg_iovlen = 1,
-                     .msg_control = u.buf,
-                     .msg_controllen = sizeof u.buf};
-  if (fd)
-    *fd = -1;
-  ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
-  if (n != (ssize_t)sizeof *c)
-    return -1;
-  struct cmsghdr *h = CMSG_FIRSTHDR(&m);
-  if (h && h->cmsg_type == SCM_RIGHTS) {
-    int got;
-    memcpy(&got, CMSG_DATA(h), sizeof got);
-    if (fd)
-      *fd = got;
-    else
-      close(got);
-  }
-  return 0;
-}
-
-/* ========================================================================
- * The importer: a helper mode of this program
- * ======================================================================== */
-
-#define SLOTS 16
-
-typedef struct importer {
-  int sock;
-  tp_stream_t s;
-  tp_pool_t pool;
-  void *ptr[SLOTS];
-  gate_t gate;
-} importer;
-
-/* Every corruption of one byte of a good record is refused, and maps
- * nothing: the imported pool reserves and uses no more than before. */
-static void corrupt_all(importer *im, const tp_pool_ptr_export_data_t *good) {
-  uint64_t reserved = attr_u64(im->pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT);
-  uint64_t used = attr_u64(im->pool, TP_POOL_ATTR_USED_MEM_CURRENT);
-  static const unsigned char masks[] = {0x01, 0x80, 0xff};
-  for (size_t i = 0; i < sizeof good->reserved; i++) {
-    for (size_t k = 0; k < sizeof masks; k++) {
-      tp_pool_ptr_export_data_t bad = *good;
-      bad.reserved[i] ^= masks[k];
-      void *q = NULL;
-      if (!CHECK_ERR(tp_pool_import_pointer(&q, im->pool, &bad),
-                     TP_ERROR_INVALID_VALUE))
-        printf("   byte %zu ^ 0x%02x was accepted\n", i, masks[k]);
-      CHECK(q == NULL);
-    }
-  }
-  check_rng rng = {42};
-  for (int t = 0; t < 64; t++) {
-    tp_pool_ptr_export_data_t bad;
-    for (size_t i = 0; i < sizeof bad.reserved; i++)
-      bad.reserved[i] = (unsigned char)rng_next(&rng);
-    if (t == 0)
-      memset(&bad, 0, sizeof bad);
-    if (t == 1)
-      memset(&bad, 0xff, sizeof bad);
-    void *q = NULL;
-    CHECK_ERR(tp_pool_import_pointer(&q, im->pool, &bad),
-              TP_ERROR_INVALID_VALUE);
-  }
-  CHECK_EQ_U64(attr_u64(im->pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), reserved);
-  CHECK_EQ_U64(attr_u64(im->pool, TP_POOL_ATTR_USED_MEM_CURRENT), used);
-  /* The channel still works: the good record imports. */
-  void *q = NULL;
-  if (CHECK_OK(tp_pool_import_pointer(&q, im->pool,
-                                      (tp_pool_ptr_export_data_t *)good)))
-    CHECK_OK(tp_free_async(q, im->s));
-  CHECK_OK(tp_stream_synchronize(im->s));
-}
-
-/* What an imported pool may not do, and the attributes it reports. */
-static void imported_rules(importer *im, const ctl *c) {
-  void *q = NULL;
-  CHECK_ERR(tp_malloc_from_pool_async(&q, 4096, im->pool, im->s),
-            TP_ERROR_INVALID_VALUE);
-  tp_location_t loc = {TP_LOCATION_DEVICE, 0, 0};
-  CHECK_ERR(tp_mem_set_pool(&loc, TP_ALLOCATION_PINNED, im->pool),
-            TP_ERROR_INVALID_VALUE);
-  int fd = -1;
-  CHECK_ERR(
-      tp_pool_export_to_shareable_handle(&fd, im->pool, TP_HANDLE_POSIX_FD, 0),
-      TP_ERROR_INVALID_VALUE);
-  CHECK_EQ_INT(attr_int(im->pool, TP_POOL_ATTR_EXPORT_HANDLE_TYPES), 0);
-  CHECK_EQ_INT(attr_int(im->pool, TP_POOL_ATTR_ALLOCATION_TYPE),
-               TP_ALLOCATION_PINNED);
-  CHECK_EQ_INT(attr_int(im->pool, TP_POOL_ATTR_LOCATION_TYPE), c->loc_type);
-  CHECK_EQ_INT(attr_int(im->pool, TP_POOL_ATTR_LOCATION_ID), c->loc_id);
-  CHECK_EQ_U64(attr_u64(im->pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);
-}
-
-static tp_error_t serve_one(importer *im, ctl *c, int fd) {
-  void *q = NULL;
-  switch (c->op) {
-  case CMD_POOL: {
-    tp_error_t err = tp_pool_import_from_shareable_handle(
-        &im->pool, &fd, TP_HANDLE_POSIX_FD, 0);
-    close(fd);
-    if (err == TP_SUCCESS)
-      imported_rules(im, c);
-    return err;
-  }
-  case CMD_IMPORT: {
-    tp_error_t err = tp_pool_import_pointer(&q, im->pool, &c->rec);
-    if (err != TP_SUCCESS)
-      return err;
-    im->ptr[c->slot] = q;
-    if (c->seed && !holds(q, c->size, c->seed, im->s))
-      return TP_ERROR_ILLEGAL_ADDRESS; /* the contents differ */
-    return TP_SUCCESS;
-  }
-  case CMD_WRITE:
-    fill((char *)im->ptr[c->slot] + c->offset, c->size, c->seed, im->s);
-    return TP_SUCCESS;
-  case CMD_EXPECT:
-    CHECK_ERR(tp_pool_import_pointer(&q, im->pool, &c->rec),
-              (tp_error_t)c->expect);
-    CHECK(q == NULL);
-    return TP_SUCCESS;
-  case CMD_CORRUPT: corrupt_all(im, &c->rec); return TP_SUCCESS;
-  case CMD_FREE:
-    CHECK_OK(tp_free_async(im->ptr[c->slot], im->s));
-    /* A second free of the same pointer, or an interior one, is refused. */
-    CHECK_ERR(tp_free_async(im->ptr[c->slot], im->s), TP_ERROR_INVALID_VALUE);
-    return tp_stream_synchronize(im->s);
-  case CMD_FREE_HELD:
-    CHECK_OK(hold_stream(im->s, &im->gate));
-    return tp_free_async(im->ptr[c->slot], im->s);
-  case CMD_OPEN: release(&im->gate); return tp_stream_synchronize(im->s);
-  case CMD_FREE_QUIET:
-    CHECK_OK(tp_free_async(im->ptr[c->slot], im->s));
-    return check_poll_stream(im->s, CHILD_TIMEOUT_MS);
-  default: return TP_ERROR_INVALID_VALUE;
-  }
-}
-
-static int importer_main(const char *mode, int sock) {
-  check_context(mode);
-  bool other_user = strcmp(mode, "other-user") == 0;
-  /* Become another user before anything else: a process of another user
-   * holding the pool's descriptor must still be refused. */
-  if (other_user &&
-      (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0)) {
-    printf("importer: cannot become user 65534: %s\n", strerror(errno));
-    _exit(3);
-  }
-  importer im = {.sock = sock, .gate = {-1}};
-  /* The refused importer needs no stream: it should be refused before it
-   * touches a device. */
-  if (!other_user)
-    REQUIRE_OK_EXIT(tp_stream_create(&im.s, TP_STREAM_NON_BLOCKING));
-  for (;;) {
-    ctl c;
-    int fd = -1;
-    if (ctl_recv(sock, &c, &fd) != 0) {
-      CHECK_FAIL("no command from the exporter");
-      break;
-    }
-    ctl r;
-    memset(&r, 0, sizeof r);
-    r.op = CMD_REPLY;
-    if (c.op == CMD_EXIT) {
-      if (im.pool)
-        CHECK_OK(tp_pool_destroy(im.pool));
-      if (im.s)
-        CHECK_OK(tp_stream_destroy(im.s));
-      r.status = check_failure_count();
-      ctl_send(sock, &r, -1);
-      break;
-    }
-    if (c.slot < 0 || c.slot >= SLOTS)
-      c.slot = 0;
-    r.status = (int)serve_one(&im, &c, fd);
-    if (ctl_send(sock, &r, -1) != 0)
-      break;
-  }
-  int rc = check_failure_count() ? 1 : 0;
-  fflush(stdout);
-  /* After setuid the leak checker cannot attach to this process. */
-  if (other_user)
-    _exit(rc);
-  return rc;
-}
-
-/* ========================================================================
- * The exporter's side: children and commands
- * ======================================================================== */
-
-typedef struct child {
-  pid_t pid;
-  int sock;
-} child;
-
-/* Starts this program as an importer in `mode`; `env` (or NULL) is one
- * NAME=value that replaces the variable of that name. */
-static int spawn(child *c, const char *mode, const char *env) {
-  int sv[2];
-  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
-    return -1;
-  char fdarg[16];
-  snprintf(fdarg, sizeof fdarg, "%d", sv[1]);
-  char *argv[] = {"test_ipc", "--importer", (char *)mode, fdarg, NULL};
-  extern char **environ;
-  size_t n = 0;
-  while (environ[n])
-    n++;
-  char **envp = calloc(n + 2, sizeof *envp);
-  if (!envp)
-    return -1;
-  size_t k = 0, name = env ? (size_t)(strchr(env, '=') - env) + 1 : 0;
-  for (size_t i = 0; i < n; i++)
-    if (!env || strncmp(environ[i], env, name) != 0)
-      envp[k++] = environ[i];
-  if (env)
-    envp[k++] = (char *)env;
-  fflush(stdout);
-  pid_t pid = fork();
-  if (pid == 0) {
-    /* Only async-signal-safe calls until exec: the parent has threads. */
-    fcntl(sv[1], F_SETFD, 0);
-    execve("/proc/self/exe", argv, envp);
-    _exit(127);
-  }
-  free(envp);
-  close(sv[1]);
-  if (pid < 0) {
-    close(sv[0]);
-    return -1;
-  }
-  c->pid = pid;
-  c->sock = sv[0];
-  return 0;
-}
-
-/* Sends a command and returns the importer's answer. */
-static tp_error_t ask(child *c, ctl *q, int fd) {
-  ctl r;
-  if (ctl_send(c->sock, q, fd) != 0 || ctl_recv(c->sock, &r, NULL) != 0 ||
-      r.op != CMD_REPLY) {
-    CHECK_FAIL("the importer did not answer command %d", q->op);
-    return TP_ERROR_NOT_READY;
-  }
-  return (tp_error_t)r.status;
-}
-
-static tp_error_t ask_import(child *c, int slot, const void *ptr, size_t size,
-                             uint64_t seed) {
-  ctl q = {.op = CMD_IMPORT, .slot = slot, .seed = seed, .size = size};
-  if (!CHECK_OK(tp_pool_export_pointer(&q.rec, (void *)ptr)))
-    return TP_ERROR_INVALID_VALUE;
-  return ask(c, &q, -1);
-}
-
-static tp_error_t ask_slot(child *c, int op, int slot) {
-  ctl q = {.op = op, .slot = slot};
-  return ask(c, &q, -1);
-}
-
-/* Waits for the child's exit; its status, or -1. */
-static int child_wait(child *c) {
-  int status = 0;
-  double deadline = check_now_s() + CHILD_TIMEOUT_MS / 1000.0;
-  pid_t r;
-  while ((r = waitpid(c->pid, &status, WNOHANG)) == 0 &&
-         check_now_s() < deadline)
-    check_sleep_ms(5);
-  if (r == 0) {
-    kill(c->pid, SIGKILL);
-    waitpid(c->pid, &status, 0);
-    CHECK_FAIL("the importer did not exit");
-  }
-  close(c->sock);
-  return r > 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-static int child_finish(child *c) {
-  ctl q = {.op = CMD_EXIT};
-  CHECK_EQ_INT(ask(c, &q, -1), 0);
-  return child_wait(c);
-}
-
-/* Polls the pool's bytes in use until they reach `want`: releases by an
- * importer arrive on the pool's service thread. */
-static uint64_t wait_used(tp_pool_t pool, uint64_t want) {
-  double deadline = check_now_s() + 10.0;
-  uint64_t u;
-  while ((u = attr_u64(pool, TP_POOL_ATTR_USED_MEM_CURRENT)) != want &&
-         check_now_s() < deadline)
-    check_sleep_ms(1);
-  return u;
-}
-
-static void start_importer(child *c, const char *mode, tp_pool_t pool,
-                           int loc_type, int loc_id, const char *env) {
-  c->pid = -1;
-  if (!CHECK(spawn(c, mode, env) == 0))
-    return;
-  int fd = -1;
-  CHECK_OK(
-      tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
-  ctl q = {.op = CMD_POOL, .loc_type = loc_type, .loc_id = loc_id};
-  CHECK_OK(ask(c, &q, fd));
-  /* The importer has its own copy now; ours can go. */
-  close(fd);
-}
+ * importers are this same program started again (ipc_child.h). Imports in
+ * the same process and in others, contents, holds, chunks mapped after the
+ * export, remapped chunks, killed importers, another user, and importers
+ * on another device or one that cannot see the pool's device. */
+#include "ipc_child.h"
 
 /* ========================================================================
  * Tests
@@ -462,8 +19,8 @@ static void test_same_process(void) {
   int fd = -1;
   REQUIRE_OK(
       tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
-  REQUIRE_OK(tp_pool_import_from_shareable_handle(&imported, &fd,
-                                                  TP_HANDLE_POSIX_FD, 0));
+  REQUIRE_OK(tp_pool_import_from_shareable_handle(
+      &imported, (void *)(uintptr_t)fd, TP_HANDLE_POSIX_FD, 0));
   close(fd); /* the caller's descriptor: the import needs it no more */
   void *a = NULL, *b = NULL;
   REQUIRE_OK(tp_malloc_from_pool_async(&a, 3 * MiB, pool, s));
@@ -524,8 +81,8 @@ static void test_host_numa_pool(void) {
   int fd = -1;
   REQUIRE_OK(
       tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
-  REQUIRE_OK(tp_pool_import_from_shareable_handle(&imported, &fd,
-                                                  TP_HANDLE_POSIX_FD, 0));
+  REQUIRE_OK(tp_pool_import_from_shareable_handle(
+      &imported, (void *)(uintptr_t)fd, TP_HANDLE_POSIX_FD, 0));
   close(fd);
   CHECK_EQ_INT(attr_int(imported, TP_POOL_ATTR_LOCATION_TYPE),
                TP_LOCATION_HOST_NUMA);
@@ -619,8 +176,8 @@ static void test_concurrent_imports(void) {
   int fd = -1;
   REQUIRE_OK(
       tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
-  REQUIRE_OK(tp_pool_import_from_shareable_handle(&r[0].imported, &fd,
-                                                  TP_HANDLE_POSIX_FD, 0));
+  REQUIRE_OK(tp_pool_import_from_shareable_handle(
+      &r[0].imported, (void *)(uintptr_t)fd, TP_HANDLE_POSIX_FD, 0));
   close(fd);
   uint64_t total = 0;
   for (int k = 0; k < RACE_BLOCKS; k++) {
@@ -673,8 +230,8 @@ static void test_destroy_while_held(void) {
   int fd = -1;
   REQUIRE_OK(
       tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
-  REQUIRE_OK(tp_pool_import_from_shareable_handle(&imported, &fd,
-                                                  TP_HANDLE_POSIX_FD, 0));
+  REQUIRE_OK(tp_pool_import_from_shareable_handle(
+      &imported, (void *)(uintptr_t)fd, TP_HANDLE_POSIX_FD, 0));
   close(fd);
   void *a = NULL, *b = NULL;
   tp_pool_ptr_export_data_t rec;
@@ -718,7 +275,7 @@ static void test_across_processes(void) {
   fill(a, 4 * KiB, 11, s);
   fill(b, 3 * MiB, 12, s);
   child ch;
-  start_importer(&ch, "importer", pool, TP_LOCATION_DEVICE, 0, NULL);
+  start_importer(&ch, "importer", pool, TP_LOCATION_DEVICE, 0, NULL, 0);
   REQUIRE(ch.pid > 0);
   CHECK_OK(ask_import(&ch, 0, a, 4 * KiB, 11));
   CHECK_OK(ask_import(&ch, 1, b, 3 * MiB, 12));
@@ -800,7 +357,7 @@ static void test_remapped_chunk(void) {
   REQUIRE_OK(tp_malloc_from_pool_async(&p2, 2 * MiB, pool, s));
   fill(x, 2 * MiB, 41, s);
   child ch;
-  start_importer(&ch, "importer", pool, TP_LOCATION_DEVICE, 0, NULL);
+  start_importer(&ch, "importer", pool, TP_LOCATION_DEVICE, 0, NULL, 0);
   REQUIRE(ch.pid > 0);
   CHECK_OK(ask_import(&ch, 0, x, 2 * MiB, 41));
   CHECK_OK(ask_slot(&ch, CMD_FREE_QUIET, 0));
@@ -835,7 +392,7 @@ static void test_importer_killed(void) {
   fill(x, 4 * MiB, 21, s);
   fill(y, 1 * KiB, 22, s);
   child ch;
-  start_importer(&ch, "holder", pool, TP_LOCATION_DEVICE, 0, NULL);
+  start_importer(&ch, "holder", pool, TP_LOCATION_DEVICE, 0, NULL, 0);
   REQUIRE(ch.pid > 0);
   CHECK_OK(ask_import(&ch, 0, x, 4 * MiB, 21));
   CHECK_OK(ask_import(&ch, 1, y, 1 * KiB, 22));
@@ -855,8 +412,8 @@ static void test_importer_killed(void) {
   int fd = -1;
   CHECK_OK(
       tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
-  CHECK_OK(
-      tp_pool_import_from_shareable_handle(&self, &fd, TP_HANDLE_POSIX_FD, 0));
+  CHECK_OK(tp_pool_import_from_shareable_handle(&self, (void *)(uintptr_t)fd,
+                                                TP_HANDLE_POSIX_FD, 0));
   close(fd);
   void *z = NULL, *zi = NULL;
   tp_pool_ptr_export_data_t rec;
@@ -899,30 +456,59 @@ static void test_other_user(void) {
   CHECK_OK(tp_pool_destroy(pool));
 }
 
+/* The environment that shows a child importer only the device this process
+ * numbers 1: on cuda, CUDA_VISIBLE_DEVICES naming it. NULL where this
+ * process's own list does not say which that is. */
+static const char *only_device1(char *buf, size_t len) {
+  const char *v = getenv("CUDA_VISIBLE_DEVICES");
+  if (!v || !*v) {
+    snprintf(buf, len, "CUDA_VISIBLE_DEVICES=1");
+    return buf;
+  }
+  const char *comma = strchr(v, ',');
+  if (!comma || !comma[1])
+    return NULL;
+  size_t n = strcspn(comma + 1, ",");
+  snprintf(buf, len, "CUDA_VISIBLE_DEVICES=%.*s", (int)n, comma + 1);
+  return buf;
+}
+
 /* An importer that cannot see the pool's device reports it invisible, and
- * still reads the memory from its own device. */
+ * still reads and writes the memory from its own device. On the host
+ * platform: a pool of device 1, and an importer with one emulated device; on
+ * cuda: a pool of device 0, and an importer that sees only the GPU this
+ * process numbers 1. */
 static void test_invisible_device(void) {
   int n = 0;
   CHECK_OK(tp_get_device_count(&n));
-  if (!check_on_host() || n < 2) {
-    printf("   skipped: needs the host platform with 2 devices "
-           "(TIDEPOOL_HOST_DEVICES=2)\n");
+  char env[128];
+  const char *only = check_on_host() ? "TIDEPOOL_HOST_DEVICES=1"
+                                     : only_device1(env, sizeof env);
+  if (n < 2 || !only) {
+    printf("   skipped: needs 2 devices (TIDEPOOL_HOST_DEVICES=2 on the "
+           "host platform)\n");
     return;
   }
+  int dev = check_on_host() ? 1 : 0;
   tp_stream_t s = NULL;
-  CHECK_OK(tp_set_device(1));
+  CHECK_OK(tp_set_device(dev));
   CHECK_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
   CHECK_OK(tp_set_device(0));
-  tp_pool_t pool = ipc_pool(1);
+  tp_pool_t pool = ipc_pool(dev);
   REQUIRE(pool && s);
   void *a = NULL;
-  REQUIRE_OK(tp_malloc_from_pool_async(&a, 256 * KiB, pool, s));
-  fill(a, 256 * KiB, 31, s);
+  const size_t size = 2 * MiB + 256 * KiB; /* two chunks */
+  REQUIRE_OK(tp_malloc_from_pool_async(&a, size, pool, s));
+  fill(a, size, 31, s);
   child ch;
-  start_importer(&ch, "importer", pool, TP_LOCATION_INVISIBLE, -2,
-                 "TIDEPOOL_HOST_DEVICES=1");
+  printf("   importer with %s\n", only);
+  start_importer(&ch, "importer", pool, TP_LOCATION_INVISIBLE, -2, only, 0);
   REQUIRE(ch.pid > 0);
-  CHECK_OK(ask_import(&ch, 0, a, 256 * KiB, 31));
+  CHECK_OK(ask_import(&ch, 0, a, size, 31));
+  ctl w = {
+      .op = CMD_WRITE, .slot = 0, .seed = 32, .offset = 0, .size = 64 * KiB};
+  CHECK_OK(ask(&ch, &w, -1));
+  CHECK(holds(a, 64 * KiB, 32, s));
   CHECK_OK(ask_slot(&ch, CMD_FREE, 0));
   CHECK_EQ_INT(child_finish(&ch), 0);
   CHECK_OK(tp_free_async(a, s));
@@ -932,9 +518,49 @@ static void test_invisible_device(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* Across devices: the exporter allocates on device 0; an importer whose
+ * current device is 1 imports the pool (which it sees as device 0's),
+ * grants its device access, reads the exporter's bytes through a stream of
+ * device 1 and writes bytes the exporter then reads. */
+static void test_importer_on_device1(void) {
+  int n = 0;
+  CHECK_OK(tp_get_device_count(&n));
+  if (n < 2) {
+    printf("   skipped: needs 2 devices (TIDEPOOL_HOST_DEVICES=2 on the "
+           "host platform)\n");
+    return;
+  }
+  tp_stream_t s = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  tp_pool_t pool = ipc_pool(0);
+  REQUIRE(pool);
+  void *a = NULL;
+  const size_t size = 2 * MiB + 4 * KiB; /* two chunks */
+  REQUIRE_OK(tp_malloc_from_pool_async(&a, size, pool, s));
+  fill(a, size, 51, s);
+  child ch;
+  start_importer(&ch, "importer-dev1", pool, TP_LOCATION_DEVICE, 0, NULL, 2);
+  REQUIRE(ch.pid > 0);
+  CHECK_OK(ask_import(&ch, 0, a, size, 51));
+  ctl w = {.op = CMD_WRITE,
+           .slot = 0,
+           .seed = 52,
+           .offset = 2 * MiB,
+           .size = 4 * KiB};
+  CHECK_OK(ask(&ch, &w, -1));
+  CHECK(holds((char *)a + 2 * MiB, 4 * KiB, 52, s));
+  CHECK_OK(ask_slot(&ch, CMD_FREE, 0));
+  CHECK_EQ_INT(child_finish(&ch), 0);
+  CHECK_OK(tp_free_async(a, s));
+  CHECK_EQ_U64(wait_used(pool, 0), 0);
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(s));
+}
 int main(int argc, char **argv) {
-  if (argc == 4 && strcmp(argv[1], "--importer") == 0)
-    return importer_main(argv[2], atoi(argv[3]));
+  int rc = 0;
+  if (ipc_child_main(argc, argv, &rc))
+    return rc;
   signal(SIGPIPE, SIG_IGN);
   printf("test_ipc on the %s platform\n", tp_platform_name());
   RUN_TEST(test_same_process);
@@ -946,5 +572,6 @@ int main(int argc, char **argv) {
   RUN_TEST(test_importer_killed);
   RUN_TEST(test_other_user);
   RUN_TEST(test_invisible_device);
+  RUN_TEST(test_importer_on_device1);
   return check_done();
 }

@@ -1,10 +1,15 @@
-/* Tests that need two devices: peer access to a pool granted, made read-only
- * and revoked, for blocks allocated before and after the change; default
- * and current pools per device; allocation on one device's stream from
- * another device's pool; reuse across devices only behind the dependencies
- * the policies allow. Skips with one device (the host platform has two with
- * TIDEPOOL_HOST_DEVICES=2, which CI sets for a second run of the suite). */
+/* Tests that need two devices: peer access to a pool granted read-write and
+ * read-only, and revoked, for blocks mapped before and after each change,
+ * used by copies, memsets and host functions on the peer's streams, with
+ * either device current; default and current pools per device, and
+ * trimming one device's pool; allocation on one device's stream from the
+ * other device's pool; reuse across devices only behind the dependencies
+ * the policies allow. Skipped (check.h's skip code) with one device; the
+ * host platform has two with TIDEPOOL_HOST_DEVICES=2, which CI sets for a
+ * second run of the suite. */
 #include "check.h"
+
+#define MiB ((size_t)1 << 20)
 
 static tp_pool_t pool0;
 static tp_stream_t s0, s1; /* on device 0 and on device 1 */
@@ -16,6 +21,10 @@ static uint64_t attr64(tp_pool_t pool, tp_pool_attr_t a) {
 }
 
 static void set_int(tp_pool_t pool, tp_pool_attr_t a, int v) {
+  CHECK_OK(tp_pool_set_attribute(pool, a, &v));
+}
+
+static void set64(tp_pool_t pool, tp_pool_attr_t a, uint64_t v) {
   CHECK_OK(tp_pool_set_attribute(pool, a, &v));
 }
 
@@ -31,13 +40,15 @@ static void grant(tp_pool_t pool, int device, tp_access_flags_t f) {
   CHECK_OK(tp_pool_set_access(pool, &d, 1));
 }
 
-/* Copies `size` bytes of pool memory at `p` to the host through a stream of
- * device 0 and checks them against `value`. */
-static void expect_bytes(void *p, size_t size, unsigned char value) {
+/* Copies `size` bytes of device memory at `p` to the host through stream
+ * `s` (whose device may read it) and checks them against `value`. */
+static void expect_bytes(const void *p, size_t size, unsigned char value,
+                         tp_stream_t s) {
   unsigned char *host = malloc(size);
   REQUIRE(host != NULL);
-  CHECK_OK(tp_memcpy_async(host, p, size, s0));
-  CHECK_OK(tp_stream_synchronize(s0));
+  memset(host, (unsigned char)~value, size);
+  CHECK_OK(tp_memcpy_async(host, p, size, s));
+  CHECK_OK(tp_stream_synchronize(s));
   size_t bad = 0;
   for (size_t i = 0; i < size; i++)
     bad += host[i] != value;
@@ -45,62 +56,120 @@ static void expect_bytes(void *p, size_t size, unsigned char value) {
   free(host);
 }
 
+static void set_flag(void *arg) {
+  atomic_store((atomic_int *)arg, 1);
+}
+
+/* Device 1 reads `src` (device 0's pool) into its own pool, with each device
+ * current in turn: the copy must not depend on the thread's device. A host
+ * function queued after each copy on the same stream runs after it. */
+static void peer_reads(const void *src, size_t size, unsigned char value) {
+  tp_pool_t pool1 = NULL;
+  REQUIRE_OK(tp_device_get_mem_pool(&pool1, 1));
+  for (int current = 0; current < 2; current++) {
+    CHECK_OK(tp_set_device(current));
+    void *dst = NULL;
+    REQUIRE_OK(tp_malloc_from_pool_async(&dst, size, pool1, s1));
+    CHECK_OK(tp_memset_async(dst, 0, size, s1));
+    CHECK_OK(tp_memcpy_async(dst, src, size, s1));
+    atomic_int ran = 0;
+    CHECK_OK(tp_launch_host_func(s1, set_flag, &ran));
+    CHECK_OK(tp_stream_synchronize(s1));
+    CHECK_EQ_INT(atomic_load(&ran), 1);
+    expect_bytes(dst, size, value, s1);
+    CHECK_OK(tp_free_async(dst, s1));
+  }
+  CHECK_OK(tp_set_device(0));
+  CHECK_OK(tp_stream_synchronize(s1));
+}
+
 static void test_peer_access(void) {
-  const size_t size = 3u << 20;
+  const size_t size = 3 * MiB; /* two chunks, one shared with the next */
   CHECK_EQ_INT(access_of(pool0, 0), TP_ACCESS_READ_WRITE);
   CHECK_EQ_INT(access_of(pool0, 1), TP_ACCESS_NONE);
-  void *before = NULL, *after = NULL;
+  void *before = NULL, *after = NULL, *later = NULL;
   REQUIRE_OK(tp_malloc_from_pool_async(&before, size, pool0, s0));
   CHECK_OK(tp_memset_async(before, 0x11, size, s0));
   CHECK_OK(tp_stream_synchronize(s0));
 
+  /* Read-write: the grant covers memory mapped before it and after it. */
   grant(pool0, 1, TP_ACCESS_READ_WRITE);
   CHECK_EQ_INT(access_of(pool0, 1), TP_ACCESS_READ_WRITE);
+  uint64_t maps = attr64(pool0, TP_POOL_ATTR_CHUNK_MAPS);
   REQUIRE_OK(tp_malloc_from_pool_async(&after, size, pool0, s0));
+  CHECK(attr64(pool0, TP_POOL_ATTR_CHUNK_MAPS) > maps);
   CHECK_OK(tp_stream_synchronize(s0));
-  /* Device 1 writes both blocks: the grant covers memory mapped before it
-   * and memory mapped after it. */
   CHECK_OK(tp_memset_async(before, 0x22, size, s1));
   CHECK_OK(tp_memset_async(after, 0x33, size, s1));
+  atomic_int ran = 0;
+  CHECK_OK(tp_launch_host_func(s1, set_flag, &ran));
   CHECK_OK(tp_stream_synchronize(s1));
-  expect_bytes(before, size, 0x22);
-  expect_bytes(after, size, 0x33);
+  CHECK_EQ_INT(atomic_load(&ran), 1);
+  expect_bytes(before, size, 0x22, s0);
+  expect_bytes(after, size, 0x33, s0);
+  expect_bytes(after, size, 0x33, s1);
+  /* A copy inside device 0's pool, queued on device 1's stream. */
+  CHECK_OK(tp_memcpy_async(after, before, MiB, s1));
+  CHECK_OK(tp_stream_synchronize(s1));
+  expect_bytes(after, MiB, 0x22, s0);
+  CHECK_OK(tp_memset_async(after, 0x33, MiB, s0));
+  CHECK_OK(tp_stream_synchronize(s0));
 
-  /* Read only: device 1 may copy out of the pool. */
+  /* Read only: device 1 copies out of the pool, from blocks mapped before
+   * the change and after it. */
   grant(pool0, 1, TP_ACCESS_READ);
   CHECK_EQ_INT(access_of(pool0, 1), TP_ACCESS_READ);
-  void *dst = NULL;
-  tp_pool_t pool1 = NULL;
-  REQUIRE_OK(tp_device_get_mem_pool(&pool1, 1));
-  REQUIRE_OK(tp_malloc_from_pool_async(&dst, size, pool1, s1));
-  CHECK_OK(tp_memcpy_async(dst, before, size, s1));
-  CHECK_OK(tp_stream_synchronize(s1));
-  CHECK_OK(tp_free_async(dst, s1));
+  maps = attr64(pool0, TP_POOL_ATTR_CHUNK_MAPS);
+  REQUIRE_OK(tp_malloc_from_pool_async(&later, size, pool0, s0));
+  CHECK(attr64(pool0, TP_POOL_ATTR_CHUNK_MAPS) > maps);
+  CHECK_OK(tp_memset_async(later, 0x66, size, s0));
+  CHECK_OK(tp_stream_synchronize(s0));
+  peer_reads(before, size, 0x22);
+  peer_reads(after, size, 0x33);
+  peer_reads(later, size, 0x66);
   /* The fault of a forbidden access is observable only on the host
    * platform: on a GPU it would end the process's context. */
   if (check_on_host()) {
     CHECK_OK(tp_memset_async(before, 0x44, size, s1));
     CHECK_ERR(tp_stream_synchronize(s1), TP_ERROR_ILLEGAL_ADDRESS);
-    expect_bytes(before, size, 0x22);
+    CHECK_OK(tp_memset_async(later, 0x44, size, s1));
+    CHECK_ERR(tp_stream_synchronize(s1), TP_ERROR_ILLEGAL_ADDRESS);
+    expect_bytes(before, size, 0x22, s0);
+    expect_bytes(later, size, 0x66, s0);
   }
 
+  /* Revoked: nothing for device 1, in old chunks and new ones. */
   grant(pool0, 1, TP_ACCESS_NONE);
   CHECK_EQ_INT(access_of(pool0, 1), TP_ACCESS_NONE);
+  void *revoked = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&revoked, size, pool0, s0));
   if (check_on_host()) {
-    CHECK_OK(tp_memcpy_async(after, before, 512, s1));
+    unsigned char buf[512];
+    CHECK_OK(tp_memcpy_async(buf, before, sizeof buf, s1));
+    CHECK_ERR(tp_stream_synchronize(s1), TP_ERROR_ILLEGAL_ADDRESS);
+    CHECK_OK(tp_memcpy_async(buf, revoked, sizeof buf, s1));
     CHECK_ERR(tp_stream_synchronize(s1), TP_ERROR_ILLEGAL_ADDRESS);
   }
+  /* And granted again, as any change. */
+  grant(pool0, 1, TP_ACCESS_READ_WRITE);
+  CHECK_OK(tp_memset_async(revoked, 0x77, size, s1));
+  CHECK_OK(tp_stream_synchronize(s1));
+  expect_bytes(revoked, size, 0x77, s0);
+  grant(pool0, 1, TP_ACCESS_NONE);
+
   /* The own device keeps its rights, and cannot lose them. */
   CHECK_EQ_INT(access_of(pool0, 0), TP_ACCESS_READ_WRITE);
   tp_access_desc_t own = {{TP_LOCATION_DEVICE, 0, 0}, TP_ACCESS_READ};
   CHECK_ERR(tp_pool_set_access(pool0, &own, 1), TP_ERROR_INVALID_DEVICE);
   CHECK_OK(tp_free_async(before, s0));
   CHECK_OK(tp_free_async(after, s0));
+  CHECK_OK(tp_free_async(later, s0));
+  CHECK_OK(tp_free_async(revoked, s0));
   CHECK_OK(tp_stream_synchronize(s0));
 }
 
 static void test_pools_per_device(void) {
-  tp_pool_t d0 = NULL, d1 = NULL, c1 = NULL;
+  tp_pool_t d0 = NULL, d1 = NULL, c1 = NULL, got = NULL;
   REQUIRE_OK(tp_device_get_default_mem_pool(&d0, 0));
   REQUIRE_OK(tp_device_get_default_mem_pool(&d1, 1));
   CHECK(d0 != d1);
@@ -109,31 +178,68 @@ static void test_pools_per_device(void) {
   CHECK_OK(tp_pool_get_attribute(d1, TP_POOL_ATTR_LOCATION_TYPE, &type));
   CHECK_EQ_INT(id, 1);
   CHECK_EQ_INT(type, TP_LOCATION_DEVICE);
-  /* A pool of device 0 cannot be device 1's current pool. */
+  /* A pool of one device cannot be the other's current pool: the driver's
+   * answer, INVALID_VALUE (test_conformance keeps its reference rows). */
   CHECK_ERR(tp_device_set_mem_pool(1, pool0), TP_ERROR_INVALID_VALUE);
+  CHECK_ERR(tp_device_set_mem_pool(0, d1), TP_ERROR_INVALID_VALUE);
+  tp_location_t dev1 = {TP_LOCATION_DEVICE, 1, 0};
+  CHECK_ERR(tp_mem_set_pool(&dev1, TP_ALLOCATION_PINNED, pool0),
+            TP_ERROR_INVALID_VALUE);
 
-  /* tp_malloc_async on a stream of device 1 draws from device 1's current
-   * pool, whatever the thread's current device. */
+  /* Current pools are per device: tp_malloc_async on a stream of device 1
+   * draws from device 1's current pool, whatever the thread's current
+   * device, and device 0's stays. */
   tp_pool_props_t props = {0};
   props.alloc_type = TP_ALLOCATION_PINNED;
   props.location = (tp_location_t){TP_LOCATION_DEVICE, 1, 0};
   REQUIRE_OK(tp_pool_create(&c1, &props));
   CHECK_OK(tp_device_set_mem_pool(1, c1));
+  CHECK_OK(tp_device_get_mem_pool(&got, 1));
+  CHECK_EQ_PTR(got, c1);
+  CHECK_OK(tp_device_get_mem_pool(&got, 0));
+  CHECK_EQ_PTR(got, d0);
   CHECK_OK(tp_set_device(0));
-  void *p = NULL;
+  void *p = NULL, *q = NULL;
+  uint64_t used0 = attr64(d0, TP_POOL_ATTR_USED_MEM_CURRENT);
   REQUIRE_OK(tp_malloc_async(&p, 5000, s1));
+  REQUIRE_OK(tp_malloc_async(&q, 7000, s0));
   CHECK_EQ_U64(attr64(c1, TP_POOL_ATTR_USED_MEM_CURRENT), 5000);
+  CHECK_EQ_U64(attr64(d0, TP_POOL_ATTR_USED_MEM_CURRENT), used0 + 7000);
   CHECK_OK(tp_free_async(p, s1));
+  CHECK_OK(tp_free_async(q, s0));
   CHECK_OK(tp_stream_synchronize(s1));
+  CHECK_OK(tp_stream_synchronize(s0));
   CHECK_OK(tp_device_set_mem_pool(1, d1));
   CHECK_OK(tp_pool_destroy(c1));
 
-  /* A pool of device 0 serves a stream of device 1, as the seed allows. */
-  grant(pool0, 1, TP_ACCESS_READ_WRITE);
-  REQUIRE_OK(tp_malloc_from_pool_async(&p, 1u << 20, pool0, s1));
-  CHECK_OK(tp_memset_async(p, 0x5a, 1u << 20, s1));
+  /* Trimming one device's pool leaves the other's. */
+  set64(d0, TP_POOL_ATTR_RELEASE_THRESHOLD, UINT64_MAX);
+  set64(d1, TP_POOL_ATTR_RELEASE_THRESHOLD, UINT64_MAX);
+  REQUIRE_OK(tp_malloc_from_pool_async(&p, 8 * MiB, d0, s0));
+  REQUIRE_OK(tp_malloc_from_pool_async(&q, 8 * MiB, d1, s1));
+  CHECK_OK(tp_free_async(p, s0));
+  CHECK_OK(tp_free_async(q, s1));
+  CHECK_OK(tp_stream_synchronize(s0));
   CHECK_OK(tp_stream_synchronize(s1));
-  expect_bytes(p, 1u << 20, 0x5a);
+  uint64_t r1 = attr64(d1, TP_POOL_ATTR_RESERVED_MEM_CURRENT);
+  CHECK(attr64(d0, TP_POOL_ATTR_RESERVED_MEM_CURRENT) >= 8 * MiB);
+  CHECK(r1 >= 8 * MiB);
+  CHECK_OK(tp_pool_trim_to(d0, 0));
+  CHECK_EQ_U64(attr64(d0, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);
+  CHECK_EQ_U64(attr64(d1, TP_POOL_ATTR_RESERVED_MEM_CURRENT), r1);
+  CHECK_OK(tp_pool_trim_to(d1, 0));
+  CHECK_EQ_U64(attr64(d1, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);
+  set64(d0, TP_POOL_ATTR_RELEASE_THRESHOLD, 0);
+  set64(d1, TP_POOL_ATTR_RELEASE_THRESHOLD, 0);
+
+  /* A pool of device 0 serves a stream of device 1, as the driver allows;
+   * with access granted, device 1's work uses the block. */
+  grant(pool0, 1, TP_ACCESS_READ_WRITE);
+  REQUIRE_OK(tp_malloc_from_pool_async(&p, MiB, pool0, s1));
+  CHECK_OK(tp_memset_async(p, 0x5a, MiB, s1));
+  CHECK_OK(tp_stream_synchronize(s1));
+  expect_bytes(p, MiB, 0x5a, s0);
+  expect_bytes(p, MiB, 0x5a, s1);
   CHECK_OK(tp_free_async(p, s1));
   CHECK_OK(tp_stream_synchronize(s1));
   grant(pool0, 1, TP_ACCESS_NONE);
@@ -146,7 +252,7 @@ static void test_cross_device_order(void) {
   tp_pool_props_t props = {0};
   props.alloc_type = TP_ALLOCATION_PINNED;
   props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
-  props.max_size = 2u << 20; /* one chunk: reuse or out-of-memory */
+  props.max_size = 2 * MiB; /* one chunk: reuse or out-of-memory */
   tp_pool_t pool = NULL;
   REQUIRE_OK(tp_pool_create(&pool, &props));
   grant(pool, 1, TP_ACCESS_READ_WRITE);
@@ -154,12 +260,13 @@ static void test_cross_device_order(void) {
   set_int(pool, TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, 0);
   set_int(pool, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, 0);
   set_int(pool, TP_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, 1);
-  const size_t size = 2u << 20;
+  const size_t size = 2 * MiB;
 
   gate_t g;
   void *x = NULL, *y = NULL;
   REQUIRE_OK(tp_malloc_from_pool_async(&x, size, pool, s1));
   REQUIRE_OK(hold_stream(s1, &g));
+  CHECK_OK(tp_memset_async(x, 0x31, size, s1));
   CHECK_OK(tp_free_async(x, s1));
   /* No dependency: device 0's stream may not have it. */
   CHECK_ERR(tp_malloc_from_pool_async(&y, size, pool, s0),
@@ -173,10 +280,13 @@ static void test_cross_device_order(void) {
   CHECK_OK(tp_stream_wait_event(s0, ev, 0));
   CHECK_OK(tp_malloc_from_pool_async(&y, size, pool, s0));
   CHECK_EQ_PTR(y, x);
-  /* And device 0's work waits for device 1's held work. */
+  /* Device 0's work waits for device 1's held work: its memset lands after
+   * device 1's, which the gate still holds. */
+  CHECK_OK(tp_memset_async(y, 0x32, size, s0));
   CHECK_ERR(tp_stream_query(s0), TP_ERROR_NOT_READY);
   release(&g);
   CHECK_OK(tp_stream_synchronize(s0));
+  expect_bytes(y, size, 0x32, s0);
   CHECK_OK(tp_free_async(y, s0));
 
   /* Internal dependencies alone: the pool makes device 0's stream wait. */
@@ -185,13 +295,15 @@ static void test_cross_device_order(void) {
   CHECK_OK(tp_stream_synchronize(s0));
   REQUIRE_OK(tp_malloc_from_pool_async(&x, size, pool, s1));
   REQUIRE_OK(hold_stream(s1, &g));
+  CHECK_OK(tp_memset_async(x, 0x41, size, s1));
   CHECK_OK(tp_free_async(x, s1));
   CHECK_OK(tp_malloc_from_pool_async(&y, size, pool, s0));
   CHECK_EQ_PTR(y, x);
-  CHECK_OK(tp_memset_async(y, 1, 512, s0));
+  CHECK_OK(tp_memset_async(y, 0x42, size, s0));
   CHECK_ERR(tp_stream_query(s0), TP_ERROR_NOT_READY);
   release(&g);
   CHECK_OK(tp_stream_synchronize(s0));
+  expect_bytes(y, size, 0x42, s0);
   CHECK_OK(tp_free_async(y, s0));
   CHECK_OK(tp_device_synchronize());
   CHECK_OK(tp_set_device(1));
@@ -204,12 +316,10 @@ static void test_cross_device_order(void) {
 int main(void) {
   int n = 0;
   REQUIRE_OK_EXIT(tp_get_device_count(&n));
-  if (n < 2) {
-    printf("skipped: %d device(s); this test needs 2 (on the host platform, "
-           "TIDEPOOL_HOST_DEVICES=2)\n",
-           n);
-    return 0;
-  }
+  if (n < 2)
+    return check_skip("%d device(s); this test needs 2 (on the host "
+                      "platform, TIDEPOOL_HOST_DEVICES=2)",
+                      n);
   printf("platform %s, %d devices\n", tp_platform_name(), n);
   tp_pool_props_t props = {0};
   props.alloc_type = TP_ALLOCATION_PINNED;

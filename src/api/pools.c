@@ -5,6 +5,7 @@
 
 #include "api/api.h"
 #include "common/guard.h"
+#include "ipc/ipc.h"
 
 /* ---- default and current pools --------------------------------------------
  * Keyed by location and type: device d pinned, device d managed, host, host
@@ -197,10 +198,22 @@ TP_API tp_error_t tp_pool_create(tp_pool_t *pool,
   TP_RETURN_IF(!pool, TP_ERROR_INVALID_VALUE);
   TP_FORWARD(tp__api_init());
   TP_FORWARD(check_props(props));
-  tp_error_t err = tp__pool_new(props, false, pool);
+  tp_pool_t made = NULL;
+  tp_error_t err = tp__pool_new(props, false, &made);
   /* A NUMA node the platform does not have is a bad value here, as the
    * driver answers for an unknown device. */
-  return err == TP_ERROR_INVALID_DEVICE ? TP_ERROR_INVALID_VALUE : err;
+  TP_RETURN_IF(err == TP_ERROR_INVALID_DEVICE, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(err);
+  /* A pool with handle types can be shared with other processes. No other
+   * thread has its handle yet. */
+  tp__pool *p = NULL;
+  if (props->handle_types && tp__pool_get(made, &p) == TP_SUCCESS &&
+      (err = tp__ipc_export_init(p)) != TP_SUCCESS) {
+    (void)tp__pool_destroy(p);
+    return err;
+  }
+  *pool = made;
+  return TP_SUCCESS;
 }
 
 /* Each entry point below that reaches a pool does so inside the guard

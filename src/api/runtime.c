@@ -6,6 +6,7 @@
 
 #include "api/api.h"
 #include "common/guard.h"
+#include "ipc/ipc.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static tp_error_t init_err = TP_ERROR_NO_DEVICE;

@@ -113,14 +113,13 @@ tp_error_t tp__pool_free(void *ptr, tp__stream *s) {
   uintptr_t addr = (uintptr_t)ptr;
   tp__pool *p = tp__registry_find(addr);
   TP_RETURN_IF(!p || addr % TP_GRANULE, TP_ERROR_INVALID_VALUE);
-  /* Another process's memory: the importer only gives up its hold. */
-  if (TP_UNLIKELY(p->imported))
-    return tp__ipc_import_free(p, addr, s);
-  /* An exported allocation that an importer still holds stays out of
-   * reuse; ipc frees it with this free's tag once the importer lets go. */
-  if (TP_UNLIKELY(atomic_load_explicit(&p->ipc_watch, memory_order_relaxed))) {
+  /* A pool another process shares may consume the free itself: an
+   * importer gives up its hold, an exporter keeps a block an importer
+   * still holds (and frees it with this free's tag once released). */
+  if (TP_UNLIKELY(p->imported ||
+                  atomic_load_explicit(&p->watched, memory_order_relaxed))) {
     bool kept = false;
-    TP_FORWARD(tp__ipc_on_free(p, addr, s, &kept));
+    TP_FORWARD(p->ops->free(p, addr, s, &kept));
     if (kept)
       return TP_SUCCESS;
   }

@@ -106,8 +106,6 @@ tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
     p->export_key = (uint64_t)(uintptr_t)p ^ p->serial * 0x9E3779B97F4A7C15ull;
   tp_error_t err = pool_rooms(p, gran, limit);
   bool rooms = err == TP_SUCCESS;
-  if (err == TP_SUCCESS && props->handle_types)
-    err = tp__ipc_export_init(p);
   tp__mutex_lock(&pools_lock);
   if (err == TP_SUCCESS && !TP_RESERVE(pools, npools, cappools))
     err = TP_ERROR_OUT_OF_MEMORY;
@@ -115,7 +113,6 @@ tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
     pools[npools++] = p;
   tp__mutex_unlock(&pools_lock);
   if (err != TP_SUCCESS) {
-    tp__ipc_export_free(p);
     if (rooms) {
       tp__registry_remove(p->space.base, p->space.va_size);
       tp__space_fini(&p->space);
@@ -129,12 +126,14 @@ tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
   return TP_SUCCESS;
 }
 
-tp_error_t tp__pool_new_imported(const tp_pool_props_t *props, tp_pool_t *out) {
+tp_error_t tp__pool_new_imported(const tp_pool_props_t *props,
+                                 const tp__pool_ops *ops, tp__pool **out) {
   tp__pool *p = pool_alloc(props);
   TP_RETURN_IF(!p, TP_ERROR_OUT_OF_MEMORY);
   p->imported = true;
+  p->ops = ops;
   tp__handle_publish(p->handle, p);
-  *out = p->handle;
+  *out = p;
   return TP_SUCCESS;
 }
 
@@ -184,7 +183,8 @@ void tp__pool_after_sync(tp__stream *s) {
 
 tp_error_t tp__pool_trim(tp__pool *p, uint64_t keep) {
   if (p->imported) {
-    tp__ipc_import_trim(p);
+    if (p->ops->trim)
+      p->ops->trim(p);
     return TP_SUCCESS;
   }
   tp__mutex_lock(&p->lock);
@@ -236,8 +236,8 @@ tp_error_t tp__pool_get_access(tp__pool *p, const tp_location_t *loc,
 
 tp_error_t tp__pool_set_access(tp__pool *p, const tp_access_desc_t *list,
                                size_t n) {
-  if (p->imported) /* its mappings are ipc's, under a lock of its own */
-    return tp__ipc_import_set_access(p, list, n);
+  if (p->imported) /* its mappings are its ops', under a lock of its own */
+    return p->ops->set_access(p, list, n);
   tp__mutex_lock(&p->lock);
   tp_error_t err = p->torn_down ? TP_ERROR_INVALID_VALUE
                                 : tp__space_set_access(&p->space, list, n);
@@ -406,10 +406,10 @@ tp_error_t tp__pool_set_attr(tp__pool *p, tp_pool_attr_t attr, void *value) {
 /* Tries to finish a destroyed pool; pools_lock held, pool lock not. Returns
  * true when the pool is gone. */
 static bool teardown(tp__pool *p, bool poll) {
-  /* An exporting pool stops serving importers first, with no lock held:
-   * its service thread takes the pool lock. A block an importer still
-   * holds keeps the pool. */
-  if (p->exp && !tp__ipc_export_stop(p))
+  /* A pool shared with other processes stops serving them first, with no
+   * lock held (its server takes the pool lock). A block another process
+   * still holds keeps the pool. */
+  if (p->ops && p->ops->stop && !p->ops->stop(p))
     return false;
   tp__mutex_lock(&p->lock);
   bool gone = !p->torn_down;
@@ -438,7 +438,8 @@ static bool teardown(tp__pool *p, bool poll) {
     if (pools[i] == p)
       pools[i] = pools[--npools];
   tp__handle_bury(p->handle);
-  tp__ipc_export_free(p);
+  if (p->ops && p->ops->release)
+    p->ops->release(p);
   tp__guard_retire(p, pool_free);
   return true;
 }
@@ -466,14 +467,13 @@ tp_error_t tp__pool_destroy(tp__pool *p) {
   TP_RETURN_IF(!atomic_compare_exchange_strong(&p->handle->state, &live,
                                                TP_POOL_DESTROYING),
                TP_ERROR_INVALID_VALUE);
+  if (p->ops && p->ops->destroy)
+    p->ops->destroy(p);
   if (p->imported) {
-    tp__ipc_import_destroy(p);
     tp__handle_bury(p->handle);
     tp__guard_retire(p, pool_free);
     return TP_SUCCESS;
   }
-  if (p->exp)
-    tp__ipc_export_close(p);
   atomic_store(&p->destroyed, true);
   reap(true);
   return TP_SUCCESS;

@@ -2,31 +2,54 @@
  * blocks, slabs, stream caches), its statistics and lifetime, and the
  * allocate and free paths that the API layer calls. The layers below it,
  * lowest first: stream/ (stream order), space, blocks, slabs, caches,
- * reuse; ipc/ sits above it. */
+ * reuse; ipc/ sits above it, and reaches the core through tp__pool_ops. */
 #ifndef TP_POOL_H
 #define TP_POOL_H
 
 #include "pool/reuse.h"
 
 typedef struct tp__pool tp__pool;
-typedef struct tp__ipc_export tp__ipc_export; /* ipc */
-typedef struct tp__ipc_import tp__ipc_import; /* ipc */
+typedef struct tp__ipc_export tp__ipc_export; /* ipc/export.c */
+typedef struct tp__ipc_import tp__ipc_import; /* ipc/import.c */
+
+/* What a pool shared between processes does beyond an ordinary one. The
+ * room that shares it (src/ipc/) sets the table when it makes a pool
+ * exportable or imports one, and the core calls through it where a pool of
+ * this process alone would act by itself; it knows nothing of sharing. A
+ * NULL entry does nothing. */
+typedef struct tp__pool_ops {
+  /* A free of `addr` in the pool, before the core's own: *kept when the
+   * free was consumed (an importer gives its hold back; an exporter keeps
+   * a block an importer still holds and frees it once released). Called
+   * for every free of an imported pool, and for an exported one while
+   * `watched` is nonzero. */
+  tp_error_t (*free)(tp__pool *p, uintptr_t addr, tp__stream *s, bool *kept);
+  /* An imported pool's trim and access, which are its own mappings'. */
+  void (*trim)(tp__pool *p);
+  tp_error_t (*set_access)(tp__pool *p, const tp_access_desc_t *list, size_t n);
+  /* The pool was destroyed: an imported pool releases everything; an
+   * exported one takes no new importers. */
+  void (*destroy)(tp__pool *p);
+  /* Teardown of an exported pool, no lock held: false while an importer
+   * still holds a block (the pool must stay); then its state goes. */
+  bool (*stop)(tp__pool *p);
+  void (*release)(tp__pool *p);
+} tp__pool_ops;
 
 struct tp__pool {
   tp_pool_t handle;
   uint64_t serial;
   tp_pool_props_t props;
   bool is_default;
-  bool imported; /* from another process: cannot allocate */
-  /* Sharing between processes (ipc): the exporter's state, made at
-   * creation for pools with handle types, or the importer's. */
+  bool imported;           /* from another process: cannot allocate */
+  const tp__pool_ops *ops; /* NULL for a pool no other process shares */
   tp__ipc_export *exp;
   tp__ipc_import *imp;
   uint64_t export_key; /* keys the check word of exported pointers */
-  /* Exported allocations not yet freed (or freed but still held by an
-   * importer). While non-zero, frees ask ipc first; it is raised before
-   * export_pointer returns, so a free ordered after an export sees it. */
-  _Atomic uint32_t ipc_watch;
+  /* Allocations whose free ops->free must see first (exported ones not
+   * yet freed, or freed but still held by an importer). It is raised
+   * before the export returns, so a free ordered after it sees it. */
+  _Atomic uint32_t watched;
 
   _Atomic int follow_events, opportunistic, internal_deps, oom_wait;
   _Atomic uint64_t release_threshold;
@@ -99,8 +122,10 @@ uint64_t tp__pool_used(tp__pool *p);
 tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
                         tp_pool_t *out);
 /* A pool object that stands for another process's pool, with the
- * properties its importer reports; ipc fills in the rest. */
-tp_error_t tp__pool_new_imported(const tp_pool_props_t *props, tp_pool_t *out);
+ * properties its importer reports and the importer's ops; the importer
+ * fills in the rest. */
+tp_error_t tp__pool_new_imported(const tp_pool_props_t *props,
+                                 const tp__pool_ops *ops, tp__pool **out);
 tp_error_t tp__pool_destroy(tp__pool *p);
 /* A destroyed pool may go once its last allocation is freed. */
 void tp__pool_maybe_reap(tp__pool *p);
@@ -120,37 +145,6 @@ void tp__pool_after_sync(tp__stream *s);
 void tp__pools_drop_stream(tp__stream *s);
 /* Raises the used high watermark to the exact total; no lock held. */
 void tp__pool_peak_raise(tp__pool *p);
-
-/* ---- ipc -------------------------------------------------------------------
- * Sharing pools between processes. The exporting side: */
-tp_error_t tp__ipc_export_init(tp__pool *p);
-/* A new descriptor for importers (the caller owns it). */
-tp_error_t tp__ipc_export_handle(tp__pool *p, int *fd);
-tp_error_t tp__ipc_export_pointer(tp__pool *p, void *ptr,
-                                  tp_pool_ptr_export_data_t *data);
-/* The pool was destroyed: no new importers, no new imports. */
-void tp__ipc_export_close(tp__pool *p);
-/* Teardown: stops serving importers unless one still holds a block (then
- * false: the pool must stay). No lock held. */
-bool tp__ipc_export_stop(tp__pool *p);
-void tp__ipc_export_free(tp__pool *p);
-/* Called by a free of `addr` while p->ipc_watch is set: *kept when an
- * importer holds the allocation, which ipc then frees once released. */
-tp_error_t tp__ipc_on_free(tp__pool *p, uintptr_t addr, tp__stream *s,
-                           bool *kept);
-/* The importing side: */
-tp_error_t tp__ipc_import_pool(int fd, tp_pool_t *out);
-tp_error_t tp__ipc_import_pointer(tp__pool *p,
-                                  const tp_pool_ptr_export_data_t *data,
-                                  void **ptr);
-tp_error_t tp__ipc_import_free(tp__pool *p, uintptr_t addr, tp__stream *s);
-tp_error_t tp__ipc_import_set_access(tp__pool *p, const tp_access_desc_t *list,
-                                     size_t n);
-/* Unmaps chunks that no imported pointer still uses. */
-void tp__ipc_import_trim(tp__pool *p);
-void tp__ipc_import_destroy(tp__pool *p);
-/* After a synchronize: every imported pool unmaps what it no longer uses. */
-void tp__ipc_settle(void);
 
 /* ---- verify.c ------------------------------------------------------------
  * The invariant walker: free lists, accounting and the chunk map. Returns 0

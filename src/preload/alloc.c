@@ -426,12 +426,10 @@ TP_PL_EXPORT cudaError_t cudaMemPoolImportFromShareableHandle(
   ENTER();
   if (!pool)
     return answer(TP_ERROR_INVALID_VALUE, TP_PL_COUNT_POOL);
-  int fd = (int)(intptr_t)handle;
-  void *tp_handle =
-      type == cudaMemHandleTypePosixFileDescriptor ? (void *)&fd : handle;
+  /* Both take a posix descriptor by value. */
   tp_pool_t imported = NULL;
   tp_error_t err = tp_pool_import_from_shareable_handle(
-      &imported, tp_handle, handle_type_in(type), flags);
+      &imported, handle, handle_type_in(type), flags);
   if (err == TP_SUCCESS) {
     tp__pl_pool_remember(imported);
     *pool = (cudaMemPool_t)imported;

@@ -160,13 +160,44 @@ tp_error_t tp__cu_memset_async(tp__pstream *ps, void *ptr, int value,
                                              (unsigned char)value, size, s_));
 }
 
+/* Makes the context of stream `s` current in `scope`, where another is. */
+static CUresult enter_stream_ctx(CUstream s, tp__cu_scope *scope) {
+  CUcontext ctx = NULL, cur = NULL;
+  CUresult r = tp__cu.cuStreamGetCtx(s, &ctx);
+  if (r == CUDA_SUCCESS)
+    r = tp__cu.cuCtxGetCurrent(&cur);
+  if (r != CUDA_SUCCESS || cur == ctx)
+    return r;
+  r = tp__cu.cuCtxSetCurrent(ctx);
+  if (r == CUDA_SUCCESS) {
+    scope->prev = cur;
+    scope->switched = 1;
+  }
+  return r;
+}
+
+/* With unified addressing the driver infers the direction from the
+ * pointers, host memory included. It checks that the pointers may be
+ * accessed against the thread's current context, though, not the stream's:
+ * a stream of device 1 copying out of device 0's pool (device 1 granted
+ * access) into device 1's own pool is refused with CUDA_ERROR_INVALID_VALUE
+ * while device 0's context is current, device 0 having no access to the
+ * destination. So the copy runs with the stream's context current, as the
+ * special streams' already does. (A memset is checked against the stream's
+ * context and needs no switch.) */
 tp_error_t tp__cu_memcpy_async(tp__pstream *ps, void *dst, const void *src,
                                size_t size) {
-  /* With unified addressing the driver infers the direction from the
-   * pointers, host memory included. */
-  TP_CU_ON_STREAM(ps,
-                  tp__cu.cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst,
-                                       (CUdeviceptr)(uintptr_t)src, size, s_));
+  CUstream s;
+  tp__cu_scope scope;
+  TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
+  CUresult r = CUDA_SUCCESS;
+  if ((uintptr_t)ps >= TP_CU_SPECIAL_LIMIT)
+    r = enter_stream_ctx(s, &scope);
+  if (r == CUDA_SUCCESS)
+    r = tp__cu.cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst,
+                             (CUdeviceptr)(uintptr_t)src, size, s);
+  tp__cu_scope_leave(&scope);
+  return tp__cu_error(r);
 }
 
 tp_error_t tp__cu_launch_host_func(tp__pstream *ps, void (*fn)(void *),

@@ -1,0 +1,209 @@
+/* The transport of src/ipc/: one message of the protocol (wire.h) at a
+ * time over a SOCK_SEQPACKET socket, with a descriptor and credentials, and
+ * waits bounded by a deadline; export records' check words. Stateless: no
+ * lock, no allocation. */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ipc/wire.h"
+
+static uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t tp__ipc_record_check(const tp__ipc_record *r, uint64_t key) {
+  uint64_t w[offsetof(tp__ipc_record, check) / 8];
+  memcpy(w, r, sizeof w);
+  uint64_t h = key;
+  for (size_t i = 0; i < sizeof w / 8; i++)
+    h = mix(h ^ w[i]);
+  return h;
+}
+
+bool tp__ipc_record_sane(const tp__ipc_record *r, uint64_t va_size) {
+  return r->magic == TP_RECORD_MAGIC && r->version == TP_RECORD_VERSION &&
+         r->offset % TP_GRANULE == 0 && r->offset < va_size && r->size != 0 &&
+         r->size <= va_size - r->offset;
+}
+
+tp_error_t tp__wire_status(int32_t status) {
+  switch (status) {
+#define TP_WIRE_KNOWN_(name, value, text) case value:
+    TP_ERROR_LIST(TP_WIRE_KNOWN_)
+#undef TP_WIRE_KNOWN_
+    return (tp_error_t)status;
+  default: return TP_ERROR_INVALID_VALUE;
+  }
+}
+
+/* ---- time ------------------------------------------------------------------
+ */
+
+static int timeout_ms = TP_IPC_TIMEOUT_MS;
+static pthread_once_t timeout_once = PTHREAD_ONCE_INIT;
+
+/* Read once: the variable is for a whole process (tests shorten it for an
+ * importer they start). A value that is no positive number of milliseconds
+ * leaves the default. */
+static void timeout_read(void) {
+  const char *s = getenv("TIDEPOOL_IPC_TIMEOUT_MS");
+  if (!s || !*s)
+    return;
+  char *end = NULL;
+  long v = strtol(s, &end, 10);
+  if (end && *end == '\0' && v > 0 && v <= 24L * 3600 * 1000)
+    timeout_ms = (int)v;
+}
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+uint64_t tp__ipc_deadline(void) {
+  pthread_once(&timeout_once, timeout_read);
+  return now_ms() + (uint64_t)timeout_ms;
+}
+
+/* Waits for `events` on sock until the deadline. 1: ready, 0: the deadline
+ * passed, -1: poll failed (errno). */
+static int wait_for(int sock, short events, uint64_t deadline) {
+  for (;;) {
+    uint64_t now = now_ms();
+    if (now >= deadline)
+      return 0;
+    uint64_t left = deadline - now;
+    struct pollfd pf = {.fd = sock, .events = events};
+    int r = poll(&pf, 1, left > 60000 ? 60000 : (int)left);
+    if (r > 0)
+      return 1;
+    if (r < 0 && errno != EINTR)
+      return -1;
+  }
+}
+
+/* ---- messages ---------------------------------------------------------------
+ */
+
+tp_error_t tp__wire_send(int sock, const tp__wire *w, int fd, bool creds,
+                         uint64_t deadline) {
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(struct ucred))];
+  } ctl;
+  memset(&ctl, 0, sizeof ctl);
+  struct iovec iov = {(void *)w, sizeof *w};
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (fd >= 0 || creds) {
+    m.msg_control = ctl.buf;
+    m.msg_controllen = sizeof ctl.buf;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    size_t len = 0;
+    if (fd >= 0) {
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof fd);
+      memcpy(CMSG_DATA(c), &fd, sizeof fd);
+      len += CMSG_SPACE(sizeof fd);
+      c = CMSG_NXTHDR(&m, c);
+    }
+    if (creds) {
+      struct ucred u = {getpid(), geteuid(), getegid()};
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_CREDENTIALS;
+      c->cmsg_len = CMSG_LEN(sizeof u);
+      memcpy(CMSG_DATA(c), &u, sizeof u);
+      len += CMSG_SPACE(sizeof u);
+    }
+    m.msg_controllen = len;
+  }
+  /* Never blocking in sendmsg: a peer that stopped reading (or stopped
+   * altogether) fills the socket, and the wait for room is bounded. */
+  ssize_t n;
+  for (;;) {
+    n = sendmsg(sock, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n >= 0)
+      break;
+    if (errno == EINTR)
+      continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+      break;
+    int ready = deadline ? wait_for(sock, POLLOUT, deadline) : 0;
+    TP_RETURN_IF(ready < 0, tp__platform_fail(errno, "poll"));
+    TP_RETURN_IF(ready == 0, TP_ERROR_INVALID_VALUE); /* no room in time */
+  }
+  TP_RETURN_IF(n < 0 && (errno == EPIPE || errno == ECONNRESET),
+               TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(n < 0, tp__platform_fail(errno, "sendmsg"));
+  TP_RETURN_IF((size_t)n != sizeof *w, TP_ERROR_INVALID_VALUE);
+  return TP_SUCCESS;
+}
+
+tp__recv_result tp__wire_recv(int sock, tp__wire *w, int *fd,
+                              struct ucred *cred, bool *has_cred,
+                              uint64_t deadline) {
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(4 * sizeof(int)) + CMSG_SPACE(sizeof(struct ucred))];
+  } ctl;
+  struct iovec iov = {w, sizeof *w};
+  struct msghdr m = {.msg_iov = &iov,
+                     .msg_iovlen = 1,
+                     .msg_control = ctl.buf,
+                     .msg_controllen = sizeof ctl.buf};
+  *fd = -1;
+  if (has_cred)
+    *has_cred = false;
+  ssize_t n;
+  for (;;) {
+    n = recvmsg(sock, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n >= 0)
+      break;
+    if (errno == EINTR)
+      continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+      return TP_RECV_ERROR;
+    int ready = deadline ? wait_for(sock, POLLIN, deadline) : 0;
+    if (ready < 0)
+      return TP_RECV_ERROR;
+    if (ready == 0)
+      return TP_RECV_AGAIN;
+  }
+  bool bad = (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level != SOL_SOCKET)
+      continue;
+    if (c->cmsg_type == SCM_RIGHTS) {
+      size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < k; i++) {
+        int got;
+        memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof got);
+        if (*fd < 0) {
+          *fd = got;
+        } else {
+          bad = true;
+          close(got);
+        }
+      }
+    } else if (c->cmsg_type == SCM_CREDENTIALS && cred && has_cred &&
+               c->cmsg_len >= CMSG_LEN(sizeof *cred)) {
+      memcpy(cred, CMSG_DATA(c), sizeof *cred);
+      *has_cred = true;
+    }
+  }
+  if (!bad && n == 0 && *fd < 0)
+    return TP_RECV_EOF;
+  bad = bad || (size_t)n != sizeof *w || w->magic != TP_WIRE_MAGIC ||
+        w->version != TP_WIRE_VERSION;
+  if (bad && *fd >= 0) {
+    close(*fd);
+    *fd = -1;
+  }
+  return bad ? TP_RECV_BAD : TP_RECV_OK;
+}

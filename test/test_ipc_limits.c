@@ -1,0 +1,275 @@
+/* test_ipc_limits: what one process sharing a pool must not be able to do
+ * to the other, and how a descriptor is passed. An importer that opens
+ * channel after channel cannot take the exporter's descriptors; an
+ * exporter that stops answering cannot hang an importer; a descriptor is
+ * taken by value, as the driver takes it. Children as in test_ipc
+ * (ipc_child.h). */
+#include "ipc_child.h"
+
+/* The descriptor comes by value, (void *)(uintptr_t)fd, as the driver
+ * takes it; NULL is descriptor 0. A pointer to a descriptor (the old
+ * convention), a number that is no open descriptor, and descriptors that
+ * are no exported pool's are refused without touching anything. */
+static void test_handle_by_value(void) {
+  tp_pool_t pool = ipc_pool(0), imported = NULL;
+  REQUIRE(pool);
+  int fd = -1;
+  REQUIRE_OK(
+      tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
+  CHECK_ERR(tp_pool_import_from_shareable_handle(&imported, &fd,
+                                                 TP_HANDLE_POSIX_FD, 0),
+            TP_ERROR_INVALID_VALUE);
+  CHECK_ERR(tp_pool_import_from_shareable_handle(
+                &imported, (void *)(uintptr_t)INT_MAX, TP_HANDLE_POSIX_FD, 0),
+            TP_ERROR_INVALID_VALUE);
+  CHECK_ERR(tp_pool_import_from_shareable_handle(
+                &imported, (void *)(uintptr_t)-1, TP_HANDLE_POSIX_FD, 0),
+            TP_ERROR_INVALID_VALUE);
+  int pv[2], sv[2];
+  REQUIRE(pipe(pv) == 0);
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  CHECK_ERR(tp_pool_import_from_shareable_handle(
+                &imported, (void *)(uintptr_t)pv[0], TP_HANDLE_POSIX_FD, 0),
+            TP_ERROR_INVALID_VALUE);
+  CHECK_ERR(tp_pool_import_from_shareable_handle(
+                &imported, (void *)(uintptr_t)sv[0], TP_HANDLE_POSIX_FD, 0),
+            TP_ERROR_INVALID_VALUE);
+  CHECK(imported == NULL);
+  close(pv[0]);
+  close(pv[1]);
+  close(sv[0]);
+  close(sv[1]);
+  if (CHECK_OK(tp_pool_import_from_shareable_handle(
+          &imported, (void *)(uintptr_t)fd, TP_HANDLE_POSIX_FD, 0)))
+    CHECK_OK(tp_pool_destroy(imported));
+  /* Descriptor 0, given as NULL. */
+  int saved = dup(0);
+  REQUIRE(saved >= 0 && dup2(fd, 0) == 0);
+  imported = NULL;
+  tp_error_t err = tp_pool_import_from_shareable_handle(&imported, NULL,
+                                                        TP_HANDLE_POSIX_FD, 0);
+  dup2(saved, 0);
+  close(saved);
+  if (CHECK_OK(err))
+    CHECK_OK(tp_pool_destroy(imported));
+  close(fd);
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
+/* The descriptors this process has open. */
+static uint64_t open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d)
+    return 0;
+  uint64_t n = 0;
+  for (struct dirent *e = readdir(d); e; e = readdir(d))
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n - 1;
+}
+
+/* An importer that opens channel after channel cannot take the exporter's
+ * descriptors: one importing process gets 64 channels to a pool and is
+ * refused the rest (NOT_PERMITTED), while the exporter still exports and
+ * other processes still import; and an exporter short of descriptors keeps
+ * 64 of them for itself, whoever asks. */
+static void test_channel_limits(void) {
+  tp_pool_props_t props;
+  memset(&props, 0, sizeof props);
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  props.handle_types = TP_HANDLE_POSIX_FD;
+  props.max_size = 64 * MiB; /* a small range for each of the imports */
+  tp_pool_t pool = NULL, self = NULL;
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  tp_stream_t s = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  child ch;
+  REQUIRE(spawn(&ch, "flood", NULL) == 0);
+  int fd = -1;
+  CHECK_OK(
+      tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
+  ctl q = {.op = CMD_FLOOD, .size = 100}, r;
+  CHECK_OK(ask_reply(&ch, &q, fd, &r, NULL));
+  close(fd);
+  uint64_t during = open_fds();
+  CHECK_EQ_U64(r.seed, 64);
+  CHECK_EQ_U64(r.size, 36);
+  CHECK_EQ_U64(r.offset, 0);
+  /* The exporter goes on, and serves another process. */
+  CHECK_OK(
+      tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
+  CHECK_OK(tp_pool_import_from_shareable_handle(&self, (void *)(uintptr_t)fd,
+                                                TP_HANDLE_POSIX_FD, 0));
+  close(fd);
+  void *a = NULL, *b = NULL;
+  tp_pool_ptr_export_data_t rec;
+  REQUIRE_OK(tp_malloc_from_pool_async(&a, 8 * KiB, pool, s));
+  fill(a, 8 * KiB, 71, s);
+  CHECK_OK(tp_pool_export_pointer(&rec, a));
+  if (self && CHECK_OK(tp_pool_import_pointer(&b, self, &rec))) {
+    CHECK(holds(b, 8 * KiB, 71, s));
+    CHECK_OK(tp_free_async(b, s));
+  }
+  CHECK_OK(tp_stream_synchronize(s));
+  if (self)
+    CHECK_OK(tp_pool_destroy(self));
+  CHECK_EQ_INT(child_finish(&ch), 0);
+  /* The service thread closes the channels once it sees them hang up. */
+  double deadline = check_now_s() + 10.0;
+  while (open_fds() + 64 > during && check_now_s() < deadline)
+    check_sleep_ms(1);
+
+  /* Short of descriptors: 72 free ones less the channels make the limit,
+   * so a few channels pass and the exporter keeps its 64. */
+  struct rlimit old, low;
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &old) == 0);
+  REQUIRE(spawn(&ch, "flood", NULL) == 0); /* before the limit falls */
+  uint64_t open = open_fds();
+  low = old;
+  low.rlim_cur = open + 72;
+  if (open == 0 ||
+      (old.rlim_cur != RLIM_INFINITY && low.rlim_cur > old.rlim_cur)) {
+    printf("   descriptor reserve: skipped (%llu open)\n",
+           (unsigned long long)open);
+  } else if (CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0)) {
+    CHECK_OK(
+        tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
+    q = (ctl){.op = CMD_FLOOD, .size = 40};
+    CHECK_OK(ask_reply(&ch, &q, fd, &r, NULL));
+    close(fd);
+    printf("   with %llu descriptors free: %llu channels, %llu refused\n",
+           (unsigned long long)(low.rlim_cur - open),
+           (unsigned long long)r.seed, (unsigned long long)r.size);
+    CHECK(r.seed >= 1 && r.seed <= 12);
+    CHECK_EQ_U64(r.seed + r.size, 40);
+    /* The exporter's own use: another export. */
+    int mine = -1;
+    CHECK_OK(
+        tp_pool_export_to_shareable_handle(&mine, pool, TP_HANDLE_POSIX_FD, 0));
+    if (mine >= 0)
+      close(mine);
+    CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+  }
+  CHECK_EQ_INT(child_finish(&ch), 0);
+  CHECK_OK(tp_free_async(a, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
+#define TOTAL_CHILDREN 17 /* 16 of them fill the process's 1024 channels */
+
+/* The channels of every importer together are capped too: 1024 for the
+ * exporting process, whoever asks. Sixteen importers fill them, 64 each;
+ * a seventeenth gets none. Needs room for about 1,200 descriptors. */
+static void test_channel_total(void) {
+  struct rlimit old, wide;
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &old) == 0);
+  wide = old;
+  if (wide.rlim_cur != RLIM_INFINITY && wide.rlim_cur < 2048)
+    wide.rlim_cur = wide.rlim_max == RLIM_INFINITY || wide.rlim_max > 2048
+                        ? 2048
+                        : wide.rlim_max;
+  if (wide.rlim_cur != RLIM_INFINITY && wide.rlim_cur < 1300) {
+    printf("   skipped: %llu descriptors at most; this test needs 1300\n",
+           (unsigned long long)wide.rlim_cur);
+    return;
+  }
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &wide) == 0);
+  tp_pool_props_t props;
+  memset(&props, 0, sizeof props);
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  props.handle_types = TP_HANDLE_POSIX_FD;
+  props.max_size = 64 * MiB;
+  tp_pool_t pool = NULL;
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  child ch[TOTAL_CHILDREN];
+  uint64_t total = 0, refused = 0;
+  int started = 0;
+  for (int i = 0; i < TOTAL_CHILDREN; i++) {
+    if (!CHECK(spawn(&ch[i], "flood", NULL) == 0))
+      break;
+    started++;
+    int fd = -1;
+    CHECK_OK(
+        tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
+    ctl q = {.op = CMD_FLOOD, .size = 64}, r;
+    CHECK_OK(ask_reply(&ch[i], &q, fd, &r, NULL));
+    close(fd);
+    CHECK_EQ_U64(r.offset, 0);
+    if (i < TOTAL_CHILDREN - 1)
+      CHECK_EQ_U64(r.seed, 64);
+    total += r.seed;
+    refused += r.size;
+  }
+  printf("   %d importers: %llu channels, %llu refused\n", started,
+         (unsigned long long)total, (unsigned long long)refused);
+  CHECK_EQ_U64(total, 1024);
+  CHECK_EQ_U64(refused, 64);
+  for (int i = 0; i < started; i++)
+    CHECK_EQ_INT(child_finish(&ch[i]), 0);
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
+}
+
+/* Every wait on an exporter ends: with the exporter stopped (SIGSTOP), an
+ * importer's pool import and pointer import fail within its bound
+ * (TIDEPOOL_IPC_TIMEOUT_MS, 500 ms here) instead of hanging, later imports
+ * through that pool fail at once, and both sides end cleanly once the
+ * exporter runs again. */
+static void test_stopped_exporter(void) {
+  child ex, im;
+  REQUIRE(spawn(&ex, "exporter", NULL) == 0);
+  ctl q = {.op = CMD_MAKE, .size = MiB, .seed = 61}, r;
+  int fd = -1;
+  CHECK_OK(ask_reply(&ex, &q, -1, &r, &fd));
+  if (!CHECK(fd >= 0)) {
+    child_finish(&ex);
+    return;
+  }
+  REQUIRE(spawn(&im, "importer", "TIDEPOOL_IPC_TIMEOUT_MS=500") == 0);
+  ctl pq = {.op = CMD_POOL, .loc_type = TP_LOCATION_DEVICE, .loc_id = 0};
+  CHECK_OK(ask(&im, &pq, fd));
+  ctl iq = {.op = CMD_IMPORT, .slot = 0, .seed = 61, .size = MiB, .rec = r.rec};
+  CHECK_OK(ask(&im, &iq, -1));
+  /* Stopped for sure before the importer asks: a signal takes a moment. */
+  int st = 0;
+  REQUIRE(kill(ex.pid, SIGSTOP) == 0);
+  REQUIRE(waitpid(ex.pid, &st, WUNTRACED) == ex.pid && WIFSTOPPED(st));
+  double t0 = check_now_s();
+  CHECK_ERR(ask(&im, &pq, fd), TP_ERROR_INVALID_VALUE);
+  double pool_s = check_now_s() - t0;
+  iq.slot = 1;
+  t0 = check_now_s();
+  CHECK_ERR(ask(&im, &iq, -1), TP_ERROR_INVALID_VALUE);
+  double ptr_s = check_now_s() - t0;
+  t0 = check_now_s();
+  CHECK_ERR(ask(&im, &iq, -1), TP_ERROR_INVALID_VALUE);
+  double again_s = check_now_s() - t0;
+  printf("   stopped exporter: pool import %.2f s, pointer import %.2f s, "
+         "then %.3f s\n",
+         pool_s, ptr_s, again_s);
+  CHECK(pool_s < 10.0);
+  CHECK(ptr_s < 10.0);
+  CHECK(again_s < 0.4); /* no second wait: the channel is known gone */
+  kill(ex.pid, SIGCONT);
+  CHECK_OK(ask_slot(&im, CMD_FREE, 0));
+  CHECK_EQ_INT(child_finish(&im), 0);
+  CHECK_EQ_INT(child_finish(&ex), 0);
+  close(fd);
+}
+
+int main(int argc, char **argv) {
+  int rc = 0;
+  if (ipc_child_main(argc, argv, &rc))
+    return rc;
+  signal(SIGPIPE, SIG_IGN);
+  printf("test_ipc_limits on the %s platform\n", tp_platform_name());
+  RUN_TEST(test_handle_by_value);
+  RUN_TEST(test_channel_limits);
+  RUN_TEST(test_channel_total);
+  RUN_TEST(test_stopped_exporter);
+  return check_done();
+}
