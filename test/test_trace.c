@@ -182,11 +182,13 @@ static void test_accounting(void) {
   path_of(json, sizeof json, "trace.json");
   FILE *f = fopen(svg, "w");
   REQUIRE_EXIT(f != NULL);
-  CHECK_EQ_INT(replay_write_svg(f, "random <test>", &tl), 0);
+  replay_chart svg_chart = {"random <test>", &tl};
+  CHECK_EQ_INT(replay_write_svg(f, &svg_chart, 1), 0);
   fclose(f);
   f = fopen(json, "w");
   REQUIRE_EXIT(f != NULL);
-  CHECK_EQ_INT(replay_write_perfetto(f, "random \"test\"", &tl), 0);
+  replay_chart json_chart = {"random \"test\"", &tl};
+  CHECK_EQ_INT(replay_write_perfetto(f, &json_chart, 1), 0);
   fclose(f);
   free(tl.v);
   trace_free(&t);
