@@ -12,11 +12,9 @@
 #include "replay.h"
 #include "tidepool.h"
 
-#define STR_(x) #x
-#define STR(x) STR_(x)
-
 static void usage(FILE *f) {
-  fputs(
+  fprintf(
+      f,
       "usage: tidepool-replay [options] TRACE...\n"
       "Replays allocation traces through a tidepool pool, one stream per\n"
       "trace stream, and prints peak used and reserved memory. A TRACE is\n"
@@ -30,47 +28,27 @@ static void usage(FILE *f) {
       "  --lag N               the device runs N operations behind the host:\n"
       "                        work queued on a stream completes once N more\n"
       "                        operations have been issued (0: an ideal\n"
-      "                        device; default " STR(
-          REPLAY_DEFAULT_LAG) ")\n"
-                              "  --measure-lag         replay nothing; print "
-                              "how far behind the\n"
-                              "                        device ran in a trace "
-                              "recorded with the\n"
-                              "                        completion column "
-                              "(traces/README.md)\n"
-                              "  --json                one JSON object per "
-                              "trace on stdout\n"
-                              "  --plot FILE.svg       used and reserved bytes "
-                              "over each trace, one\n"
-                              "                        chart per trace in one "
-                              "SVG file\n"
-                              "  --perfetto FILE.json  the same as counter "
-                              "tracks (one process per\n"
-                              "                        trace) for Perfetto or "
-                              "chrome://tracing; its\n"
-                              "                        time axis counts "
-                              "operations: 1 us stands for\n"
-                              "                        one operation of the "
-                              "trace\n"
-                              "  --against driver      on cuda, replay each "
-                              "trace through the "
-                              "driver's\n"
-                              "                        own pool "
-                              "(cuMemAllocFromPoolAsync) too, in the\n"
-                              "                        same run, and print "
-                              "both\n"
-                              "  --no-progress         no progress bar on "
-                              "stderr\n"
-                              "  -h, --help            this text\n"
-                              "Options may come before or after the traces, "
-                              "and --opt=value works.\n"
-                              "For a snapshot the replay also prints what "
-                              "PyTorch's own allocator\n"
-                              "reserved over the same trace. On the host "
-                              "platform the emulated\n"
-                              "device has 32 GiB unless "
-                              "TIDEPOOL_HOST_DEVICE_MEMORY says otherwise.\n",
-      f);
+      "                        device; default %u)\n"
+      "  --measure-lag         replay nothing; print how far behind the\n"
+      "                        device ran in a trace recorded with the\n"
+      "                        completion column (traces/README.md)\n"
+      "  --json                one JSON object per trace on stdout\n"
+      "  --plot FILE.svg       used and reserved bytes over each trace, one\n"
+      "                        chart per trace in one SVG file\n"
+      "  --perfetto FILE.json  the same as counter tracks (one process per\n"
+      "                        trace) for Perfetto or chrome://tracing; its\n"
+      "                        time axis counts operations: 1 us stands for\n"
+      "                        one operation of the trace\n"
+      "  --against driver      on cuda, replay each trace through the\n"
+      "                        driver's own pool (cuMemAllocFromPoolAsync)\n"
+      "                        too, in the same run, and print both\n"
+      "  --no-progress         no progress bar on stderr\n"
+      "  -h, --help            this text\n"
+      "Options may come before or after the traces, and --opt=value works.\n"
+      "For a snapshot the replay also prints what PyTorch's own allocator\n"
+      "reserved over the same trace. On the host platform the emulated\n"
+      "device has 32 GiB unless TIDEPOOL_HOST_DEVICE_MEMORY says otherwise.\n",
+      REPLAY_DEFAULT_LAG);
 }
 
 static int parse_bytes(const char *s, uint64_t *out) {
@@ -302,7 +280,7 @@ int main(int argc, char **argv) {
       else
         fprintf(stderr, "tidepool-replay: unknown option '%s'\n",
                 argv[optind - 1]);
-      usage(stderr);
+      fprintf(stderr, "(tidepool-replay --help lists the options)\n");
       return 2;
     }
   }
