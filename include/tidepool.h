@@ -521,6 +521,10 @@ TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
  *       the CSV format of traces/, for tidepool-replay. Streams are numbered
  *       in order of first use, 0 being the legacy default stream; streams
  *       after the 64th all get number 64.
+ *   TIDEPOOL_TORCH_TRACE_COMPLETION  K > 0: the trace gets a fifth column,
+ *       how far each operation's stream had completed when it was issued,
+ *       from an event recorded every Kth operation of the stream
+ *       (traces/README.md). Default 0: four columns.
  *
  * A value that does not parse is reported on stderr and ignored.
  * ======================================================================== */

@@ -1,6 +1,9 @@
-/* Tests of the trace replay: the parser's answers to bad input (missing
- * file, truncated gzip, malformed and unknown lines, each naming file and
- * line), and the replay's accounting against an independent count. */
+/* Tests of the trace replay's CSV format: the parser's answers to bad input
+ * (missing file, a directory, truncated gzip, malformed and unknown lines,
+ * each naming file and line), the optional completion column and the lag
+ * measured from it, double allocations, and the replay's accounting against
+ * an independent count. */
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -64,6 +67,21 @@ static void test_parser_errors(void) {
   expect_error("number.csv.gz", ":2: size has a stray character");
   write_gz("extra.csv.gz", "action,addr,size,stream\nalloc,1,2,0,9\n", -1);
   expect_error("extra.csv.gz", ":2: more than four fields");
+  write_gz("done_missing.csv.gz",
+           "action,addr,size,stream,done\nalloc,1,2,0,-1\nalloc,3,2,0\n", -1);
+  expect_error("done_missing.csv.gz", ":3: the done field is missing");
+  write_gz("done_future.csv.gz",
+           "action,addr,size,stream,done\nalloc,1,2,0,-1\nalloc,3,2,0,5\n", -1);
+  expect_error("done_future.csv.gz", ":3: done 5 names an operation after");
+  write_gz("done_six.csv.gz", "action,addr,size,stream,done\nalloc,1,2,0,0,1\n",
+           -1);
+  expect_error("done_six.csv.gz", ":2: more than five fields");
+  write_gz("header_only.csv.gz", "action,addr,size,stream\n", -1);
+  expect_error("header_only.csv.gz", "no allocations or frees");
+  char sub[256];
+  path_of(sub, sizeof sub, "a_directory.csv.gz");
+  REQUIRE_EXIT(mkdir(sub, 0700) == 0);
+  expect_error("a_directory.csv.gz", "is a directory");
   write_gz("stream.csv.gz", "action,addr,size,stream\nalloc,1,2,70000\n", -1);
   expect_error("stream.csv.gz", ":2: stream 70000 is out of range");
   char longline[600] = "action,addr,size,stream\nalloc,1,2,0";
@@ -114,9 +132,16 @@ static void test_names(void) {
   CHECK_EQ_U64(t.nallocs, 3);
   CHECK_EQ_INT(t.nnames, 3);
   CHECK_EQ_INT(t.nstreams, 2);
-  CHECK_EQ_INT(t.ops[0].name, (int64_t)UINT32_MAX);
+  CHECK_EQ_INT(t.ops[0].name, (int64_t)TRACE_NO_NAME);
   CHECK_EQ_INT(t.ops[3].name, t.ops[1].name);
-  CHECK_EQ_INT(t.ops[5].name, (int64_t)UINT32_MAX);
+  CHECK_EQ_INT(t.ops[5].name, (int64_t)TRACE_NO_NAME);
+  CHECK_EQ_U64(t.unknown_frees, 2);
+  CHECK_EQ_U64(t.double_allocs, 0);
+  CHECK_EQ_U64(t.peak_live, 8000);
+  /* Each operation knows its line, for messages. */
+  CHECK_EQ_INT(t.ops[0].where, 2);
+  CHECK_EQ_INT(t.ops[7].where, 9);
+  CHECK(t.done == NULL);
   CHECK(t.ops[6].name != t.ops[1].name);
   CHECK_EQ_INT(t.ops[7].name, t.ops[6].name);
 
@@ -130,6 +155,88 @@ static void test_names(void) {
   CHECK_EQ_U64(r.peak_used, 8000);
   CHECK(r.peak_reserved >= r.peak_used);
   CHECK(r.maps >= 1);
+  trace_free(&t);
+}
+
+/* An allocation at an address that is still live: counted, and the earlier
+ * allocation stays live (the trace never frees it), in the reader's count
+ * and in the replay's. */
+static void test_double_alloc(void) {
+  write_gz("double.csv.gz",
+           "action,addr,size,stream\n"
+           "alloc,1,1000,0\n"
+           "alloc,1,3000,0\n" /* address 1 again, still live */
+           "free_requested,1,3000,0\n",
+           -1);
+  char path[256], err[512];
+  path_of(path, sizeof path, "double.csv.gz");
+  trace t;
+  REQUIRE_EXIT(trace_load(&t, path, err, sizeof err) == 0);
+  CHECK_EQ_U64(t.double_allocs, 1);
+  CHECK_EQ_U64(t.nallocs, 2);
+  CHECK_EQ_U64(t.peak_live, 4000);
+  CHECK_EQ_INT(t.ops[2].name, t.ops[1].name);
+  replay_options o = {.threshold = UINT64_MAX};
+  replay_result r;
+  REQUIRE_EXIT(replay_trace(&o, &t, &r, err, sizeof err) == 0);
+  CHECK_EQ_U64(r.peak_used, 4000);
+  CHECK_EQ_U64(r.skipped_frees, 0);
+  trace_free(&t);
+}
+
+/* The fifth column and the lag measured from it: operations issued since
+ * the newest operation of the same stream known complete. */
+static void test_done_column(void) {
+  write_gz("done.csv.gz",
+           "action,addr,size,stream,done\n"
+           "alloc,1,100,0,-1\n"          /* 0: nothing known yet */
+           "alloc,2,100,0,-1\n"          /* 1 */
+           "free_requested,1,100,0,0\n"  /* 2: lag 2 */
+           "alloc,3,100,1,-1\n"          /* 3: another stream, nothing known */
+           "alloc,4,100,0,2\n"           /* 4: lag 2 */
+           "free_requested,2,100,0,4\n"  /* 5: lag 1 */
+           "free_requested,4,100,0,1\n", /* 6: lag 5 */
+           -1);
+  char path[256], err[512];
+  path_of(path, sizeof path, "done.csv.gz");
+  trace t;
+  REQUIRE_EXIT(trace_load(&t, path, err, sizeof err) == 0);
+  REQUIRE_EXIT(t.done != NULL);
+  CHECK_EQ_INT(t.done[0], -1);
+  CHECK_EQ_INT(t.done[4], 2);
+  replay_lag_stats st;
+  REQUIRE_EXIT(replay_measure_lag(&t, &st) == 0);
+  CHECK_EQ_U64(st.known, 4);
+  CHECK_EQ_U64(st.unknown, 3);
+  /* Sorted lags 1, 2, 2, 5. */
+  CHECK_EQ_U64(st.median, 2);
+  CHECK_EQ_U64(st.p90, 5);
+  CHECK_EQ_U64(st.max, 5);
+  CHECK(st.mean > 2.49 && st.mean < 2.51);
+  /* The column changes nothing in the replay itself: the same trace
+   * without it replays to the same figures. */
+  replay_options o = {.threshold = UINT64_MAX};
+  replay_result r, r4;
+  REQUIRE_EXIT(replay_trace(&o, &t, &r, err, sizeof err) == 0);
+  trace_free(&t);
+  write_gz("done4.csv.gz",
+           "action,addr,size,stream\nalloc,1,100,0\nalloc,2,100,0\n"
+           "free_requested,1,100,0\nalloc,3,100,1\nalloc,4,100,0\n"
+           "free_requested,2,100,0\nfree_requested,4,100,0\n",
+           -1);
+  path_of(path, sizeof path, "done4.csv.gz");
+  REQUIRE_EXIT(trace_load(&t, path, err, sizeof err) == 0);
+  CHECK(t.done == NULL);
+  REQUIRE_EXIT(replay_trace(&o, &t, &r4, err, sizeof err) == 0);
+  CHECK_EQ_U64(r.peak_used, r4.peak_used);
+  CHECK_EQ_U64(r.peak_reserved, r4.peak_reserved);
+  CHECK_EQ_U64(r.ops, r4.ops);
+  trace_free(&t);
+  /* A trace without the column has no distribution. */
+  write_gz("nodone.csv.gz", "action,addr,size,stream\nalloc,1,100,0\n", -1);
+  path_of(path, sizeof path, "nodone.csv.gz");
+  REQUIRE_EXIT(trace_load(&t, path, err, sizeof err) == 0);
+  CHECK_EQ_INT(replay_measure_lag(&t, &st), -1);
   trace_free(&t);
 }
 
@@ -182,11 +289,13 @@ static void test_accounting(void) {
   path_of(json, sizeof json, "trace.json");
   FILE *f = fopen(svg, "w");
   REQUIRE_EXIT(f != NULL);
-  CHECK_EQ_INT(replay_write_svg(f, "random <test>", &tl), 0);
+  replay_chart svg_chart = {"random <test>", &tl};
+  CHECK_EQ_INT(replay_write_svg(f, &svg_chart, 1), 0);
   fclose(f);
   f = fopen(json, "w");
   REQUIRE_EXIT(f != NULL);
-  CHECK_EQ_INT(replay_write_perfetto(f, "random \"test\"", &tl), 0);
+  replay_chart json_chart = {"random \"test\"", &tl};
+  CHECK_EQ_INT(replay_write_perfetto(f, &json_chart, 1), 0);
   fclose(f);
   free(tl.v);
   trace_free(&t);
@@ -196,6 +305,8 @@ int main(void) {
   REQUIRE_EXIT(mkdtemp(dir) != NULL);
   RUN_TEST(test_parser_errors);
   RUN_TEST(test_names);
+  RUN_TEST(test_double_alloc);
+  RUN_TEST(test_done_column);
   RUN_TEST(test_accounting);
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -37,8 +37,9 @@ def find_library(path=None):
     """The path of libtidepool.so that install() would load.
 
     In order: the argument, $TIDEPOOL_LIB (either must exist when given),
-    the repository's build directory (this file lives in
-    <repo>/integrations/pytorch), this file's directory, the usual install
+    the repository's build directory (when this file lives in
+    <repo>/integrations/pytorch), the tidepool package that `pip install .`
+    installs next to this module, this file's directory, the usual install
     prefixes, then the dynamic linker's search path. Raises
     FileNotFoundError listing what was tried.
     """
@@ -50,10 +51,19 @@ def find_library(path=None):
                 raise FileNotFoundError(f"tidepool: {what} names no file: {explicit}")
             return os.path.realpath(explicit)
     repo = os.path.normpath(os.path.join(_HERE, "..", ".."))
-    candidates = [
-        os.path.join(repo, "build", "libtidepool.so"),
-        os.path.join(_HERE, "libtidepool.so"),
-    ]
+    candidates = [os.path.join(repo, "build", "libtidepool.so")]
+    # Installed from the wheel: site-packages/tidepool/libtidepool.so, in the
+    # tidepool package wherever the import system finds it.
+    candidates.append(os.path.join(_HERE, "tidepool", "libtidepool.so"))
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("tidepool")
+        for d in (spec.submodule_search_locations or []) if spec else []:
+            candidates.append(os.path.join(d, "libtidepool.so"))
+    except (ImportError, ValueError):
+        pass
+    candidates.append(os.path.join(_HERE, "libtidepool.so"))
     for prefix in (sys.prefix, os.path.expanduser("~/.local"), "/usr/local", "/usr"):
         for libdir in ("lib", "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu"):
             candidates.append(os.path.join(prefix, libdir, "libtidepool.so"))

@@ -61,24 +61,149 @@ void tp__torch_read_config(tp__torch_config *cfg) {
  * With TIDEPOOL_TORCH_TRACE=FILE, every allocation and free goes to FILE in
  * the CSV format of traces/ (action,addr,size,stream), so that a real
  * workload can be replayed with tidepool-replay. Streams are numbered in
- * order of first use, the legacy default stream first. */
+ * order of first use, the legacy default stream first.
+ *
+ * With TIDEPOOL_TORCH_TRACE_COMPLETION=K as well, a fifth column (done)
+ * says how far the operation's stream had run when the operation was
+ * issued: the index (from 0, in the file's order) of the newest operation i
+ * of that stream such that all work queued on the stream before i was
+ * issued had completed, or -1. An event is recorded on the stream at every
+ * Kth of its operations, and the stream's outstanding events are queried,
+ * oldest first, at each of its operations; so the column is what the host
+ * could know at that moment, up to K operations of the stream late. */
 #define TRACE_STREAMS 64
 static pthread_mutex_t trace_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *trace_file;
 static void *trace_streams[TRACE_STREAMS];
 static int trace_nstreams = 1; /* 0: the legacy default stream (NULL) */
+static int64_t trace_ops;      /* lines written so far */
+
+/* The completion column's state, per stream number; under trace_lock. */
+typedef struct done_state {
+  tp__pevent **events; /* a ring of outstanding events, oldest first */
+  int64_t *tags;       /* the operation each one was recorded at */
+  size_t head, n, cap;
+  uint64_t count; /* the stream's operations so far */
+  int64_t done;   /* the newest operation known complete, or -1 */
+  int device;     /* the device whose events these are */
+} done_state;
+static unsigned trace_every; /* K; 0: no completion column */
+static done_state trace_done[TRACE_STREAMS + 1];
+typedef struct spare_event {
+  tp__pevent *pe;
+  int device;
+} spare_event;
+static spare_event *spares; /* events seen complete, for reuse */
+static uint32_t nspare, capspare;
 
 static void trace_open(void) {
   const char *path = getenv("TIDEPOOL_TORCH_TRACE");
   if (!path || !*path)
     return;
+  const char *every = getenv("TIDEPOOL_TORCH_TRACE_COMPLETION");
+  if (every && *every) {
+    char *end;
+    unsigned long k = strtoul(every, &end, 10);
+    if (*end || *every == '-' || k > 1000000)
+      warn_invalid("TIDEPOOL_TORCH_TRACE_COMPLETION",
+                   "a count of operations, 1 to 1000000, or 0 for none");
+    else
+      trace_every = (unsigned)k;
+  }
   trace_file = fopen(path, "w");
   if (!trace_file) {
     fprintf(stderr, "tidepool: TIDEPOOL_TORCH_TRACE=%s cannot be written\n",
             path);
     return;
   }
-  fputs("action,addr,size,stream\n", trace_file);
+  fputs(trace_every ? "action,addr,size,stream,done\n"
+                    : "action,addr,size,stream\n",
+        trace_file);
+  for (int i = 0; i <= TRACE_STREAMS; i++)
+    trace_done[i].done = -1;
+}
+
+/* The completion column stops (the rest of the file says -1) at the first
+ * failure of the platform, which is reported once. */
+static void done_fail(const char *what, tp_error_t err) {
+  fprintf(stderr,
+          "tidepool: TIDEPOOL_TORCH_TRACE_COMPLETION: %s failed (%s); the "
+          "done column says -1 from here on\n",
+          what, tp_error_name(err));
+  trace_every = 0;
+}
+
+/* Queries the stream's outstanding events, oldest first, and records a new
+ * one every Kth operation; trace_lock held, the op's device current. */
+static void done_update(int id, void *stream, int64_t op) {
+  done_state *d = &trace_done[id];
+  tp__stream *s = NULL;
+  tp_error_t err = tp__stream_get((tp_stream_t)stream, &s);
+  if (err != TP_SUCCESS) {
+    done_fail("finding the stream", err);
+    return;
+  }
+  while (d->n) {
+    err = tp__platform->event_query(d->events[d->head]);
+    if (err == TP_ERROR_NOT_READY)
+      break;
+    if (err != TP_SUCCESS) {
+      done_fail("an event query", err);
+      return;
+    }
+    d->done = d->tags[d->head];
+    if (TP_RESERVE(spares, nspare, capspare))
+      spares[nspare++] = (spare_event){d->events[d->head], d->device};
+    else
+      (void)tp__platform->event_destroy(d->events[d->head]);
+    d->head = (d->head + 1) % (d->cap ? d->cap : 1);
+    d->n--;
+  }
+  if (d->count++ % trace_every != 0)
+    return;
+  if (d->n == d->cap) {
+    /* Grow the ring, unrolling it so that it starts at 0. */
+    size_t cap = d->cap ? d->cap * 2 : 16;
+    tp__pevent **ev = malloc(cap * sizeof *ev);
+    int64_t *tags = malloc(cap * sizeof *tags);
+    if (!ev || !tags) {
+      free(ev);
+      free(tags);
+      done_fail("growing its ring", TP_ERROR_OUT_OF_MEMORY);
+      return;
+    }
+    for (size_t i = 0; i < d->n; i++) {
+      ev[i] = d->events[(d->head + i) % d->cap];
+      tags[i] = d->tags[(d->head + i) % d->cap];
+    }
+    free(d->events);
+    free(d->tags);
+    d->events = ev;
+    d->tags = tags;
+    d->head = 0;
+    d->cap = cap;
+  }
+  tp__pevent *pe = NULL;
+  for (uint32_t i = nspare; i-- > 0 && !pe;)
+    if (spares[i].device == s->device) {
+      pe = spares[i].pe;
+      spares[i] = spares[--nspare];
+    }
+  if (!pe && (err = tp__platform->event_create(s->device, &pe)) != TP_SUCCESS) {
+    done_fail("creating an event", err);
+    return;
+  }
+  err = tp__platform->event_record(pe, s->ps);
+  if (err != TP_SUCCESS) {
+    (void)tp__platform->event_destroy(pe);
+    done_fail("recording an event", err);
+    return;
+  }
+  size_t at = (d->head + d->n) % d->cap;
+  d->events[at] = pe;
+  d->tags[at] = op;
+  d->device = s->device;
+  d->n++;
 }
 
 static void trace(const char *action, void *ptr, ssize_t size, void *stream) {
@@ -90,8 +215,18 @@ static void trace(const char *action, void *ptr, ssize_t size, void *stream) {
     if (id == trace_nstreams && id < TRACE_STREAMS)
       trace_streams[trace_nstreams++] = stream;
   }
-  fprintf(trace_file, "%s,%llu,%lld,%d\n", action,
-          (unsigned long long)(uintptr_t)ptr, (long long)size, id);
+  int64_t op = trace_ops++;
+  if (trace_every) {
+    /* The column is read before this operation's own event is recorded:
+     * it says what was known when the operation was issued. */
+    done_update(id, stream, op);
+    fprintf(trace_file, "%s,%llu,%lld,%d,%lld\n", action,
+            (unsigned long long)(uintptr_t)ptr, (long long)size, id,
+            (long long)trace_done[id].done);
+  } else {
+    fprintf(trace_file, "%s,%llu,%lld,%d\n", action,
+            (unsigned long long)(uintptr_t)ptr, (long long)size, id);
+  }
   pthread_mutex_unlock(&trace_lock);
 }
 
@@ -198,14 +333,15 @@ TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream) {
   tp_error_t err = enter(device, &saved);
   if (err == TP_SUCCESS) {
     err = tp_malloc_async(&ptr, (size_t)size, (tp_stream_t)stream);
+    /* Recorded with the device current: NULL names its legacy stream. */
+    if (err == TP_SUCCESS && TP_UNLIKELY(trace_file != NULL))
+      trace("alloc", ptr, size, stream);
     leave(saved);
   }
   if (err != TP_SUCCESS) {
     report("tp_torch_alloc", err, size, device);
     return NULL;
   }
-  if (TP_UNLIKELY(trace_file != NULL))
-    trace("alloc", ptr, size, stream);
   return ptr;
 }
 

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "dl_table.h"
+#include "lag.h"
 #include "replay.h"
 
 /* The few driver types used, laid out as cuda.h declares them. */
@@ -76,8 +77,8 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-int replay_driver(const trace *t, void *const *streams, replay_result *r,
-                  char *err, size_t len) {
+int replay_driver(const replay_options *o, const trace *t, tp_stream_t *streams,
+                  replay_result *r, char *err, size_t len) {
   memset(r, 0, sizeof *r);
   r->allocs = t->nallocs;
   if (!cu.alloc && load(err, len) != 0)
@@ -97,26 +98,54 @@ int replay_driver(const trace *t, void *const *streams, replay_result *r,
   int ret = ptrs ? 0 : -1;
   if (!ptrs)
     snprintf(err, len, "%s: out of memory", t->path);
+  /* The same model of a device running behind as the tidepool replay had,
+   * on the same streams; the driver's pool learns of completions through
+   * its own events, which the gates hold as they hold tidepool's. */
+  lag_model *lag = NULL;
+  char why[300];
+  if (ret == 0 && o->lag > 0 &&
+      lag_start(&lag, o->lag, streams, t->nstreams ? t->nstreams : 1, false,
+                why, sizeof why) != 0) {
+    snprintf(err, len, "%s: driver: %s", t->path, why);
+    ret = -1;
+  }
   double t0 = now_s();
   for (size_t i = 0; ret == 0 && i < t->nops; i++) {
     const trace_op *op = &t->ops[i];
-    if (op->action == TRACE_ALLOC && op->size > 0) {
+    bool alloc = op->action == TRACE_ALLOC && op->size > 0;
+    bool issue = alloc || (op->action == TRACE_FREE &&
+                           op->name != TRACE_NO_NAME && ptrs[op->name]);
+    if (!issue)
+      continue;
+    if (lag && lag_before(lag, r->ops, why, sizeof why) != 0) {
+      snprintf(err, len, "%s: driver: %s", t->path, why);
+      ret = -1;
+      break;
+    }
+    if (alloc) {
       rc = cu.alloc(&ptrs[op->name], (size_t)op->size, pool,
-                    streams[op->stream]);
-      r->ops++;
-    } else if (op->action == TRACE_FREE && op->name != UINT32_MAX &&
-               ptrs[op->name]) {
-      rc = cu.free(ptrs[op->name], streams[op->stream]);
+                    (cu_stream)streams[op->stream]);
+    } else {
+      rc = cu.free(ptrs[op->name], (cu_stream)streams[op->stream]);
       ptrs[op->name] = 0;
-      r->ops++;
     }
     if (rc) {
-      snprintf(err, len, "%s: driver, operation %zu: %s", t->path, i + 2,
-               name_of(rc));
+      char where[300];
+      trace_where(t, op, where, sizeof where);
+      snprintf(err, len, "%s: the driver's pool: %s", where, name_of(rc));
+      ret = -1;
+    } else if (lag &&
+               lag_after(lag, r->ops, op->stream, alloc, why, sizeof why)) {
+      snprintf(err, len, "%s: driver: %s", t->path, why);
       ret = -1;
     }
+    r->ops++;
   }
   r->seconds = now_s() - t0;
+  if (lag_stop(lag, why, sizeof why) != 0 && ret == 0) {
+    snprintf(err, len, "%s: driver: %s", t->path, why);
+    ret = -1;
+  }
   (void)cu.pool_get(pool, CU_POOL_USED_HIGH, &r->peak_used);
   (void)cu.pool_get(pool, CU_POOL_RESERVED_HIGH, &r->peak_reserved);
   r->ratio =

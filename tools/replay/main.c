@@ -1,35 +1,54 @@
-/* tidepool-replay's command line: options, loading the traces, the summary
- * table, JSON lines, and the plot and Perfetto files of the last trace. */
+/* tidepool-replay's command line: options (anywhere, --opt=value too),
+ * loading the traces, the summary table with its notes, JSON lines, the lag
+ * measurement of recorded traces, and the plot and Perfetto files. */
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "lag.h"
 #include "replay.h"
 #include "tidepool.h"
 
 static void usage(FILE *f) {
-  fputs(
-      "usage: tidepool-replay [options] TRACE.csv.gz...\n"
+  fprintf(
+      f,
+      "usage: tidepool-replay [options] TRACE...\n"
       "Replays allocation traces through a tidepool pool, one stream per\n"
-      "trace stream, and prints peak used and reserved memory.\n\n"
+      "trace stream, and prints peak used and reserved memory. A TRACE is\n"
+      "tidepool's CSV (traces/README.md), a PyTorch memory snapshot (the\n"
+      "pickle of torch.cuda.memory._dump_snapshot) or an RMM logging\n"
+      "adaptor CSV, gzip'd or not; the format is told by the content.\n\n"
       "  --platform host|cuda  the platform (default: TIDEPOOL_PLATFORM, or\n"
       "                        cuda where a GPU is usable, else host)\n"
       "  --threshold BYTES     the pool's release threshold (K/M/G suffixes;\n"
       "                        'max' keeps everything; default max)\n"
+      "  --lag N               the device runs N operations behind the host:\n"
+      "                        work queued on a stream completes once N more\n"
+      "                        operations have been issued (0: an ideal\n"
+      "                        device; default %u)\n"
+      "  --measure-lag         replay nothing; print how far behind the\n"
+      "                        device ran in a trace recorded with the\n"
+      "                        completion column (traces/README.md)\n"
       "  --json                one JSON object per trace on stdout\n"
-      "  --plot FILE.svg       the used/reserved timeline of the last trace\n"
-      "  --perfetto FILE.json  the same as Chrome trace-event counters\n"
-      "  --against driver      on cuda, replay each trace through the "
-      "driver's\n"
-      "                        own pool (cuMemAllocFromPoolAsync) too, in the\n"
-      "                        same run, and print both\n"
+      "  --plot FILE.svg       used and reserved bytes over each trace, one\n"
+      "                        chart per trace in one SVG file\n"
+      "  --perfetto FILE.json  the same as counter tracks (one process per\n"
+      "                        trace) for Perfetto or chrome://tracing; its\n"
+      "                        time axis counts operations: 1 us stands for\n"
+      "                        one operation of the trace\n"
+      "  --against driver      on cuda, replay each trace through the\n"
+      "                        driver's own pool (cuMemAllocFromPoolAsync)\n"
+      "                        too, in the same run, and print both\n"
       "  --no-progress         no progress bar on stderr\n"
-      "On the host platform the emulated device has 32 GiB unless\n"
-      "TIDEPOOL_HOST_DEVICE_MEMORY says otherwise.\n"
-      "  -h, --help            this text\n",
-      f);
+      "  -h, --help            this text\n"
+      "Options may come before or after the traces, and --opt=value works.\n"
+      "For a snapshot the replay also prints what PyTorch's own allocator\n"
+      "reserved over the same trace. On the host platform the emulated\n"
+      "device has 32 GiB unless TIDEPOOL_HOST_DEVICE_MEMORY says otherwise.\n",
+      REPLAY_DEFAULT_LAG);
 }
 
 static int parse_bytes(const char *s, uint64_t *out) {
@@ -38,8 +57,9 @@ static int parse_bytes(const char *s, uint64_t *out) {
     return 0;
   }
   char *end;
+  errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
-  if (end == s || *s == '-')
+  if (end == s || *s == '-' || errno)
     return -1;
   unsigned shift = 0;
   switch (*end) {
@@ -66,29 +86,28 @@ static int parse_bytes(const char *s, uint64_t *out) {
   return 0;
 }
 
-static const char *base_name(const char *path) {
-  const char *s = strrchr(path, '/');
-  return s ? s + 1 : path;
-}
-
-/* The trace's name without directory and .csv.gz. */
+/* The trace's file name without its directory and known suffixes. */
 static void trace_name(const char *path, char *out, size_t len) {
-  snprintf(out, len, "%s", base_name(path));
-  char *dot = strstr(out, ".csv");
-  if (dot)
-    *dot = '\0';
+  const char *slash = strrchr(path, '/');
+  snprintf(out, len, "%s", slash ? slash + 1 : path);
+  static const char *const suffixes[] = {".gz", ".csv", ".pickle", ".pkl"};
+  for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
+    size_t n = strlen(out), k = strlen(suffixes[i]);
+    if (n > k && strcmp(out + n - k, suffixes[i]) == 0)
+      out[n - k] = '\0';
+  }
 }
 
-static int write_file(const char *path, const char *title,
-                      const replay_timeline *tl, bool svg) {
+static int write_charts(const char *path, const replay_chart *charts, size_t n,
+                        bool svg) {
   FILE *f = fopen(path, "w");
   if (!f) {
     fprintf(stderr, "tidepool-replay: %s: cannot write: %s\n", path,
             strerror(errno));
     return -1;
   }
-  int rc = svg ? replay_write_svg(f, title, tl)
-               : replay_write_perfetto(f, title, tl);
+  int rc = svg ? replay_write_svg(f, charts, n)
+               : replay_write_perfetto(f, charts, n);
   if (fclose(f) != 0)
     rc = -1;
   if (rc)
@@ -96,57 +115,203 @@ static int write_file(const char *path, const char *title,
   return rc;
 }
 
+static double mib(uint64_t b) {
+  return (double)b / 1048576.0;
+}
+
+/* Lines under a trace's row for what the table does not show. */
+static void notes(const trace *t, const replay_result *r) {
+  if (r->skipped_frees || t->double_allocs) {
+    printf("  note:");
+    if (r->skipped_frees)
+      printf(" %zu free%s of allocations the trace never made (or made "
+             "before it began) skipped%s",
+             r->skipped_frees, r->skipped_frees == 1 ? "" : "s",
+             t->double_allocs ? ";" : "");
+    if (t->double_allocs)
+      printf(" %zu allocation%s at an address still live (the earlier one "
+             "stays live: the trace never frees it)",
+             t->double_allocs, t->double_allocs == 1 ? "" : "s");
+    printf("\n");
+  }
+  if (t->has_user && r->peak_used)
+    printf("  your allocator: peak reserved %.1f MiB (ratio %.4f); "
+           "tidepool: %.1f MiB (ratio %.4f)\n",
+           mib(t->user_peak_reserved),
+           (double)t->user_peak_reserved / (double)r->peak_used,
+           mib(r->peak_reserved), r->ratio);
+}
+
+static void json_result(const char *name, const char *platform, const trace *t,
+                        const replay_result *r, const replay_options *o) {
+  double ops_per_s = r->seconds > 0 ? (double)r->ops / r->seconds : 0;
+  printf("{\"trace\":\"");
+  replay_json_string(stdout, name);
+  printf("\",\"format\":\"%s\",\"platform\":\"", trace_format_name(t->format));
+  replay_json_string(stdout, platform);
+  printf("\",\"lag\":%u,\"allocs\":%zu,\"ops\":%zu,\"skipped_frees\":%zu,"
+         "\"double_allocs\":%zu,\"peak_used\":%llu,\"peak_reserved\":%llu,"
+         "\"ratio\":%.4f,\"chunk_maps\":%llu,\"chunk_unmaps\":%llu,"
+         "\"seconds\":%.6f,\"ops_per_s\":%.0f,\"threshold\":%llu",
+         o->lag, r->allocs, r->ops, r->skipped_frees, t->double_allocs,
+         (unsigned long long)r->peak_used, (unsigned long long)r->peak_reserved,
+         r->ratio, (unsigned long long)r->maps, (unsigned long long)r->unmaps,
+         r->seconds, ops_per_s, (unsigned long long)o->threshold);
+  if (t->has_user)
+    printf(",\"user_peak_reserved\":%llu,\"user_ratio\":%.4f",
+           (unsigned long long)t->user_peak_reserved,
+           r->peak_used ? (double)t->user_peak_reserved / (double)r->peak_used
+                        : 0.0);
+  printf("}\n");
+}
+
+static void measure(const char *name, const trace *t, bool json) {
+  replay_lag_stats s;
+  if (replay_measure_lag(t, &s) != 0) {
+    if (json) {
+      printf("{\"trace\":\"");
+      replay_json_string(stdout, name);
+      printf("\",\"lag_known\":0}\n");
+    } else {
+      printf("%-20s %9zu  no completion column (record with "
+             "TIDEPOOL_TORCH_TRACE_COMPLETION; traces/README.md)\n",
+             name, t->nops);
+    }
+    return;
+  }
+  if (json) {
+    printf("{\"trace\":\"");
+    replay_json_string(stdout, name);
+    printf("\",\"ops\":%zu,\"lag_known\":%zu,\"lag_unknown\":%zu,"
+           "\"lag_median\":%llu,\"lag_p90\":%llu,\"lag_p99\":%llu,"
+           "\"lag_max\":%llu,\"lag_mean\":%.2f}\n",
+           t->nops, s.known, s.unknown, (unsigned long long)s.median,
+           (unsigned long long)s.p90, (unsigned long long)s.p99,
+           (unsigned long long)s.max, s.mean);
+  } else {
+    printf("%-20s %9zu %9zu %7llu %7llu %7llu %7llu %8.1f\n", name, t->nops,
+           s.known, (unsigned long long)s.median, (unsigned long long)s.p90,
+           (unsigned long long)s.p99, (unsigned long long)s.max, s.mean);
+  }
+}
+
+enum {
+  OPT_PLATFORM = 256,
+  OPT_THRESHOLD,
+  OPT_LAG,
+  OPT_MEASURE_LAG,
+  OPT_JSON,
+  OPT_PLOT,
+  OPT_PERFETTO,
+  OPT_AGAINST,
+  OPT_NO_PROGRESS
+};
+
 int main(int argc, char **argv) {
-  replay_options o = {.threshold = UINT64_MAX, .progress = true};
-  bool json = false, against = false;
+  replay_options o = {
+      .threshold = UINT64_MAX, .lag = REPLAY_DEFAULT_LAG, .progress = true};
+  bool json = false, against = false, measure_lag = false;
   replay_result driver;
   const char *plot = NULL, *perfetto = NULL;
-  int first = argc;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    bool has_value = i + 1 < argc;
-    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-      usage(stdout);
-      return 0;
-    } else if (strcmp(a, "--json") == 0) {
-      json = true;
-    } else if (strcmp(a, "--no-progress") == 0) {
-      o.progress = false;
-    } else if (strcmp(a, "--platform") == 0 && has_value) {
-      const char *p = argv[++i];
-      if (strcmp(p, "host") != 0 && strcmp(p, "cuda") != 0) {
-        fprintf(stderr, "tidepool-replay: --platform takes host or cuda\n");
+  static const struct option longopts[] = {
+      {"platform", required_argument, NULL, OPT_PLATFORM},
+      {"threshold", required_argument, NULL, OPT_THRESHOLD},
+      {"lag", required_argument, NULL, OPT_LAG},
+      {"measure-lag", no_argument, NULL, OPT_MEASURE_LAG},
+      {"json", no_argument, NULL, OPT_JSON},
+      {"plot", required_argument, NULL, OPT_PLOT},
+      {"perfetto", required_argument, NULL, OPT_PERFETTO},
+      {"against", required_argument, NULL, OPT_AGAINST},
+      {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0}};
+  opterr = 0;
+  for (int c; (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1;) {
+    char *end;
+    unsigned long v;
+    switch (c) {
+    case 'h': usage(stdout); return 0;
+    case OPT_JSON: json = true; break;
+    case OPT_NO_PROGRESS: o.progress = false; break;
+    case OPT_MEASURE_LAG: measure_lag = true; break;
+    case OPT_PLOT: plot = optarg; break;
+    case OPT_PERFETTO: perfetto = optarg; break;
+    case OPT_PLATFORM:
+      if (strcmp(optarg, "host") != 0 && strcmp(optarg, "cuda") != 0) {
+        fprintf(stderr,
+                "tidepool-replay: --platform takes host or cuda, "
+                "not '%s'\n",
+                optarg);
         return 2;
       }
-      setenv("TIDEPOOL_PLATFORM", p, 1);
-    } else if (strcmp(a, "--threshold") == 0 && has_value) {
-      if (parse_bytes(argv[++i], &o.threshold) != 0) {
-        fprintf(stderr, "tidepool-replay: bad --threshold '%s'\n", argv[i]);
+      setenv("TIDEPOOL_PLATFORM", optarg, 1);
+      break;
+    case OPT_THRESHOLD:
+      if (parse_bytes(optarg, &o.threshold) != 0) {
+        fprintf(stderr, "tidepool-replay: bad --threshold '%s'\n", optarg);
         return 2;
       }
-    } else if (strcmp(a, "--plot") == 0 && has_value) {
-      plot = argv[++i];
-    } else if (strcmp(a, "--against") == 0 && has_value) {
-      if (strcmp(argv[++i], "driver") != 0) {
+      break;
+    case OPT_LAG:
+      errno = 0;
+      v = strtoul(optarg, &end, 10);
+      if (end == optarg || *end || *optarg == '-' || errno || v > 1000000) {
+        fprintf(stderr,
+                "tidepool-replay: --lag takes a count of operations from 0 "
+                "to 1000000, not '%s'\n",
+                optarg);
+        return 2;
+      }
+      o.lag = (unsigned)v;
+      break;
+    case OPT_AGAINST:
+      if (strcmp(optarg, "driver") != 0) {
         fprintf(stderr, "tidepool-replay: --against takes 'driver'\n");
         return 2;
       }
       against = true;
-    } else if (strcmp(a, "--perfetto") == 0 && has_value) {
-      perfetto = argv[++i];
-    } else if (a[0] == '-' && a[1] != '\0') {
-      fprintf(stderr, "tidepool-replay: unknown or incomplete option '%s'\n",
-              a);
-      usage(stderr);
-      return 2;
-    } else {
-      first = i;
       break;
+    default:
+      if (optopt >= OPT_PLATFORM)
+        fprintf(stderr, "tidepool-replay: option '%s' needs a value\n",
+                argv[optind - 1]);
+      else if (optopt)
+        fprintf(stderr, "tidepool-replay: unknown option '-%c'\n", optopt);
+      else
+        fprintf(stderr, "tidepool-replay: unknown option '%s'\n",
+                argv[optind - 1]);
+      fprintf(stderr, "(tidepool-replay --help lists the options)\n");
+      return 2;
     }
   }
-  if (first >= argc) {
+  if (optind >= argc) {
+    fprintf(stderr, "tidepool-replay: no trace given\n");
     usage(stderr);
     return 2;
+  }
+  int ntraces = argc - optind;
+  char **paths = argv + optind;
+  int failures = 0;
+  if (measure_lag) {
+    if (!json)
+      printf("%-20s %9s %9s %7s %7s %7s %7s %8s\n", "trace", "ops", "known",
+             "median", "p90", "p99", "max", "mean");
+    for (int i = 0; i < ntraces; i++) {
+      char err[600], name[200];
+      trace t;
+      trace_name(paths[i], name, sizeof name);
+      if (trace_load(&t, paths[i], err, sizeof err) != 0) {
+        fprintf(stderr, "tidepool-replay: %s\n", err);
+        failures++;
+        continue;
+      }
+      measure(name, &t, json);
+      trace_free(&t);
+    }
+    if (!json)
+      printf("lag: operations issued since the newest one of the same stream "
+             "known complete\n");
+    return failures ? 1 : 0;
   }
   o.progress = o.progress && isatty(STDERR_FILENO);
   /* The traces peak at 7 GiB; the host platform's emulated device gets room
@@ -157,9 +322,6 @@ int main(int argc, char **argv) {
     fprintf(stderr, "tidepool-replay: no platform could start\n");
     return 1;
   }
-  replay_timeline tl = {0};
-  if (plot || perfetto)
-    o.timeline = &tl;
   if (against && strcmp(platform, "cuda") != 0) {
     fprintf(stderr,
             "tidepool-replay: --against driver needs the cuda "
@@ -169,21 +331,29 @@ int main(int argc, char **argv) {
   }
   if (against)
     o.driver = &driver;
+  replay_timeline *timelines = calloc((size_t)ntraces, sizeof *timelines);
+  replay_chart *charts = calloc((size_t)ntraces, sizeof *charts);
+  char(*titles)[300] = calloc((size_t)ntraces, sizeof *titles);
+  if (!timelines || !charts || !titles) {
+    fprintf(stderr, "tidepool-replay: out of memory\n");
+    return 1;
+  }
+  size_t ncharts = 0;
   if (!json)
     printf("%-20s %9s %11s %11s %7s %7s %7s %10s\n", "trace", "allocs",
            "peak used", "peak resv", "ratio", "maps", "unmaps", "ops/s");
-  int failures = 0;
-  char last[400] = "";
-  for (int i = first; i < argc; i++) {
-    char err[512], name[200];
+  for (int i = 0; i < ntraces; i++) {
+    char err[600], name[200];
     trace t;
-    trace_name(argv[i], name, sizeof name);
-    if (trace_load(&t, argv[i], err, sizeof err) != 0) {
+    trace_name(paths[i], name, sizeof name);
+    if (trace_load(&t, paths[i], err, sizeof err) != 0) {
       fprintf(stderr, "tidepool-replay: %s\n", err);
       failures++;
       continue;
     }
-    tl.n = 0;
+    replay_timeline *tl = &timelines[ncharts];
+    tl->n = 0;
+    o.timeline = plot || perfetto ? tl : NULL;
     replay_result r;
     if (replay_trace(&o, &t, &r, err, sizeof err) != 0) {
       fprintf(stderr, "tidepool-replay: %s\n", err);
@@ -192,54 +362,62 @@ int main(int argc, char **argv) {
       continue;
     }
     double ops_per_s = r.seconds > 0 ? (double)r.ops / r.seconds : 0;
-    if (json)
-      printf("{\"trace\":\"%s\",\"platform\":\"%s\",\"allocs\":%zu,"
-             "\"ops\":%zu,\"skipped_frees\":%zu,\"peak_used\":%llu,"
-             "\"peak_reserved\":%llu,\"ratio\":%.4f,\"chunk_maps\":%llu,"
-             "\"chunk_unmaps\":%llu,\"seconds\":%.6f,\"ops_per_s\":%.0f,"
-             "\"threshold\":%llu}\n",
-             name, platform, r.allocs, r.ops, r.skipped_frees,
-             (unsigned long long)r.peak_used,
-             (unsigned long long)r.peak_reserved, r.ratio,
-             (unsigned long long)r.maps, (unsigned long long)r.unmaps,
-             r.seconds, ops_per_s, (unsigned long long)o.threshold);
-    else
+    if (json) {
+      json_result(name, platform, &t, &r, &o);
+    } else {
       printf("%-20s %9zu %9.1fMi %9.1fMi %7.4f %7llu %7llu %10.3g\n", name,
-             r.allocs, (double)r.peak_used / 1048576.0,
-             (double)r.peak_reserved / 1048576.0, r.ratio,
+             r.allocs, mib(r.peak_used), mib(r.peak_reserved), r.ratio,
              (unsigned long long)r.maps, (unsigned long long)r.unmaps,
              ops_per_s);
+      notes(&t, &r);
+    }
     if (against) {
       double dops =
           driver.seconds > 0 ? (double)driver.ops / driver.seconds : 0;
-      if (json)
-        printf("{\"trace\":\"%s\",\"allocator\":\"driver\","
+      if (json) {
+        printf("{\"trace\":\"");
+        replay_json_string(stdout, name);
+        printf("\",\"allocator\":\"driver\",\"lag\":%u,"
                "\"allocs\":%zu,\"ops\":%zu,\"peak_used\":%llu,"
                "\"peak_reserved\":%llu,\"ratio\":%.4f,\"seconds\":%.6f,"
                "\"ops_per_s\":%.0f}\n",
-               name, driver.allocs, driver.ops,
+               o.lag, driver.allocs, driver.ops,
                (unsigned long long)driver.peak_used,
                (unsigned long long)driver.peak_reserved, driver.ratio,
                driver.seconds, dops);
-      else
+      } else {
         printf("%-20s %9zu %9.1fMi %9.1fMi %7.4f %7s %7s %10.3g  "
                "(the driver's pool; tidepool %.1fx its speed)\n",
-               "  driver", driver.allocs, (double)driver.peak_used / 1048576.0,
-               (double)driver.peak_reserved / 1048576.0, driver.ratio, "-", "-",
-               dops, dops > 0 ? ops_per_s / dops : 0);
+               "  driver", driver.allocs, mib(driver.peak_used),
+               mib(driver.peak_reserved), driver.ratio, "-", "-", dops,
+               dops > 0 ? ops_per_s / dops : 0);
+      }
     }
     fflush(stdout);
-    snprintf(last, sizeof last, "%s: peak reserved / peak used = %.4f (%s)",
-             name, r.ratio, platform);
+    if (o.timeline) {
+      char lagtxt[32] = "";
+      if (o.lag)
+        snprintf(lagtxt, sizeof lagtxt, ", lag %u", o.lag);
+      snprintf(titles[ncharts], sizeof titles[ncharts],
+               "%s: peak reserved / peak used = %.4f (%s%s)", name, r.ratio,
+               platform, lagtxt);
+      charts[ncharts] = (replay_chart){titles[ncharts], tl};
+      ncharts++;
+    }
     trace_free(&t);
   }
   if (!json)
-    printf("platform %s; chunks of %s; ratio = peak reserved / peak used\n",
-           platform, "the platform's granularity");
-  if (plot && tl.n && write_file(plot, last, &tl, true) != 0)
+    printf("platform %s, lag %u; ratio = peak reserved / peak used\n", platform,
+           o.lag);
+  if (plot && ncharts && write_charts(plot, charts, ncharts, true) != 0)
     failures++;
-  if (perfetto && tl.n && write_file(perfetto, last, &tl, false) != 0)
+  if (perfetto && ncharts &&
+      write_charts(perfetto, charts, ncharts, false) != 0)
     failures++;
-  free(tl.v);
+  for (int i = 0; i < ntraces; i++)
+    free(timelines[i].v);
+  free(timelines);
+  free(charts);
+  free(titles);
   return failures ? 1 : 0;
 }

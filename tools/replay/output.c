@@ -1,6 +1,7 @@
-/* The replay's outputs besides its summary: the sampled timeline, drawn as
- * an SVG line chart with axes and labels, and written as counter tracks in
- * the Chrome trace-event format that Perfetto and chrome://tracing open. */
+/* The replay's outputs besides its summary: the sampled timelines, drawn as
+ * SVG line charts with axes and labels (one per trace, stacked), written as
+ * counter tracks in the Chrome trace-event format that Perfetto and
+ * chrome://tracing open, and the escaping of strings in its JSON. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,7 +60,9 @@ static void polyline(FILE *f, const replay_timeline *tl, bool reserved,
   fputs("\"/>\n", f);
 }
 
-int replay_write_svg(FILE *f, const char *title, const replay_timeline *tl) {
+/* One chart whose top edge is at y = top. */
+static void chart(FILE *f, double top, const char *title,
+                  const replay_timeline *tl) {
   const double W = 960, H = 480, L = 80, R = 30, T = 50, B = 60;
   double w = W - L - R, h = H - T - B;
   double xmax = 1, ymax = 1;
@@ -70,11 +73,7 @@ int replay_write_svg(FILE *f, const char *title, const replay_timeline *tl) {
       ymax = (double)tl->v[i].reserved / 1048576.0;
   }
   ymax *= 1.05;
-  fprintf(f,
-          "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" "
-          "height=\"%.0f\" font-family=\"sans-serif\" font-size=\"12\">\n",
-          W, H);
-  fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+  fprintf(f, "<g transform=\"translate(0,%.0f)\">\n", top);
   fprintf(f,
           "<text x=\"%.0f\" y=\"28\" font-size=\"16\" "
           "text-anchor=\"middle\">",
@@ -122,27 +121,90 @@ int replay_write_svg(FILE *f, const char *title, const replay_timeline *tl) {
           "fill=\"#2c7bb6\"/><text x=\"%.0f\" y=\"%.0f\">used (bytes "
           "asked for)</text>\n",
           L + 12, T + 32, L + 32, T + 37);
+  fputs("</g>\n", f);
+}
+
+int replay_write_svg(FILE *f, const replay_chart *charts, size_t n) {
+  const double W = 960, H = 480;
+  fprintf(f,
+          "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" "
+          "height=\"%.0f\" font-family=\"sans-serif\" font-size=\"12\">\n",
+          W, H * (double)(n ? n : 1));
+  fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+  for (size_t i = 0; i < n; i++)
+    chart(f, H * (double)i, charts[i].title, charts[i].tl);
   fputs("</svg>\n", f);
   return ferror(f) ? -1 : 0;
 }
 
-int replay_write_perfetto(FILE *f, const char *name,
-                          const replay_timeline *tl) {
-  fputs("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n", f);
-  fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,"
-             "\"args\":{\"name\":\"tidepool replay: ");
-  for (const char *s = name; *s; s++)
-    if (*s != '"' && *s != '\\' && (unsigned char)*s >= 0x20)
-      fputc(*s, f);
-  fputs("\"}}", f);
-  /* One microsecond per trace operation: Perfetto needs a time axis. */
-  for (size_t i = 0; i < tl->n; i++)
+/* The length of the UTF-8 sequence at s, or 0 when it is not one. */
+static size_t utf8_len(const unsigned char *s) {
+  size_t n;
+  if (s[0] >= 0xc2 && s[0] <= 0xdf)
+    n = 2;
+  else if (s[0] >= 0xe0 && s[0] <= 0xef)
+    n = 3;
+  else if (s[0] >= 0xf0 && s[0] <= 0xf4)
+    n = 4;
+  else
+    return 0;
+  /* Stops at a NUL, which is no continuation byte. */
+  for (size_t i = 1; i < n; i++)
+    if ((s[i] & 0xc0) != 0x80)
+      return 0;
+  /* Overlong three- and four-byte forms, surrogates, beyond U+10FFFF. */
+  if ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0) ||
+      (s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))
+    return 0;
+  return n;
+}
+
+void replay_json_string(FILE *f, const char *str) {
+  for (const unsigned char *s = (const unsigned char *)str; *s;) {
+    if (*s == '"' || *s == '\\') {
+      fputc('\\', f);
+      fputc(*s++, f);
+    } else if (*s < 0x20 || *s == 0x7f) {
+      fprintf(f, "\\u%04x", *s++);
+    } else if (*s < 0x80) {
+      fputc(*s++, f);
+    } else {
+      size_t n = utf8_len(s);
+      if (n == 0) {
+        fputs("\\ufffd", f);
+        s++;
+      } else {
+        fwrite(s, 1, n, f);
+        s += n;
+      }
+    }
+  }
+}
+
+int replay_write_perfetto(FILE *f, const replay_chart *charts, size_t n) {
+  /* Perfetto needs a time axis; a replay has none but the order of the
+   * trace's operations, so one microsecond stands for one operation. The
+   * file says so, and so does each process's name. */
+  fputs("{\"displayTimeUnit\":\"ns\",\"otherData\":{\"time_axis\":"
+        "\"1 us = 1 operation of the trace (not time)\"},"
+        "\"traceEvents\":[\n",
+        f);
+  for (size_t c = 0; c < n; c++) {
+    const replay_timeline *tl = charts[c].tl;
     fprintf(f,
-            ",\n{\"name\":\"pool memory (bytes)\",\"ph\":\"C\","
-            "\"pid\":1,\"ts\":%.0f,\"args\":{\"used\":%llu,"
-            "\"reserved\":%llu}}",
-            tl->v[i].x, (unsigned long long)tl->v[i].used,
-            (unsigned long long)tl->v[i].reserved);
+            "%s{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%zu,"
+            "\"args\":{\"name\":\"tidepool replay: ",
+            c ? ",\n" : "", c + 1);
+    replay_json_string(f, charts[c].title);
+    fputs(" (1 us = 1 operation)\"}}", f);
+    for (size_t i = 0; i < tl->n; i++)
+      fprintf(f,
+              ",\n{\"name\":\"pool memory (bytes)\",\"ph\":\"C\","
+              "\"pid\":%zu,\"ts\":%.0f,\"args\":{\"used\":%llu,"
+              "\"reserved\":%llu}}",
+              c + 1, tl->v[i].x, (unsigned long long)tl->v[i].used,
+              (unsigned long long)tl->v[i].reserved);
+  }
   fputs("\n]}\n", f);
   return ferror(f) ? -1 : 0;
 }

@@ -1,6 +1,7 @@
-/* tidepool-replay: replays allocation traces of real workloads through a
- * tidepool pool (one tidepool stream per trace stream) and reports peak used
- * and reserved memory, their ratio, chunk maps and the replay's speed. */
+/* Replaying one trace through a fresh tidepool pool (one tidepool stream per
+ * trace stream, held back by the lag model when the device runs behind):
+ * peak used and reserved memory, their ratio, chunk maps and the replay's
+ * speed; and the lag distribution of a recorded trace. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "lag.h"
 #include "replay.h"
 #include "tidepool.h"
 #include "trace.h"
@@ -41,6 +43,36 @@ static void progress(const replay_options *o, const trace *t, size_t i,
     fprintf(stderr, "\r%*s\r", width + 40, "");
 }
 
+/* What an allocation that failed says: where in the trace, and, for an
+ * out-of-memory, how big the device is and how to make it bigger. */
+static void alloc_failed(const trace *t, const trace_op *op, tp_error_t e,
+                         tp_pool_t pool, char *err, size_t errlen) {
+  char where[300];
+  trace_where(t, op, where, sizeof where);
+  const char *platform = tp_platform_name();
+  const char *memory = getenv("TIDEPOOL_HOST_DEVICE_MEMORY");
+  if (e == TP_ERROR_OUT_OF_MEMORY && platform && strcmp(platform, "host") == 0)
+    snprintf(err, errlen,
+             "%s: allocating %llu bytes on stream %u: %s: the pool holds "
+             "%.1f MiB and the emulated device has "
+             "TIDEPOOL_HOST_DEVICE_MEMORY=%s; set it higher to replay this "
+             "trace",
+             where, (unsigned long long)op->size, op->stream, tp_error_name(e),
+             (double)attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT) /
+                 1048576.0,
+             memory ? memory : "(unset: 4G)");
+  else if (e == TP_ERROR_OUT_OF_MEMORY)
+    snprintf(err, errlen,
+             "%s: allocating %llu bytes on stream %u: %s: the pool holds "
+             "%.1f MiB and the GPU has no more",
+             where, (unsigned long long)op->size, op->stream, tp_error_name(e),
+             (double)attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT) /
+                 1048576.0);
+  else
+    snprintf(err, errlen, "%s: allocating %llu bytes on stream %u: %s", where,
+             (unsigned long long)op->size, op->stream, tp_error_name(e));
+}
+
 int replay_trace(const replay_options *o, const trace *t, replay_result *r,
                  char *err, size_t errlen) {
   memset(r, 0, sizeof *r);
@@ -57,17 +89,40 @@ int replay_trace(const replay_options *o, const trace *t, replay_result *r,
   }
   uint64_t threshold = o->threshold;
   (void)tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &threshold);
-  tp_stream_t *streams = calloc(t->nstreams ? t->nstreams : 1, sizeof *streams);
+  if (o->lag > 0) {
+    /* Waiting on the host for frees that the model holds back would wait
+     * for the replay itself. */
+    int off = 0;
+    (void)tp_pool_set_attribute(pool, TP_POOL_ATTR_OOM_WAIT, &off);
+  }
+  uint16_t nstreams = t->nstreams ? t->nstreams : 1;
+  tp_stream_t *streams = calloc(nstreams, sizeof *streams);
   void **ptrs = calloc(t->nnames ? t->nnames : 1, sizeof *ptrs);
   int rc = streams && ptrs ? 0 : -1;
   if (rc)
     snprintf(err, errlen, "%s: out of memory", t->path);
-  /* Stream 0 is the program's default stream: tidepool's legacy stream. */
-  for (uint16_t s = 1; rc == 0 && s < t->nstreams; s++) {
-    e = tp_stream_create(&streams[s], TP_STREAM_DEFAULT);
+  /* Stream 0 is the program's default stream: tidepool's legacy stream.
+   * With a lag the others are non-blocking, as PyTorch's side streams are:
+   * blocking ones would chain every stream's gates to the legacy stream's,
+   * a synchronisation the recorded program did not have. Without a lag they
+   * stay blocking, as the replay has always run them. */
+  unsigned flags = o->lag > 0 ? TP_STREAM_NON_BLOCKING : TP_STREAM_DEFAULT;
+  for (uint16_t s = 1; rc == 0 && s < nstreams; s++) {
+    e = tp_stream_create(&streams[s], flags);
     if (e != TP_SUCCESS) {
       snprintf(err, errlen, "%s: creating stream %u: %s", t->path, s,
                tp_error_name(e));
+      rc = -1;
+    }
+  }
+  const char *platform = tp_platform_name();
+  bool on_host = platform && strcmp(platform, "host") == 0;
+  lag_model *lag = NULL;
+  if (rc == 0 && o->lag > 0) {
+    char why[300];
+    if (lag_start(&lag, o->lag, streams, nstreams, on_host, why, sizeof why) !=
+        0) {
+      snprintf(err, errlen, "%s: %s", t->path, why);
       rc = -1;
     }
   }
@@ -77,29 +132,43 @@ int replay_trace(const replay_options *o, const trace *t, replay_result *r,
   double t0 = now_s();
   for (size_t i = 0; rc == 0 && i < t->nops; i++) {
     const trace_op *op = &t->ops[i];
-    if (op->action == TRACE_ALLOC) {
+    bool alloc = op->action == TRACE_ALLOC;
+    bool issue = alloc || (op->action == TRACE_FREE &&
+                           op->name != TRACE_NO_NAME && ptrs[op->name]);
+    if (op->action == TRACE_FREE && !issue)
+      r->skipped_frees++;
+    if (!issue)
+      continue;
+    char why[300];
+    if (lag && lag_before(lag, r->ops, why, sizeof why) != 0) {
+      snprintf(err, errlen, "%s: %s", t->path, why);
+      rc = -1;
+      break;
+    }
+    if (alloc) {
       e = tp_malloc_from_pool_async(&ptrs[op->name], (size_t)op->size, pool,
                                     streams[op->stream]);
-      r->ops++;
       if (e != TP_SUCCESS) {
-        snprintf(err, errlen, "%s: operation %zu: allocating %llu bytes: %s",
-                 t->path, i + 2, (unsigned long long)op->size,
-                 tp_error_name(e));
+        alloc_failed(t, op, e, pool, err, errlen);
         rc = -1;
       }
-    } else if (op->action == TRACE_FREE && op->name != UINT32_MAX &&
-               ptrs[op->name]) {
+    } else {
       e = tp_free_async(ptrs[op->name], streams[op->stream]);
       ptrs[op->name] = NULL;
-      r->ops++;
       if (e != TP_SUCCESS) {
-        snprintf(err, errlen, "%s: operation %zu: free: %s", t->path, i + 2,
+        char where[300];
+        trace_where(t, op, where, sizeof where);
+        snprintf(err, errlen, "%s: free on stream %u: %s", where, op->stream,
                  tp_error_name(e));
         rc = -1;
       }
-    } else if (op->action == TRACE_FREE) {
-      r->skipped_frees++;
     }
+    if (rc == 0 && lag &&
+        lag_after(lag, r->ops, op->stream, alloc, why, sizeof why) != 0) {
+      snprintf(err, errlen, "%s: %s", t->path, why);
+      rc = -1;
+    }
+    r->ops++;
     if (o->timeline && (i % step == 0 || i + 1 == t->nops))
       replay_timeline_add(o->timeline, (double)i,
                           attr64(pool, TP_POOL_ATTR_USED_MEM_CURRENT),
@@ -112,6 +181,11 @@ int replay_trace(const replay_options *o, const trace *t, replay_result *r,
     }
   }
   r->seconds = now_s() - t0;
+  char why[300];
+  if (lag_stop(lag, why, sizeof why) != 0 && rc == 0) {
+    snprintf(err, errlen, "%s: %s", t->path, why);
+    rc = -1;
+  }
   if (breakdown)
     fprintf(stderr,
             "%s at peak reserved %.1f MiB: free %.1f, free pending %.1f, "
@@ -134,12 +208,45 @@ int replay_trace(const replay_options *o, const trace *t, replay_result *r,
       (void)tp_free_async(ptrs[n], NULL);
   (void)tp_device_synchronize();
   if (rc == 0 && o->driver)
-    rc = replay_driver(t, (void *const *)streams, o->driver, err, errlen);
-  for (uint16_t s = 1; streams && s < t->nstreams; s++)
+    rc = replay_driver(o, t, streams, o->driver, err, errlen);
+  for (uint16_t s = 1; streams && s < nstreams; s++)
     if (streams[s])
       (void)tp_stream_destroy(streams[s]);
   (void)tp_pool_destroy(pool);
   free(streams);
   free(ptrs);
   return rc;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+int replay_measure_lag(const trace *t, replay_lag_stats *out) {
+  memset(out, 0, sizeof *out);
+  if (!t->done)
+    return -1;
+  uint64_t *v = malloc((t->nops ? t->nops : 1) * sizeof *v);
+  if (!v)
+    return -1;
+  double sum = 0;
+  for (size_t i = 0; i < t->nops; i++) {
+    if (t->done[i] < 0) {
+      out->unknown++;
+      continue;
+    }
+    v[out->known] = (uint64_t)(i - (size_t)t->done[i]);
+    sum += (double)v[out->known++];
+  }
+  if (out->known) {
+    qsort(v, out->known, sizeof *v, cmp_u64);
+    out->median = v[out->known / 2];
+    out->p90 = v[out->known * 9 / 10];
+    out->p99 = v[out->known * 99 / 100];
+    out->max = v[out->known - 1];
+    out->mean = sum / (double)out->known;
+  }
+  free(v);
+  return 0;
 }

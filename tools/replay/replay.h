@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "tidepool.h"
 #include "trace.h"
 
 typedef struct replay_sample {
@@ -23,6 +24,7 @@ typedef struct replay_timeline {
 
 typedef struct replay_options {
   uint64_t threshold;           /* the pool's release threshold */
+  unsigned lag;                 /* operations the device runs behind */
   bool progress;                /* a progress bar on stderr */
   replay_timeline *timeline;    /* NULL: no sampling */
   struct replay_result *driver; /* non-NULL: replay through the driver too */
@@ -35,20 +37,43 @@ typedef struct replay_result {
 } replay_result;
 
 /* Replays one trace through a fresh pool of device 0. Returns 0, or -1 with
- * a message in err. */
+ * a message in err (an allocation that fails names the trace's line or
+ * entry and the device's size). */
 int replay_trace(const replay_options *o, const trace *t, replay_result *r,
                  char *err, size_t errlen);
 
 /* The same trace through the CUDA driver's own pool (cuda platform only),
- * on the streams the tidepool replay used (cast CUstreams). */
-int replay_driver(const trace *t, void *const *streams, replay_result *r,
-                  char *err, size_t errlen);
+ * on the streams the tidepool replay used (cast CUstreams), with the same
+ * lag model. */
+int replay_driver(const replay_options *o, const trace *t, tp_stream_t *streams,
+                  replay_result *r, char *err, size_t errlen);
+
+/* The distribution of a recorded trace's lag: for each operation with a
+ * known fifth column, the operations issued since the newest one of its
+ * stream known complete. */
+typedef struct replay_lag_stats {
+  size_t known, unknown; /* operations with and without a known completion */
+  uint64_t median, p90, p99, max;
+  double mean;
+} replay_lag_stats;
+/* -1 when the trace has no fifth column. */
+int replay_measure_lag(const trace *t, replay_lag_stats *out);
 
 void replay_timeline_add(replay_timeline *tl, double x, uint64_t used,
                          uint64_t reserved);
 
-/* The timeline as an SVG line chart, and as Chrome trace-event counters. */
-int replay_write_svg(FILE *f, const char *title, const replay_timeline *tl);
-int replay_write_perfetto(FILE *f, const char *name, const replay_timeline *tl);
+/* The timelines of several traces: one chart each, stacked in one SVG, and
+ * one process of counter tracks each in one Chrome trace-event file whose
+ * time axis counts operations (1 us = 1 operation of the trace). */
+typedef struct replay_chart {
+  const char *title;
+  const replay_timeline *tl;
+} replay_chart;
+int replay_write_svg(FILE *f, const replay_chart *charts, size_t n);
+int replay_write_perfetto(FILE *f, const replay_chart *charts, size_t n);
+
+/* s as the body of a JSON string: quotes, backslashes and control
+ * characters escaped, bytes that are not UTF-8 replaced by U+FFFD. */
+void replay_json_string(FILE *f, const char *s);
 
 #endif /* TP_REPLAY_H */

@@ -1,42 +1,54 @@
-/* Reads allocation traces (gzip'd CSV: action,addr,size,stream) into memory
- * with zlib. Each allocation gets a dense id; a free names the allocation
- * that its address held at that point of the trace. */
-#include "trace.h"
-
+/* Loading a trace: the whole file through zlib (which reads plain files as
+ * they are), its format told by its first bytes, then the reader of that
+ * format. Also the builder the readers share, and tidepool's own CSV format
+ * (action,addr,size,stream with an optional fifth column, done). */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdbool.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
-#define UNKNOWN_NAME UINT32_MAX
+#include "trace_internal.h"
 
-/* Address -> live allocation id: open addressing with tombstones. */
+int trace_failf(char *err, size_t len, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, len, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+/* ---- address -> live allocation id ---------------------------------------
+ * Open addressing with tombstones. */
+
+#define EMPTY UINT32_MAX
+#define DELETED (UINT32_MAX - 1)
+
 struct trace_names {
   uint64_t *keys;
-  uint32_t *vals; /* UNKNOWN_NAME: empty; UNKNOWN_NAME - 1: deleted */
+  uint32_t *vals; /* EMPTY, DELETED or an id */
   size_t cap, used;
 };
-#define DELETED (UNKNOWN_NAME - 1)
 
-trace_names *trace_names_new(void) {
+static trace_names *names_new(size_t cap) {
   trace_names *n = calloc(1, sizeof *n);
   if (!n)
     return NULL;
-  n->cap = 1024;
-  n->keys = calloc(n->cap, sizeof *n->keys);
-  n->vals = malloc(n->cap * sizeof *n->vals);
+  n->cap = cap;
+  n->keys = calloc(cap, sizeof *n->keys);
+  n->vals = malloc(cap * sizeof *n->vals);
   if (!n->keys || !n->vals) {
-    trace_names_free(n);
+    free(n->keys);
+    free(n->vals);
+    free(n);
     return NULL;
   }
-  memset(n->vals, 0xff, n->cap * sizeof *n->vals);
+  memset(n->vals, 0xff, cap * sizeof *n->vals);
   return n;
 }
 
-void trace_names_free(trace_names *n) {
+static void names_free(trace_names *n) {
   if (!n)
     return;
   free(n->keys);
@@ -44,15 +56,11 @@ void trace_names_free(trace_names *n) {
   free(n);
 }
 
-static size_t slot(const trace_names *n, uint64_t key) {
-  uint64_t h = key * 0x9E3779B97F4A7C15ull;
-  return (size_t)(h >> 17) & (n->cap - 1);
-}
-
-static uint32_t *find(trace_names *n, uint64_t key, bool insert) {
-  size_t i = slot(n, key), tomb = SIZE_MAX;
+static uint32_t *names_find(trace_names *n, uint64_t key, bool insert) {
+  size_t i = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (n->cap - 1);
+  size_t tomb = SIZE_MAX;
   for (;; i = (i + 1) & (n->cap - 1)) {
-    if (n->vals[i] == UNKNOWN_NAME)
+    if (n->vals[i] == EMPTY)
       break;
     if (n->vals[i] == DELETED) {
       if (tomb == SIZE_MAX)
@@ -71,57 +79,153 @@ static uint32_t *find(trace_names *n, uint64_t key, bool insert) {
   return &n->vals[i];
 }
 
-static bool grow(trace_names *n) {
+/* Room for one more key, rehashing (and dropping tombstones) when half
+ * full. */
+static bool names_grow(trace_names **pn) {
+  trace_names *n = *pn;
   if ((n->used + 1) * 2 < n->cap)
     return true;
-  trace_names bigger = {0};
-  bigger.cap = n->cap * 2;
-  bigger.keys = calloc(bigger.cap, sizeof *bigger.keys);
-  bigger.vals = malloc(bigger.cap * sizeof *bigger.vals);
-  if (!bigger.keys || !bigger.vals) {
-    free(bigger.keys);
-    free(bigger.vals);
+  size_t live = 0;
+  for (size_t i = 0; i < n->cap; i++)
+    live += n->vals[i] < DELETED;
+  trace_names *bigger = names_new(live * 4 > n->cap ? n->cap * 2 : n->cap);
+  if (!bigger)
     return false;
-  }
-  memset(bigger.vals, 0xff, bigger.cap * sizeof *bigger.vals);
   for (size_t i = 0; i < n->cap; i++)
     if (n->vals[i] < DELETED)
-      *find(&bigger, n->keys[i], true) = n->vals[i];
-  free(n->keys);
-  free(n->vals);
-  *n = bigger;
+      *names_find(bigger, n->keys[i], true) = n->vals[i];
+  names_free(n);
+  *pn = bigger;
   return true;
 }
 
-static int failf(char *err, size_t len, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, len, fmt, ap);
-  va_end(ap);
-  return -1;
+/* ---- the builder ----------------------------------------------------------
+ */
+
+int tb_init(trace_builder *b, trace *t) {
+  memset(b, 0, sizeof *b);
+  b->t = t;
+  b->names = names_new(1024);
+  return b->names ? 0 : -1;
 }
+
+void tb_fini(trace_builder *b) {
+  names_free(b->names);
+  free(b->sizes);
+  free(b->raw_streams);
+  memset(b, 0, sizeof *b);
+}
+
+int tb_stream(trace_builder *b, uint64_t raw, uint16_t *out) {
+  if (raw == 0) {
+    *out = 0;
+    return 0;
+  }
+  uint16_t n = b->t->nstreams ? b->t->nstreams : 1;
+  for (uint16_t i = 1; i < n; i++)
+    if (b->raw_streams[i] == raw) {
+      *out = i;
+      return 0;
+    }
+  if (n == UINT16_MAX)
+    return -1;
+  uint64_t *r = realloc(b->raw_streams, (n + 1u) * sizeof *r);
+  if (!r)
+    return -1;
+  b->raw_streams = r;
+  r[n] = raw;
+  b->t->nstreams = (uint16_t)(n + 1u);
+  *out = n;
+  return 0;
+}
+
+int tb_add(trace_builder *b, trace_action a, uint64_t addr, uint64_t size,
+           uint16_t stream, uint32_t where, char *why, size_t len) {
+  trace *t = b->t;
+  if (t->nops == t->cap) {
+    size_t cap = t->cap ? t->cap * 2 : 4096;
+    trace_op *ops = realloc(t->ops, cap * sizeof *ops);
+    if (!ops)
+      return trace_failf(why, len, "out of memory");
+    t->ops = ops;
+    t->cap = cap;
+  }
+  trace_op *op = &t->ops[t->nops];
+  *op = (trace_op){.name = TRACE_NO_NAME,
+                   .stream = stream,
+                   .action = (uint8_t)a,
+                   .size = size,
+                   .where = where};
+  if (a == TRACE_ALLOC) {
+    if (t->nnames >= DELETED)
+      return trace_failf(why, len, "too many allocations");
+    if (!names_grow(&b->names))
+      return trace_failf(why, len, "out of memory");
+    if (t->nnames == b->capsizes) {
+      size_t cap = b->capsizes ? b->capsizes * 2 : 4096;
+      uint64_t *s = realloc(b->sizes, cap * sizeof *s);
+      if (!s)
+        return trace_failf(why, len, "out of memory");
+      b->sizes = s;
+      b->capsizes = cap;
+    }
+    uint32_t *slot = names_find(b->names, addr, true);
+    if (*slot < DELETED)
+      t->double_allocs++;
+    op->name = t->nnames++;
+    *slot = op->name;
+    b->sizes[op->name] = size;
+    b->live += size;
+    if (b->live > t->peak_live)
+      t->peak_live = b->live;
+    t->nallocs++;
+  } else if (a == TRACE_FREE) {
+    uint32_t *slot = names_find(b->names, addr, false);
+    if (slot) {
+      op->name = *slot;
+      *slot = DELETED;
+      b->live -= b->sizes[op->name];
+    } else {
+      t->unknown_frees++;
+    }
+  }
+  if (stream + 1u > t->nstreams)
+    t->nstreams = (uint16_t)(stream + 1u);
+  t->nops++;
+  return 0;
+}
+
+/* ---- tidepool's CSV ---------------------------------------------------------
+ */
 
 /* A decimal field ending at a comma or the end; advances *s past it. */
 static int number(const char **s, uint64_t *out, const char *what, char *err,
                   size_t len) {
   const char *p = *s;
   if (*p < '0' || *p > '9')
-    return failf(err, len, "%s is not a number", what);
+    return trace_failf(err, len, "%s is not a number", what);
   uint64_t v = 0;
   for (; *p >= '0' && *p <= '9'; p++) {
     if (v > (UINT64_MAX - (uint64_t)(*p - '0')) / 10)
-      return failf(err, len, "%s is too large", what);
+      return trace_failf(err, len, "%s is too large", what);
     v = v * 10 + (uint64_t)(*p - '0');
   }
   if (*p != ',' && *p != '\0')
-    return failf(err, len, "%s has a stray character '%c'", what, *p);
+    return trace_failf(err, len, "%s has a stray character '%c'", what, *p);
   *s = *p == ',' ? p + 1 : p;
   *out = v;
   return 0;
 }
 
-int trace_parse_line(const char *line, trace_names *names, trace_op *op,
-                     uint32_t *nnames, char *err, size_t len) {
+typedef struct csv_ctx {
+  trace_builder b;
+  bool with_done;
+  size_t capdone;
+} csv_ctx;
+
+static int csv_line(csv_ctx *c, const char *line, uint32_t lineno, char *err,
+                    size_t len) {
+  bool with_done = c->with_done;
   static const struct {
     const char *word;
     trace_action action;
@@ -136,116 +240,200 @@ int trace_parse_line(const char *line, trace_names *names, trace_op *op,
   if (a < 0) {
     const char *comma = strchr(s, ',');
     int n = comma ? (int)(comma - s) : (int)strlen(s);
-    return failf(err, len, "unknown action '%.*s'", n > 40 ? 40 : n, s);
+    return trace_failf(err, len, "unknown action '%.*s'", n > 40 ? 40 : n, s);
   }
   s += strlen(actions[a].word);
-  uint64_t addr, size, stream;
+  uint64_t addr, size, stream, done = 0;
   if (number(&s, &addr, "addr", err, len) ||
       number(&s, &size, "size", err, len))
     return -1;
   if (*s == '\0' && s[-1] != ',')
-    return failf(err, len, "the stream field is missing");
+    return trace_failf(err, len, "the stream field is missing");
   if (number(&s, &stream, "stream", err, len))
     return -1;
-  if (*s != '\0')
-    return failf(err, len, "more than four fields");
-  if (stream > UINT16_MAX)
-    return failf(err, len, "stream %llu is out of range",
-                 (unsigned long long)stream);
-  op->action = (uint8_t)actions[a].action;
-  op->size = size;
-  op->stream = (uint16_t)stream;
-  op->name = UNKNOWN_NAME;
-  if (actions[a].action == TRACE_ALLOC) {
-    if (*nnames >= DELETED)
-      return failf(err, len, "too many allocations");
-    if (!grow(names))
-      return failf(err, len, "out of memory");
-    op->name = (*nnames)++;
-    *find(names, addr, true) = op->name;
-  } else if (actions[a].action == TRACE_FREE) {
-    uint32_t *v = find(names, addr, false);
-    if (v) {
-      op->name = *v;
-      *v = DELETED;
+  bool unknown_done = false;
+  if (with_done) {
+    if (*s == '\0' && s[-1] != ',')
+      return trace_failf(err, len, "the done field is missing");
+    if (strcmp(s, "-1") == 0)
+      unknown_done = true;
+    else if (number(&s, &done, "done", err, len))
+      return -1;
+    else if (*s != '\0')
+      return trace_failf(err, len, "more than five fields");
+  } else if (*s != '\0') {
+    return trace_failf(err, len, "more than four fields");
+  }
+  if (stream > UINT16_MAX - 1)
+    return trace_failf(err, len, "stream %llu is out of range",
+                       (unsigned long long)stream);
+  trace *t = c->b.t;
+  if (with_done && !unknown_done && done > t->nops)
+    return trace_failf(err, len,
+                       "done %llu names an operation after this one (%zu)",
+                       (unsigned long long)done, t->nops);
+  if (with_done) {
+    if (t->nops == c->capdone) {
+      size_t cap = c->capdone ? c->capdone * 2 : 4096;
+      int64_t *d = realloc(t->done, cap * sizeof *d);
+      if (!d)
+        return trace_failf(err, len, "out of memory");
+      t->done = d;
+      c->capdone = cap;
     }
+    t->done[t->nops] = unknown_done ? -1 : (int64_t)done;
+  }
+  return tb_add(&c->b, actions[a].action, addr, size, (uint16_t)stream, lineno,
+                err, len);
+}
+
+/* Lines longer than this are refused: neither CSV format has any, and
+ * binary garbage does. */
+#define LINE_MAX_CHARS 256
+int trace_each_line(const char *data, size_t len, const char *path,
+                    trace_line_fn fn, void *ctx, char *err, size_t errlen) {
+  char line[LINE_MAX_CHARS + 2], why[200];
+  uint32_t lineno = 0;
+  for (size_t at = 0; at < len;) {
+    const char *start = data + at;
+    const char *nl = memchr(start, '\n', len - at);
+    size_t n = nl ? (size_t)(nl - start) : len - at;
+    at += n + (nl != NULL);
+    lineno++;
+    if (n > 0 && start[n - 1] == '\r')
+      n--;
+    if (n > LINE_MAX_CHARS)
+      return trace_failf(err, errlen, "%s:%u: line too long", path, lineno);
+    memcpy(line, start, n);
+    line[n] = '\0';
+    if (memchr(line, '\0', n))
+      return trace_failf(err, errlen, "%s:%u: a NUL byte in a text line", path,
+                         lineno);
+    if (fn(ctx, line, lineno, why, sizeof why) != 0)
+      return trace_failf(err, errlen, "%s:%u: %s", path, lineno, why);
   }
   return 0;
 }
 
-static const char header[] = "action,addr,size,stream";
+static const char csv_header[] = "action,addr,size,stream";
+static const char csv_header_done[] = "action,addr,size,stream,done";
+
+static int csv_each(void *ctx, const char *line, uint32_t lineno, char *err,
+                    size_t len) {
+  csv_ctx *c = ctx;
+  if (lineno == 1)
+    return 0; /* the header, checked by the caller */
+  if (!*line)
+    return 0;
+  return csv_line(c, line, lineno, err, len);
+}
+
+int trace_read_csv(trace *t, const char *data, size_t len, char *err,
+                   size_t errlen) {
+  csv_ctx c = {.with_done = strncmp(data, csv_header_done,
+                                    sizeof csv_header_done - 1) == 0};
+  t->where_is = "line";
+  if (tb_init(&c.b, t) != 0)
+    return trace_failf(err, errlen, "%s: out of memory", t->path);
+  int rc = trace_each_line(data, len, t->path, csv_each, &c, err, errlen);
+  tb_fini(&c.b);
+  return rc;
+}
+
+/* ---- loading ----------------------------------------------------------------
+ */
+
+/* The whole file, decompressed. The message of a damaged gzip stream counts
+ * the whole lines read before the damage. */
+static int slurp(const char *path, char **out, size_t *outlen, char *err,
+                 size_t errlen) {
+  struct stat st;
+  if (stat(path, &st) != 0)
+    return trace_failf(err, errlen, "%s: cannot open: %s", path,
+                       strerror(errno));
+  if (S_ISDIR(st.st_mode))
+    return trace_failf(err, errlen, "%s: is a directory, not a trace", path);
+  gzFile f = gzopen(path, "rb");
+  if (!f)
+    return trace_failf(err, errlen, "%s: cannot open: %s", path,
+                       errno ? strerror(errno) : "out of memory");
+  size_t cap = 1 << 20, n = 0;
+  char *buf = malloc(cap + 1);
+  int rc = buf ? 0 : trace_failf(err, errlen, "%s: out of memory", path);
+  while (rc == 0) {
+    if (cap - n < (1 << 16)) {
+      char *b = cap < SIZE_MAX / 4 ? realloc(buf, cap * 2 + 1) : NULL;
+      if (!b) {
+        rc = trace_failf(err, errlen, "%s: out of memory", path);
+        break;
+      }
+      buf = b;
+      cap *= 2;
+    }
+    int got = gzread(f, buf + n, (unsigned)(cap - n));
+    if (got > 0) {
+      n += (size_t)got;
+      continue;
+    }
+    int zerr = Z_OK;
+    const char *zmsg = gzerror(f, &zerr);
+    if (got < 0 || (zerr != Z_OK && zerr != Z_STREAM_END)) {
+      size_t lines = 0;
+      for (size_t i = 0; i < n; i++)
+        lines += buf[i] == '\n';
+      rc = trace_failf(err, errlen,
+                       "%s: corrupt or truncated gzip after line %zu: %s", path,
+                       lines, zmsg);
+    }
+    break;
+  }
+  gzclose(f);
+  if (rc != 0) {
+    free(buf);
+    return rc;
+  }
+  buf[n] = '\0';
+  *out = buf;
+  *outlen = n;
+  return 0;
+}
 
 int trace_load(trace *t, const char *path, char *err, size_t len) {
   memset(t, 0, sizeof *t);
-  gzFile f = gzopen(path, "rb");
-  if (!f)
-    return failf(err, len, "%s: cannot open: %s", path,
-                 errno ? strerror(errno) : "out of memory");
+  char *data = NULL;
+  size_t n = 0;
+  if (slurp(path, &data, &n, err, len) != 0)
+    return -1;
   t->path = strdup(path);
-  trace_names *names = trace_names_new();
-  char line[256];
-  size_t lineno = 0;
-  int rc = 0;
-  char why[160];
-  while (rc == 0 && gzgets(f, line, sizeof line)) {
-    lineno++;
-    size_t n = strlen(line);
-    bool whole = n > 0 && line[n - 1] == '\n';
-    if (!whole) {
-      /* Without its newline, a line is the file's last, longer than the
-       * buffer, or cut short by a damaged stream; one more read tells. */
-      int c = gzgetc(f), zerr = Z_OK;
-      const char *zmsg = gzerror(f, &zerr);
-      if (zerr != Z_OK && zerr != Z_STREAM_END) {
-        rc = failf(err, len, "%s: corrupt or truncated gzip at line %zu: %s",
-                   path, lineno, zmsg);
-        break;
-      }
-      if (c != -1) {
-        rc = failf(err, len, "%s:%zu: line too long", path, lineno);
-        break;
-      }
-    }
-    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
-      line[--n] = '\0';
-    if (lineno == 1) {
-      if (strcmp(line, header) != 0)
-        rc = failf(err, len, "%s:1: expected the header '%s'", path, header);
-      continue;
-    }
-    if (n == 0)
-      continue;
-    if (t->nops == t->cap) {
-      size_t cap = t->cap ? t->cap * 2 : 4096;
-      trace_op *ops = realloc(t->ops, cap * sizeof *ops);
-      if (!ops) {
-        rc = failf(err, len, "%s: out of memory", path);
-        break;
-      }
-      t->ops = ops;
-      t->cap = cap;
-    }
-    trace_op *op = &t->ops[t->nops];
-    if (!names ||
-        trace_parse_line(line, names, op, &t->nnames, why, sizeof why) != 0) {
-      rc = failf(err, len, "%s:%zu: %s", path, lineno,
-                 names ? why : "out of memory");
-      break;
-    }
-    t->nops++;
-    if (op->stream + 1u > t->nstreams)
-      t->nstreams = (uint16_t)(op->stream + 1u);
-    t->nallocs += op->action == TRACE_ALLOC;
+  int rc = t->path ? 0 : trace_failf(err, len, "%s: out of memory", path);
+  static const char rmm_header[] = "Thread,Time,Action,Pointer,Size,Stream";
+  size_t first = strcspn(data, "\r\n");
+  if (rc != 0) {
+    /* reported */
+  } else if (n == 0) {
+    rc = trace_failf(err, len, "%s: empty file", path);
+  } else if ((unsigned char)data[0] == 0x80) {
+    t->format = TRACE_FORMAT_SNAPSHOT;
+    rc = trace_read_snapshot(t, (const unsigned char *)data, n, err, len);
+  } else if ((first == sizeof csv_header - 1 &&
+              strncmp(data, csv_header, first) == 0) ||
+             (first == sizeof csv_header_done - 1 &&
+              strncmp(data, csv_header_done, first) == 0)) {
+    t->format = TRACE_FORMAT_CSV;
+    rc = trace_read_csv(t, data, n, err, len);
+  } else if (first == sizeof rmm_header - 1 &&
+             strncmp(data, rmm_header, first) == 0) {
+    t->format = TRACE_FORMAT_RMM;
+    rc = trace_read_rmm(t, data, n, err, len);
+  } else {
+    rc = trace_failf(err, len,
+                     "%s:1: expected the header '%s' (tidepool), '%s' (RMM's "
+                     "logging adaptor) or a PyTorch memory snapshot (a pickle)",
+                     path, csv_header, rmm_header);
   }
-  int zerr = Z_OK;
-  const char *zmsg = gzerror(f, &zerr);
-  if (rc == 0 && zerr != Z_OK && zerr != Z_STREAM_END)
-    rc = failf(err, len, "%s: corrupt or truncated gzip after line %zu: %s",
-               path, lineno, zmsg);
-  if (rc == 0 && lineno == 0)
-    rc = failf(err, len, "%s: empty file", path);
-  gzclose(f);
-  trace_names_free(names);
+  if (rc == 0 && t->nops == 0)
+    rc = trace_failf(err, len, "%s: no allocations or frees in the file", path);
+  free(data);
   if (rc != 0)
     trace_free(t);
   return rc;
@@ -254,5 +442,23 @@ int trace_load(trace *t, const char *path, char *err, size_t len) {
 void trace_free(trace *t) {
   free(t->ops);
   free(t->path);
+  free(t->done);
   memset(t, 0, sizeof *t);
+}
+
+void trace_where(const trace *t, const trace_op *op, char *out, size_t len) {
+  if (t->format == TRACE_FORMAT_SNAPSHOT)
+    snprintf(out, len, "%s, device_traces[%d][%u]", t->path, t->device,
+             op->where);
+  else
+    snprintf(out, len, "%s:%u", t->path, op->where);
+}
+
+const char *trace_format_name(trace_format f) {
+  switch (f) {
+  case TRACE_FORMAT_CSV: return "tidepool CSV";
+  case TRACE_FORMAT_SNAPSHOT: return "PyTorch snapshot";
+  case TRACE_FORMAT_RMM: return "RMM log";
+  }
+  return "?";
 }

@@ -400,6 +400,13 @@ void tp__host_quiesce(void) {
   pthread_mutex_unlock(&draining_mu);
 }
 
+uint64_t tp__host_stream_submitted(tp_stream_t stream, int device) {
+  if (!stream && (device < 0 || device >= tp__host_devices))
+    return 0;
+  tp__pstream *s = stream ? (tp__pstream *)stream : &devices[device].legacy;
+  return atomic_load_explicit(&s->submitted, memory_order_acquire);
+}
+
 tp_error_t tp__host_stream_legacy(int device, tp__stream_desc *desc) {
   TP_RETURN_IF(!desc, TP_ERROR_INVALID_VALUE);
   TP_RETURN_IF(device < 0 || device >= tp__host_devices,

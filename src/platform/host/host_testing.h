@@ -24,6 +24,12 @@ void tp__host_fault_arm(tp__host_fault_kind kind, uint64_t nth);
 /* How many operations of `kind` have run since the process started. */
 uint64_t tp__host_fault_ops(tp__host_fault_kind kind);
 
+/* How many operations have been queued on a host stream (NULL: the legacy
+ * stream of `device`) since it was made, its own and those the core queued
+ * (barriers of stream waits): a tool that queues work of its own learns from
+ * it whether anything else was queued. The stream must be live. */
+uint64_t tp__host_stream_submitted(tp_stream_t stream, int device);
+
 /* Live platform objects, for leak checks in tests. */
 typedef struct tp__host_live {
   uint64_t reservations;

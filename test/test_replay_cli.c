@@ -1,0 +1,195 @@
+/* Tests of tidepool-replay's command line, run as a user runs it: options
+ * before and after the traces and as --opt=value, JSON that escapes odd
+ * file names, an out-of-memory that names the trace line and the device's
+ * size, skipped frees and double allocations in the human output, a
+ * directory, plots and Perfetto files of several traces, the lag
+ * measurement, a snapshot's comparison with PyTorch's allocator, and the
+ * answers to bad options. */
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+
+static char dir[] = "/tmp/tp_cli_test.XXXXXX";
+
+static void path_of(char *out, size_t len, const char *name) {
+  snprintf(out, len, "%s/%s", dir, name);
+}
+
+static void write_file(const char *name, const char *text) {
+  char path[512];
+  path_of(path, sizeof path, name);
+  FILE *f = fopen(path, "w");
+  REQUIRE_EXIT(f != NULL);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* Runs the tool with `args` (a shell fragment, in the test directory) and
+ * returns its exit status, with stdout and stderr together in out. */
+static int run(const char *env, const char *args, char *out, size_t len) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && %s '%s' --no-progress --platform host %s 2>&1", dir,
+           env ? env : "", TP_REPLAY_BIN, args);
+  FILE *p = popen(cmd, "r");
+  REQUIRE_EXIT(p != NULL);
+  size_t n = fread(out, 1, len - 1, p);
+  out[n] = '\0';
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void expect_in(const char *out, const char *want) {
+  if (!strstr(out, want))
+    CHECK_FAIL("output lacks '%s':\n%s", want, out);
+}
+
+static char out[1 << 16];
+
+static const char small[] = "action,addr,size,stream\n"
+                            "alloc,1,1000,0\n"
+                            "alloc,2,3000,0\n"
+                            "free_requested,1,1000,0\n"
+                            "free_requested,2,3000,0\n";
+
+static void test_options_anywhere(void) {
+  write_file("small.csv", small);
+  CHECK_EQ_INT(run(NULL, "small.csv --json --lag=3", out, sizeof out), 0);
+  expect_in(out, "\"trace\":\"small\"");
+  expect_in(out, "\"lag\":3");
+  CHECK_EQ_INT(
+      run(NULL, "--threshold=1M --lag 2 small.csv --json", out, sizeof out), 0);
+  expect_in(out, "\"lag\":2");
+  expect_in(out, "\"threshold\":1048576");
+}
+
+static void test_bad_options(void) {
+  write_file("small.csv", small);
+  CHECK_EQ_INT(run(NULL, "small.csv --bogus", out, sizeof out), 2);
+  expect_in(out, "unknown option '--bogus'");
+  CHECK_EQ_INT(run(NULL, "small.csv --lag", out, sizeof out), 2);
+  expect_in(out, "'--lag' needs a value");
+  CHECK_EQ_INT(run(NULL, "small.csv --lag=-1", out, sizeof out), 2);
+  expect_in(out, "--lag takes a count");
+  CHECK_EQ_INT(run(NULL, "--json", out, sizeof out), 2);
+  expect_in(out, "no trace given");
+  CHECK_EQ_INT(run(NULL, "--help", out, sizeof out), 0);
+  expect_in(out, "1 us stands for");
+}
+
+/* A file named we"ird\name.csv gives valid JSON: the quote and the
+ * backslash escaped. */
+static void test_json_escapes(void) {
+  write_file("we\"ird\\name.csv", small);
+  CHECK_EQ_INT(run(NULL, "'we\"ird\\name.csv' --json", out, sizeof out), 0);
+  expect_in(out, "\"trace\":\"we\\\"ird\\\\name\"");
+}
+
+/* 100 MiB asked for on line 3 of a device of 64 MiB. */
+static void test_oom(void) {
+  write_file("big.csv", "action,addr,size,stream\n"
+                        "alloc,1,1000,0\n"
+                        "alloc,2,104857600,0\n");
+  CHECK_EQ_INT(
+      run("TIDEPOOL_HOST_DEVICE_MEMORY=64M", "big.csv", out, sizeof out), 1);
+  expect_in(out, "big.csv:3: allocating 104857600 bytes");
+  expect_in(out, "TP_ERROR_OUT_OF_MEMORY");
+  expect_in(out, "TIDEPOOL_HOST_DEVICE_MEMORY=64M");
+}
+
+static void test_notes(void) {
+  write_file("notes.csv", "action,addr,size,stream\n"
+                          "free_requested,9,100,0\n"
+                          "alloc,1,1000,0\n"
+                          "alloc,1,2000,0\n"
+                          "free_requested,1,2000,0\n");
+  CHECK_EQ_INT(run(NULL, "notes.csv", out, sizeof out), 0);
+  expect_in(out, "note: 1 free of allocations the trace never made");
+  expect_in(out, "1 allocation at an address still live");
+}
+
+static void test_directory(void) {
+  char sub[512];
+  path_of(sub, sizeof sub, "adir");
+  REQUIRE_EXIT(mkdir(sub, 0700) == 0);
+  CHECK_EQ_INT(run(NULL, "adir", out, sizeof out), 1);
+  expect_in(out, "adir: is a directory");
+}
+
+static char *slurp(const char *name) {
+  char path[512];
+  path_of(path, sizeof path, name);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return NULL;
+  static char buf[1 << 20];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+  return buf;
+}
+
+/* Two traces, one chart and one Perfetto process each; the Perfetto file
+ * says what its time axis counts. */
+static void test_plots(void) {
+  write_file("one.csv", small);
+  write_file("two.csv", small);
+  CHECK_EQ_INT(run(NULL, "one.csv two.csv --plot=p.svg --perfetto p.json", out,
+                   sizeof out),
+               0);
+  const char *svg = slurp("p.svg");
+  REQUIRE(svg != NULL);
+  expect_in(svg, ">one: peak reserved");
+  expect_in(svg, ">two: peak reserved");
+  const char *json = slurp("p.json");
+  REQUIRE(json != NULL);
+  expect_in(json, "\"pid\":1");
+  expect_in(json, "\"pid\":2");
+  expect_in(json, "1 us = 1 operation of the trace");
+}
+
+static void test_measure_lag(void) {
+  write_file("rec.csv", "action,addr,size,stream,done\n"
+                        "alloc,1,100,0,-1\n"
+                        "alloc,2,100,0,-1\n"
+                        "alloc,3,100,0,0\n"
+                        "free_requested,1,100,0,0\n"
+                        "free_requested,2,100,0,3\n");
+  CHECK_EQ_INT(
+      run(NULL, "--measure-lag rec.csv small.csv --json", out, sizeof out), 0);
+  expect_in(out, "\"trace\":\"rec\",\"ops\":5,\"lag_known\":3");
+  expect_in(out, "\"lag_median\":2");
+  expect_in(out, "\"lag_max\":3");
+  expect_in(out, "\"trace\":\"small\",\"lag_known\":0");
+}
+
+static void test_snapshot(void) {
+  CHECK_EQ_INT(
+      run(NULL, "'" TP_TEST_DATA "/snapshot_small.pickle'", out, sizeof out),
+      0);
+  expect_in(out, "your allocator: peak reserved 22.0 MiB (ratio 5.7672)");
+}
+
+int main(void) {
+  REQUIRE_EXIT(mkdtemp(dir) != NULL);
+  if (access(TP_REPLAY_BIN, X_OK) != 0) {
+    printf("SKIP: %s is not built\n", TP_REPLAY_BIN);
+    return 77;
+  }
+  RUN_TEST(test_options_anywhere);
+  RUN_TEST(test_bad_options);
+  RUN_TEST(test_json_escapes);
+  RUN_TEST(test_oom);
+  RUN_TEST(test_notes);
+  RUN_TEST(test_directory);
+  RUN_TEST(test_plots);
+  RUN_TEST(test_measure_lag);
+  RUN_TEST(test_snapshot);
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  if (system(cmd) != 0)
+    printf("   could not remove %s\n", dir);
+  return check_done();
+}
