@@ -84,7 +84,6 @@ static void test_pending_chunks_move_in_stream_order(void) {
   REQUIRE_OK(tp_malloc_from_pool_async(&z, 10 * MiB, pool, t));
   CHECK_OK(tp_memset_async(z, 0x44, 10 * MiB, t));
   CHECK_EQ_U64(attr(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 22 * MiB);
-  CHECK(!gate_entered(&g) || !"the held stream ran early");
 
   release(&g);
   CHECK_OK(tp_stream_synchronize(s)); /* no ILLEGAL_ADDRESS: X's range held */
