@@ -280,6 +280,8 @@ TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream) {
   TP_FORWARD(current_of(s->device * 2, &pool));
   tp__pool *p;
   TP_FORWARD(tp__pool_get(pool, &p));
+  if (TP_UNLIKELY(tp__graph_capturing(s)))
+    return tp__graph_malloc(ptr, size, pool, s);
   return tp__pool_malloc(p, ptr, size, s);
 }
 
@@ -297,6 +299,8 @@ TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
     *ptr = NULL;
     return TP_SUCCESS;
   }
+  if (TP_UNLIKELY(tp__graph_capturing(s)))
+    return tp__graph_malloc(ptr, size, pool, s);
   return tp__pool_malloc(p, ptr, size, s);
 }
 
@@ -306,5 +310,8 @@ TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream) {
   TP_FORWARD(tp__stream_get(stream, &s));
   if (!ptr)
     return TP_SUCCESS;
+  tp_error_t err;
+  if (tp__graph_free(ptr, s, &err))
+    return err;
   return tp__pool_free(ptr, s);
 }

@@ -138,8 +138,11 @@ TP_API tp_error_t tp_stream_wait_event(tp_stream_t stream, tp_event_t event,
   tp__event *e;
   TP_FORWARD(stream_of(stream, &s));
   TP_FORWARD(tp__event_get(event, &e));
+  tp_error_t err;
+  if (tp__graph_on_wait(s, event, e, &err))
+    return err;
   tp__work_begin(s);
-  tp_error_t err = tp__event_wait(s, e);
+  err = tp__event_wait(s, e);
   tp__work_end(s);
   return err;
 }
@@ -177,6 +180,7 @@ TP_API tp_error_t tp_event_destroy(tp_event_t event) {
   TP_FORWARD(tp__api_init());
   tp__event *e;
   TP_FORWARD(tp__event_get(event, &e));
+  tp__graph_event_forget(event);
   return tp__event_destroy(e);
 }
 
@@ -185,8 +189,11 @@ TP_API tp_error_t tp_event_record(tp_event_t event, tp_stream_t stream) {
   tp__event *e;
   TP_FORWARD(stream_of(stream, &s));
   TP_FORWARD(tp__event_get(event, &e));
+  tp_error_t err;
+  if (tp__graph_on_record(event, s, &err))
+    return err;
   tp__work_begin(s);
-  tp_error_t err = tp__event_record(e, s);
+  err = tp__event_record(e, s);
   tp__work_end(s);
   return err;
 }
@@ -195,6 +202,7 @@ TP_API tp_error_t tp_event_query(tp_event_t event) {
   TP_FORWARD(tp__api_init());
   tp__event *e;
   TP_FORWARD(tp__event_get(event, &e));
+  TP_FORWARD(tp__graph_event_check(event));
   return tp__event_query(e);
 }
 
@@ -202,6 +210,7 @@ TP_API tp_error_t tp_event_synchronize(tp_event_t event) {
   TP_FORWARD(tp__api_init());
   tp__event *e;
   TP_FORWARD(tp__event_get(event, &e));
+  TP_FORWARD(tp__graph_event_check(event));
   return tp__event_synchronize(e);
 }
 

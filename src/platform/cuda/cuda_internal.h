@@ -59,7 +59,25 @@
   X(cuMemSetAccess, 10020, 1)                                                  \
   X(cuMemExportToShareableHandle, 10020, 0)                                    \
   X(cuMemImportFromShareableHandle, 10020, 0)                                  \
-  X(cuDeviceGetUuid, 11040, 0)
+  X(cuDeviceGetUuid, 11040, 0)                                                 \
+  TP_CU_CAPTURE_ENTRY_POINTS(X)
+
+/* Stream capture and graphs (cuda_capture.c). Optional: a driver without
+ * them runs everything but capture, which answers NOT_SUPPORTED. */
+#define TP_CU_CAPTURE_ENTRY_POINTS(X)                                          \
+  X(cuStreamBeginCapture, 10010, 0)                                            \
+  X(cuStreamEndCapture, 10000, 0)                                              \
+  X(cuStreamGetCaptureInfo, 12030, 0)                                          \
+  X(cuStreamUpdateCaptureDependencies, 12030, 0)                               \
+  X(cuGraphAddEmptyNode, 10000, 0)                                             \
+  X(cuGraphNodeGetDependencies, 12030, 0)                                      \
+  X(cuUserObjectCreate, 11030, 0)                                              \
+  X(cuUserObjectRelease, 11030, 0)                                             \
+  X(cuGraphRetainUserObject, 11030, 0)                                         \
+  X(cuGraphInstantiateWithFlags, 11040, 0)                                     \
+  X(cuGraphLaunch, 10000, 0)                                                   \
+  X(cuGraphExecDestroy, 10000, 0)                                              \
+  X(cuGraphDestroy, 10000, 0)
 
 typedef struct tp__cu_api {
 #define TP_CU_FIELD_(name, version, required) PFN_##name##_v##version name;
@@ -216,5 +234,29 @@ tp_error_t tp__cu_reserve_imported(const tp__mem_kind *kind, size_t size,
 tp_error_t tp__cu_chunk_import(tp__pres *res, const tp__chunk_share *share,
                                tp__phys *phys);
 tp_error_t tp__cu_device_uuid(int device, unsigned char uuid[16]);
+
+/* cuEventRecord for the core's markers, which must mark real work: on a
+ * stream that captures (or the legacy stream while a capture forbids it),
+ * it records nothing and fails, leaving the capture as it was. */
+CUresult tp__cu_record_uncaptured(CUevent ev, CUstream s);
+
+tp_error_t tp__cu_capture_begin(tp__pstream *ps, tp_capture_mode_t mode);
+tp_error_t tp__cu_capture_end(tp__pstream *ps, tp__pgraph **graph);
+tp_error_t tp__cu_capture_status(tp__pstream *ps, tp_capture_status_t *status,
+                                 uint64_t *id);
+tp_error_t tp__cu_capture_invalidate(tp__pstream *ps);
+tp_error_t tp__cu_capture_point(tp__pstream *ps, tp__pnode *node);
+tp_error_t tp__cu_capture_follows(tp__pstream *ps, const tp__pnode *nodes,
+                                  size_t n, unsigned char *out);
+tp_error_t tp__cu_capture_attach(tp__pstream *ps, void (*release)(void *),
+                                 void *arg);
+tp_error_t tp__cu_capture_event_record(tp__pevent *ev, tp__pstream *ps);
+tp_error_t tp__cu_capture_event_wait(tp__pstream *ps, tp__pevent *ev);
+tp_error_t tp__cu_graph_instantiate(tp__pgraph *graph, unsigned long long flags,
+                                    void (*release)(void *), void *arg,
+                                    tp__pexec **exec);
+tp_error_t tp__cu_graph_launch(tp__pexec *exec, tp__pstream *ps);
+tp_error_t tp__cu_graph_exec_destroy(tp__pexec *exec);
+tp_error_t tp__cu_graph_destroy(tp__pgraph *graph);
 
 #endif /* TP_CUDA_INTERNAL_H */

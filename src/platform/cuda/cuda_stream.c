@@ -248,7 +248,7 @@ tp_error_t tp__cu_event_destroy(tp__pevent *ev) {
 }
 
 tp_error_t tp__cu_event_record(tp__pevent *ev, tp__pstream *ps) {
-  TP_CU_ON_STREAM(ps, tp__cu.cuEventRecord(ev->ev, s_));
+  TP_CU_ON_STREAM(ps, tp__cu_record_uncaptured(ev->ev, s_));
 }
 
 tp_error_t tp__cu_event_query(tp__pevent *ev) {
