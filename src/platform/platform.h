@@ -189,9 +189,11 @@ typedef struct tp__platform_ops {
    * capture CUDA would (ps's own; for the legacy stream, the blocking
    * captures of its device). */
   tp_error_t (*capture_invalidate)(tp__pstream *ps);
-  /* The position of the capturing stream ps: a node after all the work
-   * captured on it so far (adding an empty node where that work ends in
-   * several), which becomes the stream's position. */
+  /* Marks the current position of the capturing stream ps: adds an empty
+   * node after all the work captured on it so far, which becomes the
+   * stream's position. A node of its own, even where the stream's work ends
+   * in one node: a stream forked from that node must not appear to follow
+   * what this one does after it. */
   tp_error_t (*capture_point)(tp__pstream *ps, tp__pnode *node);
   /* For each of n positions of ps's capture, whether work captured on ps
    * from now on is ordered after it: out[i] = 1 or 0. */

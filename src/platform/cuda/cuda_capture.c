@@ -1,6 +1,6 @@
 /* Stream capture on the cuda platform: the driver's own capture, graphs and
- * execs behind the capture ops of platform.h; an empty node where a
- * capture position would otherwise be several nodes; walks of the driver's
+ * execs behind the capture ops of platform.h; empty nodes that mark the
+ * positions of frees; walks of the driver's
  * graph to tell whether the capture's work follows a position; and user
  * objects that tie tidepool's graph memory to the driver's graph and
  * every exec made from it. Captures the application begins with
@@ -125,10 +125,6 @@ static tp_error_t point(CUstream s, tp__pnode *node) {
   const CUgraphNode *deps = NULL;
   size_t n = 0;
   TP_FORWARD(capture_info(s, &g, &deps, &n));
-  if (n <= 1) {
-    *node = n ? (tp__pnode)deps[0] : 0;
-    return TP_SUCCESS;
-  }
   CUgraphNode e = NULL;
   CUresult r = tp__cu.cuGraphAddEmptyNode(&e, g, deps, n);
   if (r == CUDA_SUCCESS)

@@ -487,8 +487,6 @@ tp_error_t tp__host_capture_point(tp__pstream *ps, tp__pnode *out) {
     err = TP_ERROR_ILLEGAL_STATE;
   else if (m->c->invalidated)
     err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
-  else if (m->deps.n <= 1)
-    *out = m->deps.n ? m->deps.v[0] : 0;
   else {
     static const tp__host_node empty = {.kind = TP__HOST_NODE_EMPTY};
     uint32_t id = graph_add(m->c->graph, &empty, &m->deps);
