@@ -36,33 +36,44 @@ typedef struct gdev {
   uint64_t used, used_high, reserved, reserved_high;
 } gdev;
 
-enum { EXT_FREE = 0, EXT_USED = 1 };
-
-/* A piece of a segment's planned space. Extents tile [0, top) in address
- * order; above top the segment has never been used. */
-typedef struct extent {
-  size_t off, size;
-  tp__pnode freed_at; /* FREE: the capture position after which it is free */
-  uint32_t alloc;     /* USED: index of the allocation */
-  uint8_t state;
-} extent;
+/* A granule of a segment's addresses. Addresses are never reused within a
+ * graph: what a graph reuses is physical memory. Each granule that an
+ * allocation has touched is given a slot (a physical chunk to be), either
+ * a new one or one whose granule died (all its allocations freed at
+ * positions that the new allocation's follows), and both granules then
+ * map the slot's chunk, which the graph's order keeps them from using at
+ * once. */
+typedef struct granule {
+  uint32_t slot; /* index + 1 in the graph's slots; 0: not used yet */
+  bool mapped;
+  uint32_t *occ; /* the allocations that overlap it */
+  uint32_t nocc, capocc;
+} granule;
 
 typedef struct segment {
   tp__gmem *gm;
   arena *a;
   tp__gmem_kind kind;
   uintptr_t base;
-  size_t off, size, top; /* off: in the arena */
-  extent *ext;
-  uint32_t next, capext;
-  tp__phys *chunks; /* per granule: the chunk mapped there, or 0 */
+  size_t off, size; /* off: in the arena */
+  size_t top;       /* bytes handed out, from the start */
+  granule *gr;      /* size / the arena's granularity */
 } segment;
+
+typedef struct slot {
+  tp__phys phys; /* 0 while no granule maps it */
+  uint32_t maps;
+  segment *seg; /* the granule that holds it now */
+  size_t g;
+  bool handed; /* it came from a granule that died */
+} slot;
 
 typedef struct allocation {
   segment *seg;
   size_t off, size;
   bool freed_in_graph;
-  bool live; /* outlives launches: live from a launch until its free */
+  tp__pnode freed_at; /* where, when freed in the graph */
+  bool live;          /* outlives launches: live from a launch until its free */
   /* Where it was last freed outside its graph: the next launch waits for
    * it, and its granules stay mapped until it has completed. */
   tp__pevent *free_ev;
@@ -93,6 +104,8 @@ struct tp__gmem {
   uint32_t refs;  /* other graphs' foreign frees of its allocations */
   segment **segs;
   uint32_t nsegs, capsegs;
+  slot *slots;
+  uint32_t nslots, capslots;
   allocation *allocs;
   uint32_t nallocs, capallocs;
   foreign *foreign;
@@ -234,7 +247,7 @@ static void va_give(arena *a, size_t off, size_t size) {
 }
 
 /* ---- mapping --------------------------------------------------------------
- */
+ * Under the lock. */
 
 static size_t access_list(const tp__gmem_kind *k, tp_access_desc_t *list) {
   size_t n = 0;
@@ -246,79 +259,104 @@ static size_t access_list(const tp__gmem_kind *k, tp_access_desc_t *list) {
   return n;
 }
 
-/* Maps granules [first, first + n) of s, all unmapped, with chunks from the
- * arena's cache or new ones. All or nothing. */
-static tp_error_t map_run(segment *s, size_t first, size_t n) {
-  arena *a = s->a;
+static slot *slot_of(const segment *sg, size_t g) {
+  return &sg->gm->slots[sg->gr[g].slot - 1];
+}
+
+/* Gives a slot a chunk: from the arena's cache, or a new one. */
+static tp_error_t slot_fill(arena *a, slot *sl) {
+  if (sl->phys)
+    return TP_SUCCESS;
+  if (a->ncache) {
+    sl->phys = a->cache[--a->ncache];
+  } else {
+    TP_FORWARD(tp__platform->chunk_create(a->res, &sl->phys));
+    count_reserved(a->device, a->gran, true);
+  }
+  count_used(a->device, a->gran, true);
+  return TP_SUCCESS;
+}
+
+/* A slot that no granule maps gives its chunk up: to the cache, or back to
+ * the platform when the cache cannot grow (failing that, it keeps it). */
+static void slot_empty(arena *a, slot *sl) {
+  if (sl->maps || !sl->phys)
+    return;
+  if (TP_RESERVE(a->cache, a->ncache, a->capcache))
+    a->cache[a->ncache++] = sl->phys;
+  else if (tp__platform->chunk_release(a->res, sl->phys) == TP_SUCCESS)
+    count_reserved(a->device, a->gran, false);
+  else
+    return;
+  sl->phys = 0;
+  count_used(a->device, a->gran, false);
+}
+
+/* Maps granules [first, first + n) of sg, all unmapped, each on its slot's
+ * chunk. All or nothing. */
+static tp_error_t map_run(segment *sg, size_t first, size_t n) {
+  arena *a = sg->a;
   tp__phys *phys = calloc(n, sizeof *phys);
   TP_RETURN_IF(!phys, TP_ERROR_OUT_OF_MEMORY);
   tp_error_t err = TP_SUCCESS;
-  size_t have = 0;
-  for (; have < n && err == TP_SUCCESS; have++) {
-    if (a->ncache)
-      phys[have] = a->cache[--a->ncache];
-    else if ((err = tp__platform->chunk_create(a->res, &phys[have])) ==
-             TP_SUCCESS)
-      count_reserved(a->device, a->gran, true);
-    else
-      break;
+  size_t filled = 0;
+  for (; filled < n && err == TP_SUCCESS; filled++) {
+    slot *sl = slot_of(sg, first + filled);
+    err = slot_fill(a, sl);
+    phys[filled] = sl->phys;
   }
-  size_t off = s->off + first * a->gran;
+  size_t off = sg->off + first * a->gran;
   if (err == TP_SUCCESS)
     err = tp__platform->map(a->res, off, phys, n);
   if (err == TP_SUCCESS) {
     tp_access_desc_t list[TP__GMEM_MAX_DEVICES];
-    size_t count = access_list(&s->kind, list);
+    size_t count = access_list(&sg->kind, list);
     err = tp__platform->set_access(a->res, off, n * a->gran, list, count);
     if (err != TP_SUCCESS)
       (void)tp__platform->unmap(a->res, off, n);
   }
-  if (err == TP_SUCCESS) {
-    memcpy(&s->chunks[first], phys, n * sizeof *phys);
-    count_used(a->device, n * a->gran, true);
-  } else {
-    /* The chunks wait in the cache; a cache that cannot grow gives them
-     * back to the platform instead. */
-    for (size_t i = 0; i < have; i++) {
-      if (TP_RESERVE(a->cache, a->ncache, a->capcache))
-        a->cache[a->ncache++] = phys[i];
-      else if (tp__platform->chunk_release(a->res, phys[i]) == TP_SUCCESS)
-        count_reserved(a->device, a->gran, false);
+  for (size_t i = 0; i < filled; i++) {
+    slot *sl = slot_of(sg, first + i);
+    if (err == TP_SUCCESS) {
+      sg->gr[first + i].mapped = true;
+      sl->maps++;
+    } else {
+      slot_empty(a, sl);
     }
   }
   free(phys);
   return err;
 }
 
-/* Maps every granule of s below `upto` bytes that is not mapped. */
-static tp_error_t seg_map(segment *s, size_t upto) {
-  size_t n = tp__align_up(upto, s->a->gran) / s->a->gran;
-  for (size_t i = 0; i < n;) {
-    if (s->chunks[i]) {
+/* Maps every granule of sg in [from, to) that has a slot and is not
+ * mapped. */
+static tp_error_t seg_map(segment *sg, size_t from, size_t to) {
+  for (size_t i = from; i < to;) {
+    if (sg->gr[i].mapped || !sg->gr[i].slot) {
       i++;
       continue;
     }
     size_t j = i;
-    while (j < n && !s->chunks[j])
+    while (j < to && !sg->gr[j].mapped && sg->gr[j].slot)
       j++;
-    TP_FORWARD(map_run(s, i, j - i));
+    TP_FORWARD(map_run(sg, i, j - i));
     i = j;
   }
   return TP_SUCCESS;
 }
 
-static void unmap_one(segment *s, size_t i) {
-  arena *a = s->a;
-  if (tp__platform->unmap(a->res, s->off + i * a->gran, 1) != TP_SUCCESS)
+static size_t granules(const segment *sg) {
+  return sg->size / sg->a->gran;
+}
+
+static void unmap_granule(segment *sg, size_t g) {
+  arena *a = sg->a;
+  if (tp__platform->unmap(a->res, sg->off + g * a->gran, 1) != TP_SUCCESS)
     return; /* stays mapped and counted; a later pass tries again */
-  if (TP_RESERVE(a->cache, a->ncache, a->capcache))
-    a->cache[a->ncache++] = s->chunks[i];
-  else if (tp__platform->chunk_release(a->res, s->chunks[i]) == TP_SUCCESS)
-    count_reserved(a->device, a->gran, false);
-  else
-    return;
-  s->chunks[i] = 0;
-  count_used(a->device, a->gran, false);
+  sg->gr[g].mapped = false;
+  slot *sl = slot_of(sg, g);
+  sl->maps--;
+  slot_empty(a, sl);
 }
 
 /* Unmaps what gm no longer needs mapped: everything but the granules under
@@ -326,28 +364,28 @@ static void unmap_one(segment *s, size_t i) {
  * when `all`). */
 static void gmem_unmap(tp__gmem *gm, bool all) {
   for (uint32_t k = 0; k < gm->nsegs; k++) {
-    segment *s = gm->segs[k];
-    size_t n = s->size / s->a->gran;
+    segment *sg = gm->segs[k];
+    size_t n = granules(sg);
     unsigned char *pin = all ? NULL : calloc(n, 1);
     if (!all && !pin)
       continue; /* memory is short: try again at the next pass */
     for (uint32_t i = 0; pin && i < gm->nallocs; i++) {
       const allocation *al = &gm->allocs[i];
-      if (al->seg != s || (!al->live && !al->free_ev))
+      if (al->seg != sg || (!al->live && !al->free_ev))
         continue;
-      size_t lo = al->off / s->a->gran;
-      size_t hi = (al->off + al->size - 1) / s->a->gran;
+      size_t lo = al->off / sg->a->gran;
+      size_t hi = (al->off + al->size - 1) / sg->a->gran;
       memset(&pin[lo], 1, hi - lo + 1);
     }
     for (size_t i = 0; i < n; i++)
-      if (s->chunks[i] && !(pin && pin[i]))
-        unmap_one(s, i);
+      if (sg->gr[i].mapped && !(pin && pin[i]))
+        unmap_granule(sg, i);
     free(pin);
   }
 }
 
 /* ---- segments and the plan ------------------------------------------------
- */
+ * Under the lock. */
 
 static segment *seg_find(uintptr_t addr) {
   uint32_t lo = 0, hi = nsegreg;
@@ -361,9 +399,9 @@ static segment *seg_find(uintptr_t addr) {
   return lo < nsegreg && segreg[lo]->base <= addr ? segreg[lo] : NULL;
 }
 
-static void seg_unregister(segment *s) {
+static void seg_unregister(segment *sg) {
   uint32_t i = 0;
-  while (i < nsegreg && segreg[i] != s)
+  while (i < nsegreg && segreg[i] != sg)
     i++;
   if (i < nsegreg) {
     memmove(&segreg[i], &segreg[i + 1], (nsegreg - i - 1) * sizeof *segreg);
@@ -383,184 +421,235 @@ static tp_error_t seg_new(tp__gmem *gm, const tp__gmem_kind *kind, size_t need,
   size_t size = SEG_MIN;
   for (uint32_t i = 0; i < gm->nsegs; i++)
     if (same_kind(&gm->segs[i]->kind, kind) &&
-        gm->segs[i]->size <= SIZE_MAX / 2)
+        gm->segs[i]->size <= SIZE_MAX / 4)
       size = size > 2 * gm->segs[i]->size ? size : 2 * gm->segs[i]->size;
+  size = need > size ? need : size;
   arena *a = devs[kind->device].arenas;
   size_t off = 0;
-  for (; a; a = a->next) {
-    size_t want = tp__align_up(need > size ? need : size, a->gran);
-    if (va_take(a, want, &off)) {
-      size = want;
+  for (; a; a = a->next)
+    if (va_take(a, tp__align_up(size, a->gran), &off))
       break;
-    }
-  }
   if (!a) {
-    TP_FORWARD(arena_new(kind->device, need > size ? need : size, &a));
-    size = tp__align_up(need > size ? need : size, a->gran);
-    TP_RETURN_IF(!va_take(a, size, &off), TP_ERROR_OUT_OF_MEMORY);
+    TP_FORWARD(arena_new(kind->device, size, &a));
+    TP_RETURN_IF(!va_take(a, tp__align_up(size, a->gran), &off),
+                 TP_ERROR_OUT_OF_MEMORY);
   }
-  segment *s = calloc(1, sizeof *s);
-  if (s)
-    s->chunks = calloc(size / a->gran, sizeof *s->chunks);
-  bool ok = s && s->chunks && TP_RESERVE(gm->segs, gm->nsegs, gm->capsegs) &&
+  size = tp__align_up(size, a->gran);
+  segment *sg = calloc(1, sizeof *sg);
+  granule *gr = calloc(size / a->gran, sizeof *gr);
+  bool ok = sg && gr && TP_RESERVE(gm->segs, gm->nsegs, gm->capsegs) &&
             TP_RESERVE(segreg, nsegreg, capsegreg);
   if (!ok) {
-    if (s)
-      free(s->chunks);
-    free(s);
+    free(gr);
+    free(sg);
     va_give(a, off, size);
     return TP_ERROR_OUT_OF_MEMORY;
   }
-  *s = (segment){.gm = gm,
-                 .a = a,
-                 .kind = *kind,
-                 .base = a->base + off,
-                 .off = off,
-                 .size = size,
-                 .chunks = s->chunks};
-  gm->segs[gm->nsegs++] = s;
+  *sg = (segment){.gm = gm,
+                  .a = a,
+                  .kind = *kind,
+                  .base = a->base + off,
+                  .off = off,
+                  .size = size,
+                  .gr = gr};
+  gm->segs[gm->nsegs++] = sg;
   uint32_t i = 0;
-  while (i < nsegreg && segreg[i]->base < s->base)
+  while (i < nsegreg && segreg[i]->base < sg->base)
     i++;
   memmove(&segreg[i + 1], &segreg[i], (nsegreg - i) * sizeof *segreg);
-  segreg[i] = s;
+  segreg[i] = sg;
   nsegreg++;
-  *out = s;
+  *out = sg;
   return TP_SUCCESS;
 }
 
-static void seg_free(segment *s) {
-  seg_unregister(s);
-  va_give(s->a, s->off, s->size);
-  free(s->ext);
-  free(s->chunks);
-  free(s);
+static void seg_free(segment *sg) {
+  seg_unregister(sg);
+  va_give(sg->a, sg->off, sg->size);
+  for (size_t i = 0; i < granules(sg); i++)
+    free(sg->gr[i].occ);
+  free(sg->gr);
+  free(sg);
 }
 
-/* The extent that starts at `off`, or -1. */
-static int64_t ext_at(const segment *s, size_t off) {
-  uint32_t lo = 0, hi = s->next;
-  while (lo < hi) {
-    uint32_t mid = lo + (hi - lo) / 2;
-    if (s->ext[mid].off < off)
-      lo = mid + 1;
-    else
-      hi = mid;
+/* The allocation that starts at addr, or NULL; its index in *index. */
+static allocation *alloc_at(uintptr_t addr, uint32_t *index) {
+  segment *sg = seg_find(addr);
+  if (!sg)
+    return NULL;
+  size_t off = addr - sg->base;
+  const granule *g = &sg->gr[off / sg->a->gran];
+  for (uint32_t i = 0; i < g->nocc; i++) {
+    allocation *al = &sg->gm->allocs[g->occ[i]];
+    if (al->seg == sg && al->off == off) {
+      *index = g->occ[i];
+      return al;
+    }
   }
-  return lo < s->next && s->ext[lo].off == off ? (int64_t)lo : -1;
+  return NULL;
 }
 
-/* Where an allocation may go: the segment and offset, and the bytes the
- * place offers (its run of usable extents, and the unused rest of the
- * segment when the run ends at top). */
-typedef struct place {
-  segment *seg;
-  size_t off, room;
-} place;
+/* The granule at sg's top when top is inside it: later allocations may
+ * still join it, so it can neither die nor give its slot away. */
+static bool open_granule(const segment *sg, size_t g) {
+  return sg->top % sg->a->gran && g == sg->top / sg->a->gran;
+}
 
-static bool usable(const extent *e, const tp__pnode *nodes,
-                   const unsigned char *follows, size_t nnodes) {
-  if (e->state != EXT_FREE)
+static bool add_node(tp__pnode **nodes, uint32_t *n, uint32_t *cap,
+                     tp__pnode v) {
+  for (uint32_t i = 0; i < *n; i++)
+    if ((*nodes)[i] == v)
+      return true;
+  if (!TP_RESERVE(*nodes, *n, *cap))
     return false;
-  if (e->freed_at == 0)
-    return true;
-  for (size_t i = 0; i < nnodes; i++)
-    if (nodes[i] == e->freed_at)
+  (*nodes)[(*n)++] = v;
+  return true;
+}
+
+static bool node_followed(const tp__pnode *nodes, const unsigned char *follows,
+                          uint32_t n, tp__pnode v) {
+  for (uint32_t i = 0; i < n; i++)
+    if (nodes[i] == v)
       return follows[i];
   return false;
 }
 
-/* Best fit among the places of segments of `kind` whose bytes a capture
- * at ps may use: free, and freed at a position that ps's work follows. */
-static tp_error_t plan_find(tp__gmem *gm, tp__pstream *ps,
-                            const tp__gmem_kind *kind, size_t need,
-                            place *best) {
-  size_t nnodes = 0, cap = 0;
-  for (uint32_t k = 0; k < gm->nsegs; k++)
-    if (same_kind(&gm->segs[k]->kind, kind))
-      cap += gm->segs[k]->next;
-  tp__pnode *nodes = cap ? malloc(cap * sizeof *nodes) : NULL;
-  unsigned char *follows = cap ? malloc(cap) : NULL;
-  if (cap && (!nodes || !follows)) {
-    free(nodes);
-    free(follows);
-    return TP_ERROR_OUT_OF_MEMORY;
-  }
-  for (uint32_t k = 0; k < gm->nsegs; k++) {
-    const segment *s = gm->segs[k];
-    for (uint32_t i = 0; same_kind(&s->kind, kind) && i < s->next; i++) {
-      const extent *e = &s->ext[i];
-      if (e->state != EXT_FREE || e->freed_at == 0)
-        continue;
-      size_t j = 0;
-      while (j < nnodes && nodes[j] != e->freed_at)
-        j++;
-      if (j == nnodes)
-        nodes[nnodes++] = e->freed_at;
-    }
-  }
+/* Sets ok[i] for each slot of the arena that work captured on ps from now
+ * on may take over: the granule holding it died, every allocation in it
+ * freed at a position that ps's work follows. */
+static tp_error_t find_donors(tp__gmem *gm, tp__pstream *ps, const arena *a,
+                              unsigned char *ok) {
+  tp__pnode *nodes = NULL;
+  uint32_t n = 0, cap = 0;
   tp_error_t err = TP_SUCCESS;
-  if (nnodes)
-    err = tp__platform->capture_follows(ps, nodes, nnodes, follows);
-  *best = (place){0};
-  for (uint32_t k = 0; err == TP_SUCCESS && k < gm->nsegs; k++) {
-    segment *s = gm->segs[k];
-    if (!same_kind(&s->kind, kind))
+  for (uint32_t i = 0; i < gm->nslots && err == TP_SUCCESS; i++) {
+    const slot *sl = &gm->slots[i];
+    ok[i] = 0;
+    if (sl->seg->a != a || open_granule(sl->seg, sl->g))
       continue;
-    size_t start = 0, run = 0;
-    for (uint32_t i = 0; i <= s->next; i++) {
-      bool at_top = i == s->next;
-      if (!at_top && usable(&s->ext[i], nodes, follows, nnodes)) {
-        if (run == 0)
-          start = s->ext[i].off;
-        run += s->ext[i].size;
-        continue;
-      }
-      if (at_top) {
-        if (run == 0)
-          start = s->top;
-        run += s->size - s->top;
-      }
-      if (run >= need && (!best->seg || run < best->room))
-        *best = (place){s, start, run};
-      run = 0;
-    }
+    const granule *h = &sl->seg->gr[sl->g];
+    bool dead = true;
+    for (uint32_t k = 0; k < h->nocc && dead; k++)
+      dead = gm->allocs[h->occ[k]].freed_in_graph;
+    for (uint32_t k = 0; k < h->nocc && dead && err == TP_SUCCESS; k++)
+      if (!add_node(&nodes, &n, &cap, gm->allocs[h->occ[k]].freed_at))
+        err = TP_ERROR_OUT_OF_MEMORY;
+    ok[i] = dead;
+  }
+  unsigned char *follows = n ? malloc(n) : NULL;
+  if (err == TP_SUCCESS && n && !follows)
+    err = TP_ERROR_OUT_OF_MEMORY;
+  if (err == TP_SUCCESS && n)
+    err = tp__platform->capture_follows(ps, nodes, n, follows);
+  for (uint32_t i = 0; i < gm->nslots; i++) {
+    const slot *sl = &gm->slots[i];
+    const granule *h = ok[i] && err == TP_SUCCESS ? &sl->seg->gr[sl->g] : NULL;
+    for (uint32_t k = 0; h && k < h->nocc && ok[i]; k++)
+      ok[i] = node_followed(nodes, follows, n, gm->allocs[h->occ[k]].freed_at);
+    if (err != TP_SUCCESS)
+      ok[i] = 0;
   }
   free(nodes);
   free(follows);
   return err;
 }
 
-/* Writes the allocation [off, off + size) into s's extents: the usable
- * extents it covers go, the last one keeps what is left of it. */
-static tp_error_t plan_carve(segment *s, size_t off, size_t size,
-                             uint32_t alloc) {
-  size_t end = off + size;
-  TP_RETURN_IF(!TP_RESERVE(s->ext, s->next, s->capext), TP_ERROR_OUT_OF_MEMORY);
-  uint32_t i = 0;
-  while (i < s->next && s->ext[i].off < off)
-    i++;
-  uint32_t j = i;
-  while (j < s->next && s->ext[j].off + s->ext[j].size <= end)
-    j++;
-  /* [i, j) are covered; j, if it starts below end, keeps its tail. */
-  if (j < s->next && s->ext[j].off < end) {
-    s->ext[j].size -= end - s->ext[j].off;
-    s->ext[j].off = end;
+/* Where `need` bytes of `kind` go: the first segment with room above its
+ * top. An allocation of a granule or more starts on a granule of its own,
+ * so that it spans no more granules than it must (each of which needs a
+ * chunk); small ones share one. None joins an open granule whose slot came
+ * from another granule, since it might not follow that granule's frees. */
+static tp_error_t plan_place(tp__gmem *gm, const tp__gmem_kind *kind,
+                             size_t need, segment **out, size_t *start) {
+  for (uint32_t k = 0; k < gm->nsegs; k++) {
+    segment *sg = gm->segs[k];
+    if (!same_kind(&sg->kind, kind))
+      continue;
+    size_t at = sg->top;
+    size_t g = at / sg->a->gran;
+    if (need >= sg->a->gran || (open_granule(sg, g) && slot_of(sg, g)->handed))
+      at = tp__align_up(at, sg->a->gran);
+    if (at <= sg->size && need <= sg->size - at) {
+      *out = sg;
+      *start = at;
+      return TP_SUCCESS;
+    }
   }
-  extent e = {.off = off, .size = size, .alloc = alloc, .state = EXT_USED};
-  if (j > i) {
-    s->ext[i] = e;
-    memmove(&s->ext[i + 1], &s->ext[j], (s->next - j) * sizeof *s->ext);
-    s->next -= j - i - 1;
+  *start = 0;
+  return seg_new(gm, kind, need, out);
+}
+
+/* Plans an allocation of `need` bytes at ps's position and maps what it
+ * needs where the graph is held; on failure nothing changed but room
+ * reserved. */
+static tp_error_t plan(tp__gmem *gm, tp__pstream *ps, const tp__gmem_kind *kind,
+                       size_t need, void **ptr) {
+  segment *sg = NULL;
+  size_t start = 0;
+  TP_FORWARD(plan_place(gm, kind, need, &sg, &start));
+  size_t gran = sg->a->gran;
+  size_t first = start / gran, last = (start + need - 1) / gran;
+  size_t fresh = first + (sg->gr[first].slot != 0); /* first new granule */
+  size_t nfresh = last + 1 - fresh;
+  TP_RETURN_IF(!TP_RESERVE(gm->allocs, gm->nallocs, gm->capallocs),
+               TP_ERROR_OUT_OF_MEMORY);
+  for (size_t g = first; g <= last; g++)
+    TP_RETURN_IF(!TP_RESERVE(sg->gr[g].occ, sg->gr[g].nocc, sg->gr[g].capocc),
+                 TP_ERROR_OUT_OF_MEMORY);
+  for (size_t i = 0; i < nfresh; i++)
+    TP_RETURN_IF(!TP_RESERVE(gm->slots, gm->nslots + (uint32_t)i, gm->capslots),
+                 TP_ERROR_OUT_OF_MEMORY);
+  unsigned char *ok = gm->nslots ? calloc(gm->nslots, 1) : NULL;
+  TP_RETURN_IF(gm->nslots && !ok, TP_ERROR_OUT_OF_MEMORY);
+  slot *saved = nfresh ? calloc(nfresh, sizeof *saved) : NULL;
+  uint32_t *taken = nfresh ? calloc(nfresh, sizeof *taken) : NULL;
+  tp_error_t err =
+      nfresh && (!saved || !taken) ? TP_ERROR_OUT_OF_MEMORY : TP_SUCCESS;
+  if (err == TP_SUCCESS && nfresh && gm->nslots)
+    err = find_donors(gm, ps, sg->a, ok);
+  /* Each new granule takes a dead granule's slot, or a new slot. */
+  uint32_t old_nslots = gm->nslots, next_donor = 0;
+  for (size_t i = 0; err == TP_SUCCESS && i < nfresh; i++) {
+    while (next_donor < old_nslots && !ok[next_donor])
+      next_donor++;
+    uint32_t idx;
+    if (next_donor < old_nslots) {
+      idx = next_donor++;
+      saved[i] = gm->slots[idx];
+      gm->slots[idx].handed = true;
+    } else {
+      idx = gm->nslots++;
+      gm->slots[idx] = (slot){0};
+    }
+    gm->slots[idx].seg = sg;
+    gm->slots[idx].g = fresh + i;
+    sg->gr[fresh + i].slot = idx + 1;
+    taken[i] = idx;
+  }
+  if (err == TP_SUCCESS && gm->holds)
+    err = seg_map(sg, fresh, last + 1);
+  if (err != TP_SUCCESS) {
+    /* Back to how it was: the donors to their granules, new slots gone. */
+    for (size_t i = 0; taken && i < nfresh; i++) {
+      if (!sg->gr[fresh + i].slot)
+        break;
+      if (taken[i] < old_nslots)
+        gm->slots[taken[i]] = saved[i];
+      sg->gr[fresh + i].slot = 0;
+    }
+    gm->nslots = old_nslots;
   } else {
-    memmove(&s->ext[i + 1], &s->ext[i], (s->next - i) * sizeof *s->ext);
-    s->ext[i] = e;
-    s->next++;
+    uint32_t index = gm->nallocs++;
+    gm->allocs[index] = (allocation){.seg = sg, .off = start, .size = need};
+    for (size_t g = first; g <= last; g++)
+      sg->gr[g].occ[sg->gr[g].nocc++] = index;
+    sg->top = start + need;
+    *ptr = (void *)(sg->base + start);
   }
-  if (end > s->top)
-    s->top = end;
-  return TP_SUCCESS;
+  free(ok);
+  free(saved);
+  free(taken);
+  return err;
 }
 
 /* ---- graphs' memory -------------------------------------------------------
@@ -595,6 +684,7 @@ static void gmem_free(tp__gmem *gm) {
   if (last_capture == gm)
     last_capture = NULL;
   free(gm->segs);
+  free(gm->slots);
   free(gm->allocs);
   free(gm->foreign);
   free(gm);
@@ -699,43 +789,13 @@ tp_error_t tp__gmem_malloc(tp__pstream *ps, uint64_t capture_id,
   pthread_mutex_lock(&lock);
   collect();
   tp__gmem *gm = NULL;
-  place at = {0};
   tp_error_t err = gmem_of(ps, capture_id, &gm);
   if (err == TP_SUCCESS && gm->sealed)
     err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
   if (err == TP_SUCCESS)
-    err = plan_find(gm, ps, kind, need, &at);
-  if (err == TP_SUCCESS && !at.seg &&
-      (err = seg_new(gm, kind, need, &at.seg)) == TP_SUCCESS)
-    at.off = 0;
-  if (err == TP_SUCCESS && gm->holds)
-    err = seg_map(at.seg, at.off + need);
-  if (err == TP_SUCCESS && !TP_RESERVE(gm->allocs, gm->nallocs, gm->capallocs))
-    err = TP_ERROR_OUT_OF_MEMORY;
-  if (err == TP_SUCCESS)
-    err = plan_carve(at.seg, at.off, need, gm->nallocs);
-  if (err == TP_SUCCESS) {
-    gm->allocs[gm->nallocs++] =
-        (allocation){.seg = at.seg, .off = at.off, .size = need};
-    *ptr = (void *)(at.seg->base + at.off);
-  }
+    err = plan(gm, ps, kind, need, ptr);
   pthread_mutex_unlock(&lock);
   return err;
-}
-
-/* The allocation whose first byte is at addr: its graph and index. */
-static bool alloc_at(uintptr_t addr, tp__gmem **gm, uint32_t *index,
-                     int64_t *ext) {
-  segment *s = seg_find(addr);
-  if (!s)
-    return false;
-  int64_t e = ext_at(s, addr - s->base);
-  if (e < 0 || s->ext[e].state != EXT_USED)
-    return false;
-  *gm = s->gm;
-  *index = s->ext[e].alloc;
-  *ext = e;
-  return true;
 }
 
 tp_error_t tp__gmem_free_captured(tp__pstream *ps, uint64_t capture_id,
@@ -744,26 +804,23 @@ tp_error_t tp__gmem_free_captured(tp__pstream *ps, uint64_t capture_id,
   TP_RETURN_IF(!in_arenas((uintptr_t)ptr), TP_ERROR_INVALID_VALUE);
   pthread_mutex_lock(&lock);
   collect();
-  tp__gmem *owner = NULL, *gm = NULL;
   uint32_t index = 0;
-  int64_t e = -1;
-  tp_error_t err = alloc_at((uintptr_t)ptr, &owner, &index, &e)
-                       ? TP_SUCCESS
-                       : TP_ERROR_INVALID_VALUE;
+  allocation *al = alloc_at((uintptr_t)ptr, &index);
+  tp__gmem *owner = al ? al->seg->gm : NULL, *gm = NULL;
+  tp_error_t err = al ? TP_SUCCESS : TP_ERROR_INVALID_VALUE;
   if (err == TP_SUCCESS && owner->capture_id == capture_id && !owner->sealed) {
     /* Its own graph: the bytes are free after this point of the capture. */
     tp__pnode at = 0;
-    err = tp__platform->capture_point(ps, &at);
+    err = al->freed_in_graph ? TP_ERROR_INVALID_VALUE
+                             : tp__platform->capture_point(ps, &at);
     if (err == TP_SUCCESS) {
-      segment *s = owner->allocs[index].seg;
-      s->ext[e].state = EXT_FREE;
-      s->ext[e].freed_at = at;
-      owner->allocs[index].freed_in_graph = true;
+      al->freed_in_graph = true;
+      al->freed_at = at;
     }
   } else if (err == TP_SUCCESS) {
     /* Another graph's allocation: only one that outlives its launches
      * (its capture over, not freed in it), freed once per launch here. */
-    if (!owner->sealed || owner->allocs[index].freed_in_graph)
+    if (!owner->sealed || al->freed_in_graph)
       err = TP_ERROR_INVALID_VALUE;
     if (err == TP_SUCCESS)
       err = gmem_of(ps, capture_id, &gm);
@@ -806,17 +863,20 @@ tp_error_t tp__gmem_free(tp__pstream *ps, int device, void *ptr,
     return TP_SUCCESS;
   pthread_mutex_lock(&lock);
   collect();
-  tp__gmem *gm = NULL;
-  uint32_t index = 0;
-  int64_t e = -1;
   tp_error_t err = TP_SUCCESS;
+  uint32_t index = 0;
+  allocation *al = NULL;
+  tp__gmem *gm = NULL;
   if (seg_find((uintptr_t)ptr)) {
     *claimed = true;
-    err = alloc_at((uintptr_t)ptr, &gm, &index, &e) && gm->allocs[index].live
-              ? TP_SUCCESS
-              : TP_ERROR_INVALID_VALUE;
+    al = alloc_at((uintptr_t)ptr, &index);
+    if (al && al->live) {
+      gm = al->seg->gm;
+    } else {
+      al = NULL;
+      err = TP_ERROR_INVALID_VALUE;
+    }
   }
-  allocation *al = err == TP_SUCCESS && gm ? &gm->allocs[index] : NULL;
   tp__pevent *ev = NULL;
   if (al)
     err = tp__platform->event_create(device, &ev);
@@ -862,7 +922,7 @@ tp_error_t tp__gmem_instantiate(tp__gmem *gm, void (**release)(void *),
     if (!t)
       err = TP_ERROR_OUT_OF_MEMORY;
     for (uint32_t i = 0; err == TP_SUCCESS && i < gm->nsegs; i++)
-      err = seg_map(gm->segs[i], gm->segs[i]->top);
+      err = seg_map(gm->segs[i], 0, granules(gm->segs[i]));
     if (err != TP_SUCCESS && gm->holds == 0)
       gmem_unmap(gm, false);
   }

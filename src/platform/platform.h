@@ -111,8 +111,9 @@ typedef struct tp__platform_ops {
   tp_error_t (*unreserve)(tp__pres *res);
   /* One physical chunk of the granularity for this reservation's kind.
    * OUT_OF_MEMORY when the location's capacity is exhausted. A chunk may be
-   * mapped, unmapped and mapped again anywhere in its reservation; its
-   * contents survive the move. */
+   * mapped, unmapped and mapped again anywhere in its reservation, also at
+   * several places at once (graph memory does so); its contents survive
+   * the move. */
   tp_error_t (*chunk_create)(tp__pres *res, tp__phys *phys);
   tp_error_t (*chunk_release)(tp__pres *res, tp__phys phys);
   /* Maps n chunks at consecutive granules starting at `offset` bytes into the
