@@ -1,25 +1,31 @@
 /* Graph memory: the allocations that captured graphs own, apart from every
- * pool. A graph's allocations are planned at capture in address ranges of
- * its own (segments), where the bytes a captured free releases serve later
- * allocations of the same graph ordered after it; the ranges are backed by
- * physical chunks while the graph is held (host: while an exec of it lives;
- * cuda: from capture until the driver releases the graph and its execs),
- * so that a launch makes no allocator call. Chunks a graph gives back stay
- * with their device for reuse by other graphs until trim.
+ * pool. A graph's allocations get addresses at capture in ranges of its
+ * own (segments), fixed for the graph's life and never reused within it;
+ * what the graph reuses is physical memory: the chunk under a granule of
+ * addresses whose allocations were all freed before a later allocation (in
+ * the graph's order) is mapped again under that allocation's granules.
+ * The ranges are backed while the graph is held (host: while an exec of it
+ * lives; cuda: from capture until the driver releases the graph and its
+ * execs), so that a launch makes no allocator call. Chunks a graph gives
+ * back stay with their device for reuse by other graphs until trim.
  *
  * What it owns: per device, arenas (large virtual reservations in which
  * segments are carved, with a cache of unmapped chunks each) and the four
- * accounts of the graph memory attributes; per graph, its segments, plan
- * and allocations, and the liveness of the allocations that outlive a
- * launch. It reaches the machine only through the platform's reserve,
- * chunk, map, access, event and capture ops, and knows nothing of pools.
+ * accounts of the graph memory attributes (used: chunks under graphs;
+ * reserved: those and the cached ones); per graph, its segments, the
+ * chunk of each granule, its allocations, and the liveness of those that
+ * outlive a launch. It reaches the machine only through the platform's
+ * reserve, chunk, map, access, event and capture ops, and knows nothing
+ * of pools.
  *
  * Locking: one mutex guards all of it (graph memory is touched at capture,
  * instantiation, launch, trim and by frees of allocations that outlived a
- * launch, none of them a fast path). The platform's release callbacks take
- * no lock: they push onto a lock-free list that the next call under the
- * mutex applies. Platform calls that may run those callbacks synchronously
- * (graph and exec destruction) are made without the mutex. */
+ * launch, none of them a fast path; a launch of a graph whose allocations
+ * all die inside it takes no lock at all). The platform's release
+ * callbacks take no lock: they push onto a lock-free list that the next
+ * call under the mutex applies. Platform calls that may run those
+ * callbacks synchronously (graph and exec destruction) are made without
+ * the mutex. */
 #ifndef TP_GRAPH_MEM_H
 #define TP_GRAPH_MEM_H
 
