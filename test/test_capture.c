@@ -233,7 +233,8 @@ static void test_alloc_free_reuse(void) {
   void *out = NULL;
   REQUIRE_OK(tp_malloc_async(&out, 4 * MiB, s1));
   REQUIRE_OK(tp_stream_synchronize(s1));
-  CHECK_OK(tp_device_graph_mem_trim(0));
+  /* On cuda earlier graphs give their memory back a moment after. */
+  CHECK_EQ_U64(graph_used_settled(0), 0);
   uint64_t pool_used = pool_attr(TP_POOL_ATTR_USED_MEM_CURRENT);
   uint64_t pool_reserved = pool_attr(TP_POOL_ATTR_RESERVED_MEM_CURRENT);
   uint64_t used_before = graph_attr(TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT);

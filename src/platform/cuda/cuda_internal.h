@@ -66,6 +66,7 @@
  * them runs everything but capture, which answers NOT_SUPPORTED. */
 #define TP_CU_CAPTURE_ENTRY_POINTS(X)                                          \
   X(cuStreamBeginCapture, 10010, 0)                                            \
+  X(cuThreadExchangeStreamCaptureMode, 10010, 0)                               \
   X(cuStreamEndCapture, 10000, 0)                                              \
   X(cuStreamGetCaptureInfo, 12030, 0)                                          \
   X(cuStreamUpdateCaptureDependencies, 12030, 0)                               \
@@ -130,13 +131,21 @@ int tp__cu_ordinal(CUdevice dev);
 typedef struct tp__cu_scope {
   CUcontext prev;
   int switched;
+  int relaxed; /* the thread's capture mode is to be put back */
+  CUstreamCaptureMode mode;
 } tp__cu_scope;
 
 tp_error_t tp__cu_scope_enter(const tp__cu_dev *d, tp__cu_scope *scope);
 /* As above for work that needs some context but no particular one: the
  * thread's current context if it has one, else device 0's. */
 tp_error_t tp__cu_scope_enter_any(tp__cu_scope *scope);
-void tp__cu_scope_leave(const tp__cu_scope *scope);
+void tp__cu_scope_leave(tp__cu_scope *scope);
+/* Within a scope, runs the calls in relaxed capture mode until the scope
+ * is left: memory and event calls touch no stream, yet during a capture in
+ * global or thread-local mode the driver would refuse them as potentially
+ * unsafe and invalidate the capture (PyTorch runs cudaMalloc so during
+ * capture, for the same reason). */
+void tp__cu_scope_relax(tp__cu_scope *scope);
 
 /* Platform streams. A stream the driver made (by stream_create or by the
  * user) is its CUstream cast to tp__pstream *. The special streams
@@ -161,6 +170,7 @@ static inline tp_error_t tp__cu_stream_begin(tp__pstream *ps, CUstream *s,
                                              tp__cu_scope *scope) {
   uintptr_t v = (uintptr_t)ps;
   scope->switched = 0;
+  scope->relaxed = 0;
   if (TP_LIKELY(v >= TP_CU_SPECIAL_LIMIT)) {
     *s = (CUstream)ps;
     return TP_SUCCESS;
