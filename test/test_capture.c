@@ -704,6 +704,56 @@ static void test_accounts(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* An allocation node takes its pool's device and access list: memory of a
+ * device-1 pool that grants device 0 access serves a graph on a device-0
+ * stream, is counted on device 1, and without the grant device 0's work
+ * faults (host only: on a GPU a fault ends the context). */
+static void test_other_device(void) {
+  int n = 0;
+  CHECK_OK(tp_get_device_count(&n));
+  if (n < 2) {
+    printf("   (one device: nothing to check)\n");
+    return;
+  }
+  tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING); /* on device 0 */
+  tp_pool_t pool;
+  tp_pool_props_t props = {.alloc_type = TP_ALLOCATION_PINNED,
+                           .location = {TP_LOCATION_DEVICE, 1, 0}};
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  uint64_t used1 = 0, used0 = 0;
+  CHECK_OK(tp_device_get_graph_mem_attribute(
+      0, TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used0));
+  for (int granted = 1; granted >= (check_on_host() ? 0 : 1); granted--) {
+    tp_access_desc_t d = {{TP_LOCATION_DEVICE, 0, 0},
+                          granted ? TP_ACCESS_READ_WRITE : TP_ACCESS_NONE};
+    CHECK_OK(tp_pool_set_access(pool, &d, 1));
+    REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+    void *p = NULL;
+    CHECK_OK(tp_malloc_from_pool_async(&p, 2 * MiB, pool, s));
+    CHECK_OK(tp_memset_async(p, 0x61, 2 * MiB, s));
+    CHECK_OK(tp_free_async(p, s));
+    tp_graph_t graph = NULL;
+    REQUIRE_OK(tp_stream_end_capture(s, &graph));
+    tp_graph_exec_t exec = NULL;
+    REQUIRE_OK(tp_graph_instantiate(&exec, graph, 0));
+    CHECK_OK(tp_device_get_graph_mem_attribute(
+        1, TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used1));
+    CHECK_EQ_U64(used1, 2 * MiB);
+    uint64_t now0 = 0;
+    CHECK_OK(tp_device_get_graph_mem_attribute(
+        0, TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &now0));
+    CHECK_EQ_U64(now0, used0);
+    CHECK_OK(tp_graph_launch(exec, s));
+    CHECK_ERR(tp_stream_synchronize(s),
+              granted ? TP_SUCCESS : TP_ERROR_ILLEGAL_ADDRESS);
+    CHECK_OK(tp_graph_exec_destroy(exec));
+    CHECK_OK(tp_graph_destroy(graph));
+  }
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
 /* Several threads capture, launch and check graphs of their own at once,
  * each with allocations and frees. */
 #define THREADS 4
@@ -777,6 +827,7 @@ int main(void) {
   RUN_TEST(test_wrong_thread);
   RUN_TEST(test_bad_input);
   RUN_TEST(test_accounts);
+  RUN_TEST(test_other_device);
   RUN_TEST(test_threads);
   return check_done();
 }
