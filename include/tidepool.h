@@ -531,9 +531,17 @@ TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
  * event recorded outside the capture whose work is pending
  * (STREAM_CAPTURE_ISOLATION); tp_device_synchronize during a capture in
  * global mode, or in thread-local mode on the capturing thread
- * (STREAM_CAPTURE_UNSUPPORTED). tp_event_query, tp_event_synchronize and
- * tp_stream_wait_event outside the capture refuse an event last recorded in
- * a capture (CAPTURED_EVENT).
+ * (STREAM_CAPTURE_UNSUPPORTED). tp_event_query and tp_event_synchronize
+ * refuse an event last recorded in a capture, and so does
+ * tp_stream_wait_event once that capture has ended (CAPTURED_EVENT); while
+ * it runs, a stream that waits on such an event joins it. Two captures
+ * that would merge through an event are both invalidated
+ * (STREAM_CAPTURE_MERGE).
+ *
+ * Costs: on cuda, tp_malloc_async, tp_free_async, tp_event_record and
+ * tp_stream_wait_event ask the driver whether their stream captures (one
+ * cuStreamGetCaptureInfo, some 15 to 20 ns), since an application may
+ * begin a capture on any stream; on host the question is a load.
  * ======================================================================== */
 
 typedef struct tp_graph_opaque *tp_graph_t;
@@ -604,10 +612,10 @@ TP_API tp_error_t tp_graph_instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
  * call. Errors: INVALID_VALUE (unknown or destroyed exec, unknown stream,
  * an allocation of the graph still live from an earlier launch without
  * AUTO_FREE_ON_LAUNCH, an allocation of another graph that this graph
- * frees and that is not live), NOT_SUPPORTED (launching a graph with
- * allocations into a capture), STREAM_CAPTURE_IMPLICIT (the legacy stream
- * during a blocking capture). Thread-safe, but one exec's launches must not
- * race each other. */
+ * frees and that is not live), NOT_SUPPORTED (a launch into a capture: on
+ * host always, on cuda for a graph with allocations or frees),
+ * STREAM_CAPTURE_IMPLICIT (the legacy stream during a blocking capture).
+ * Thread-safe, but one exec's launches must not race each other. */
 TP_API tp_error_t tp_graph_launch(tp_graph_exec_t exec, tp_stream_t stream);
 
 /* Destroys an exec; launches already queued still run, and its memory is

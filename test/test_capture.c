@@ -496,6 +496,20 @@ static void test_forbidden_during_capture(void) {
   release(&gate);
   CHECK_OK(tp_stream_synchronize(other));
 
+  /* Two captures may not merge: both are invalidated. */
+  tp_event_t other_ev;
+  REQUIRE_OK(tp_event_create(&other_ev));
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  REQUIRE_OK(tp_stream_begin_capture(other, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_OK(tp_event_record(other_ev, other));
+  CHECK_EQ_INT(tp_stream_wait_event(s, other_ev, 0),
+               TP_ERROR_STREAM_CAPTURE_MERGE);
+  CHECK_EQ_INT(tp_stream_end_capture(other, &graph),
+               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK_EQ_INT(tp_stream_end_capture(s, &graph),
+               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK_OK(tp_event_destroy(other_ev));
+
   /* Legacy-stream work while a blocking stream captures. */
   tp_stream_t blocking = new_stream(TP_STREAM_DEFAULT);
   REQUIRE_OK(tp_stream_begin_capture(blocking, TP_CAPTURE_MODE_RELAXED));
