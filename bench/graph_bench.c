@@ -241,6 +241,14 @@ int main(int argc, char **argv) {
 
   tp_graph_t tp_graph = capture_tp(s, vs[0].out, NULL);
   tp_ok(tp_graph_instantiate(&vs[0].tp_exec, tp_graph, 0), "instantiate");
+  /* What one graph holds, before the in-driver graph holds as much. */
+  uint64_t tp_reserved = 0, tp_used = 0;
+  tp_ok(tp_device_get_graph_mem_attribute(
+            0, TP_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &tp_reserved),
+        "graph memory attribute");
+  tp_ok(tp_device_get_graph_mem_attribute(0, TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT,
+                                          &tp_used),
+        "graph memory attribute");
   cu_graph mixed = NULL, drv = NULL;
   if (on_cuda) {
     (void)capture_tp(s, vs[1].out, &mixed);
@@ -260,12 +268,9 @@ int main(int argc, char **argv) {
     for (int k = 0; k < nv; k++)
       run_segment(&vs[k], s, (int)per);
 
-  uint64_t tp_reserved = 0, tp_used_high = 0, drv_reserved = 0;
+  uint64_t tp_reserved_high = 0, drv_reserved = 0;
   tp_ok(tp_device_get_graph_mem_attribute(
-            0, TP_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH, &tp_reserved),
-        "graph memory attribute");
-  tp_ok(tp_device_get_graph_mem_attribute(0, TP_GRAPH_MEM_ATTR_USED_MEM_HIGH,
-                                          &tp_used_high),
+            0, TP_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH, &tp_reserved_high),
         "graph memory attribute");
   if (on_cuda) {
     int dev = 0;
@@ -289,10 +294,13 @@ int main(int argc, char **argv) {
     printf("%-10s %14.3f %14.3f %12.3f %12.3f\n", vs[k].name, call, wall, rc,
            rw);
   }
-  printf("graph memory reserved high: tidepool %.1f MiB (used high %.1f MiB)",
-         (double)tp_reserved / MiB, (double)tp_used_high / MiB);
+  printf("graph memory reserved for one graph: tidepool %.1f MiB (used %.1f "
+         "MiB; high %.1f MiB with %d graphs)",
+         (double)tp_reserved / MiB, (double)tp_used / MiB,
+         (double)tp_reserved_high / MiB, on_cuda ? 2 : 1);
   if (on_cuda)
-    printf(", driver %.1f MiB, ratio %.3f", (double)drv_reserved / MiB,
+    printf(", driver reserved high %.1f MiB, ratio %.3f",
+           (double)drv_reserved / MiB,
            drv_reserved ? (double)tp_reserved / (double)drv_reserved : 0.0);
   printf("\n");
 
