@@ -522,7 +522,9 @@ TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
  * and launch a captured graph through the driver, it is mapped during
  * capture and held until the driver reports the graph and every exec of
  * it destroyed (a CUDA user object); graphs launched through the driver
- * behave as if instantiated with TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH.
+ * behave as if instantiated with TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH,
+ * and, tidepool not seeing those launches, each allocation that outlives
+ * them may be freed once with tp_free_async (a graph's outputs).
  *
  * Forbidden while capturing, as in CUDA, with the error CUDA gives and the
  * capture invalidated: synchronizing or querying a capturing stream

@@ -165,8 +165,6 @@ bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err) {
     *err = tp__gmem_free_captured(s->ps, id, ptr);
     return true;
   }
-  if (TP_LIKELY(!tp__gmem_any_live()))
-    return false;
   bool claimed = false;
   *err = tp__gmem_free(s->ps, s->device, ptr, &claimed);
   return claimed;

@@ -74,6 +74,7 @@ typedef struct allocation {
   bool freed_in_graph;
   tp__pnode freed_at; /* where, when freed in the graph */
   bool live;          /* outlives launches: live from a launch until its free */
+  bool freed_unseen;  /* freed once after launches tidepool did not see */
   /* Where it was last freed outside its graph: the next launch waits for
    * it, and its granules stay mapped until it has completed. */
   tp__pevent *free_ev;
@@ -120,8 +121,6 @@ static tp__gmem *gmems;
 static tp__gmem *last_capture;
 static segment **segreg; /* every segment, sorted by base */
 static uint32_t nsegreg, capsegreg;
-/* Live allocations of all graphs, read by every free outside capture. */
-static _Atomic uint32_t nlive_all;
 /* The address ranges of the arenas, append-only, for a lock-free "is this
  * graph memory at all" before a free takes the lock. */
 static _Atomic uintptr_t arena_lo[MAX_ARENAS], arena_hi[MAX_ARENAS];
@@ -839,27 +838,20 @@ tp_error_t tp__gmem_free_captured(tp__pstream *ps, uint64_t capture_id,
   return err;
 }
 
-bool tp__gmem_any_live(void) {
-  return atomic_load_explicit(&nlive_all, memory_order_acquire) != 0;
-}
-
 static void set_live(tp__gmem *gm, allocation *al, bool live) {
   if (al->live == live)
     return;
   al->live = live;
-  if (live) {
+  if (live)
     gm->nlive++;
-    atomic_fetch_add(&nlive_all, 1);
-  } else {
+  else
     gm->nlive--;
-    atomic_fetch_sub(&nlive_all, 1);
-  }
 }
 
 tp_error_t tp__gmem_free(tp__pstream *ps, int device, void *ptr,
                          bool *claimed) {
   *claimed = false;
-  if (!in_arenas((uintptr_t)ptr))
+  if (TP_LIKELY(!in_arenas((uintptr_t)ptr)))
     return TP_SUCCESS;
   pthread_mutex_lock(&lock);
   collect();
@@ -870,7 +862,16 @@ tp_error_t tp__gmem_free(tp__pstream *ps, int device, void *ptr,
   if (seg_find((uintptr_t)ptr)) {
     *claimed = true;
     al = alloc_at((uintptr_t)ptr, &index);
-    if (al && al->live) {
+    /* A graph tidepool never instantiated (cuda: the application's own
+     * capture, instantiation and launches) is launched where tidepool does
+     * not see it: each allocation that outlives those launches may be
+     * freed once, as the application frees a graph's outputs. */
+    bool unseen = al && !al->live && !al->freed_in_graph &&
+                  !al->seg->gm->sealed && !al->freed_unseen &&
+                  tp__platform->graph_maps_at_capture;
+    if (unseen)
+      al->freed_unseen = true;
+    if (al && (al->live || unseen)) {
       gm = al->seg->gm;
     } else {
       al = NULL;

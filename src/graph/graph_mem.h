@@ -61,12 +61,10 @@ tp_error_t tp__gmem_malloc(tp__pstream *ps, uint64_t capture_id,
 tp_error_t tp__gmem_free_captured(tp__pstream *ps, uint64_t capture_id,
                                   void *ptr);
 
-/* Whether some graph allocation outlives a launch now: the one question a
- * free outside capture asks before the pool sees it. Lock-free. */
-bool tp__gmem_any_live(void);
-
 /* A free outside capture on ps: *claimed when `ptr` is a graph allocation,
- * which must then be live (INVALID_VALUE otherwise). */
+ * which must then be live (INVALID_VALUE otherwise). A pointer outside
+ * every arena is told apart without a lock, in a few loads: the cost every
+ * free outside capture pays. */
 tp_error_t tp__gmem_free(tp__pstream *ps, int device, void *ptr, bool *claimed);
 
 /* The graph memory of a capture, or NULL when it allocated and freed
