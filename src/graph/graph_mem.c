@@ -698,8 +698,11 @@ static void drop_free_ev(tp__gmem *gm, allocation *al) {
 }
 
 /* Applies what the platform released, unmaps what no graph needs any more
- * and frees the memory of graphs that are gone. Under the lock. */
-static void collect(void) {
+ * and frees the memory of graphs that are gone; with `poll`, asks first
+ * whether pending frees outside graphs have completed (not during a
+ * capture, where an application's capture mode might object to the
+ * question). Under the lock. */
+static void collect(bool poll) {
   token *t = atomic_exchange_explicit(&released, NULL, memory_order_acquire);
   bool changed = t != NULL;
   while (t) {
@@ -712,7 +715,7 @@ static void collect(void) {
     free(t);
     t = next;
   }
-  for (tp__gmem *gm = gmems; gm; gm = gm->next_gm) {
+  for (tp__gmem *gm = gmems; poll && gm; gm = gm->next_gm) {
     for (uint32_t i = 0; gm->npending && i < gm->nallocs; i++) {
       allocation *al = &gm->allocs[i];
       if (al->free_ev && tp__platform->event_query(al->free_ev) == TP_SUCCESS) {
@@ -786,7 +789,7 @@ tp_error_t tp__gmem_malloc(tp__pstream *ps, uint64_t capture_id,
   TP_RETURN_IF(size > SIZE_MAX / 4, TP_ERROR_OUT_OF_MEMORY);
   size_t need = tp__align_up(size, ALIGN);
   pthread_mutex_lock(&lock);
-  collect();
+  collect(false);
   tp__gmem *gm = NULL;
   tp_error_t err = gmem_of(ps, capture_id, &gm);
   if (err == TP_SUCCESS && gm->sealed)
@@ -802,7 +805,7 @@ tp_error_t tp__gmem_free_captured(tp__pstream *ps, uint64_t capture_id,
   TP_RETURN_IF(!ps, TP_ERROR_INVALID_VALUE);
   TP_RETURN_IF(!in_arenas((uintptr_t)ptr), TP_ERROR_INVALID_VALUE);
   pthread_mutex_lock(&lock);
-  collect();
+  collect(false);
   uint32_t index = 0;
   allocation *al = alloc_at((uintptr_t)ptr, &index);
   tp__gmem *owner = al ? al->seg->gm : NULL, *gm = NULL;
@@ -854,7 +857,7 @@ tp_error_t tp__gmem_free(tp__pstream *ps, int device, void *ptr,
   if (TP_LIKELY(!in_arenas((uintptr_t)ptr)))
     return TP_SUCCESS;
   pthread_mutex_lock(&lock);
-  collect();
+  collect(true);
   tp_error_t err = TP_SUCCESS;
   uint32_t index = 0;
   allocation *al = NULL;
@@ -913,7 +916,7 @@ tp_error_t tp__gmem_instantiate(tp__gmem *gm, void (**release)(void *),
   *release = NULL;
   *arg = NULL;
   pthread_mutex_lock(&lock);
-  collect();
+  collect(true);
   tp_error_t err = (gm->nallocs || gm->nforeign) && gm->execs
                        ? TP_ERROR_INVALID_VALUE
                        : TP_SUCCESS;
@@ -970,7 +973,7 @@ tp_error_t tp__gmem_launch(tp__gmem *gm, tp__pexec *exec, bool auto_free,
   if (!gm || !gm->books)
     return tp__platform->graph_launch(exec, ps);
   pthread_mutex_lock(&lock);
-  collect();
+  collect(true);
   tp_error_t err = TP_SUCCESS;
   for (uint32_t i = 0; err == TP_SUCCESS && i < gm->nallocs; i++)
     if (gm->allocs[i].live && !auto_free)
@@ -1032,7 +1035,7 @@ tp_error_t tp__gmem_trim(int device) {
                TP_ERROR_INVALID_DEVICE);
   tp_error_t first = TP_SUCCESS;
   pthread_mutex_lock(&lock);
-  collect();
+  collect(true);
   for (arena *a = devs[device].arenas; a; a = a->next) {
     uint32_t kept = 0;
     for (uint32_t i = 0; i < a->ncache; i++) {
@@ -1057,7 +1060,7 @@ tp_error_t tp__gmem_get_attr(int device, tp_graph_mem_attr_t attr,
                TP_ERROR_INVALID_VALUE);
   tp_error_t err = TP_SUCCESS;
   pthread_mutex_lock(&lock);
-  collect();
+  collect(true);
   const gdev *g = &devs[device];
   switch (attr) {
   case TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT: *value = g->used; break;
@@ -1075,7 +1078,7 @@ tp_error_t tp__gmem_reset_high(int device, tp_graph_mem_attr_t attr) {
                TP_ERROR_INVALID_VALUE);
   tp_error_t err = TP_SUCCESS;
   pthread_mutex_lock(&lock);
-  collect();
+  collect(true);
   gdev *g = &devs[device];
   if (attr == TP_GRAPH_MEM_ATTR_USED_MEM_HIGH)
     g->used_high = g->used;
