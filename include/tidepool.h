@@ -56,7 +56,31 @@ extern "C" {
   X(TP_ERROR_ILLEGAL_ADDRESS, 8,                                               \
     "stream work accessed memory it may not access")                           \
   X(TP_ERROR_PLATFORM, 9,                                                      \
-    "the platform underneath failed; tp_get_last_platform_error has detail")
+    "the platform underneath failed; tp_get_last_platform_error has detail")   \
+  TP_ERROR_LIST_CAPTURE_(X)
+
+/* Stream capture's errors carry the CUDA runtime's values and meanings. */
+#define TP_ERROR_LIST_CAPTURE_(X)                                              \
+  X(TP_ERROR_ILLEGAL_STATE, 401,                                               \
+    "the object is not in a state that allows the operation (ending a "        \
+    "capture that is not active, beginning one that is)")                      \
+  X(TP_ERROR_STREAM_CAPTURE_UNSUPPORTED, 900,                                  \
+    "the operation is not permitted while the stream is capturing")            \
+  X(TP_ERROR_STREAM_CAPTURE_INVALIDATED, 901,                                  \
+    "the capture was invalidated by an earlier error")                         \
+  X(TP_ERROR_STREAM_CAPTURE_MERGE, 902,                                        \
+    "the operation would merge two independent captures")                      \
+  X(TP_ERROR_STREAM_CAPTURE_UNMATCHED, 903,                                    \
+    "the capture was not begun on this stream")                                \
+  X(TP_ERROR_STREAM_CAPTURE_UNJOINED, 904,                                     \
+    "the capture forked into a stream that did not join back")                 \
+  X(TP_ERROR_STREAM_CAPTURE_ISOLATION, 905,                                    \
+    "a dependency would cross the capture's boundary")                         \
+  X(TP_ERROR_STREAM_CAPTURE_IMPLICIT, 906,                                     \
+    "legacy-stream work would depend implicitly on a capture")                 \
+  X(TP_ERROR_CAPTURED_EVENT, 907, "the event was last recorded in a capture")  \
+  X(TP_ERROR_STREAM_CAPTURE_WRONG_THREAD, 908,                                 \
+    "a capture not begun in relaxed mode was ended from another thread")
 
 typedef enum tp_error {
 #define TP_ERROR_ENUM_(name, value, text) name = value,
@@ -486,6 +510,173 @@ TP_API tp_error_t tp_memcpy_async(void *dst, const void *src, size_t size,
  * functions that wait on the same stream. Errors: INVALID_VALUE. */
 TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
                                       void *arg);
+
+/* ========================================================================
+ * Stream capture and graphs
+ *
+ * Work queued on a capturing stream is recorded into a graph instead of
+ * running; an instantiated graph (an exec) replays it at every launch.
+ * Memsets, copies, host functions and event record and wait are captured,
+ * also on other streams that join the capture by waiting on an event
+ * recorded in it (fork), which must be joined back to the stream that began
+ * it before it ends. The rules and errors are CUDA's (cudaStreamBeginCapture
+ * and its family); on cuda these functions wrap the driver's, and a capture
+ * begun by the application with cuStreamBeginCapture or
+ * cudaStreamBeginCapture is recognised as well.
+ *
+ * Allocation during capture: tp_malloc_async and tp_malloc_from_pool_async
+ * on a capturing stream return memory owned by the graph (an allocation
+ * node), from device pools only (NOT_SUPPORTED for host and managed pools);
+ * the pool's location and its access list at capture time set the node's
+ * parameters, and the pool itself is not touched. The address is fixed for
+ * the life of the graph and of each exec made from it. tp_free_async
+ * during capture takes only a graph allocation (INVALID_VALUE for any
+ * other pointer, which leaves its pool and the capture as they were); the
+ * bytes it frees serve later allocations of the same graph that are
+ * ordered after the free. An allocation the graph does not free outlives
+ * each launch: it is freed afterwards by tp_free_async on any stream, or
+ * by a free captured in another graph, and launching its graph again
+ * before that free is refused (INVALID_VALUE), unless the exec was
+ * instantiated with TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH, which frees
+ * it at the next launch. Such memory stays valid after its exec and graph
+ * are destroyed, until it is freed.
+ *
+ * Graph memory is counted per device (tp_device_get_graph_mem_attribute),
+ * never in pool statistics. On host it is mapped when a graph is
+ * instantiated, held while an exec of it exists (and its launches run),
+ * and then kept for reuse by the device's graphs until
+ * tp_device_graph_mem_trim. On cuda, where an application may instantiate
+ * and launch a captured graph through the driver, it is mapped during
+ * capture and held until the driver reports the graph and every exec of
+ * it destroyed (a CUDA user object); graphs launched through the driver
+ * behave as if instantiated with TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH,
+ * and, tidepool not seeing those launches, each allocation that outlives
+ * them may be freed once with tp_free_async (a graph's outputs).
+ *
+ * Forbidden while capturing, as in CUDA, with the error CUDA gives and the
+ * capture invalidated: synchronizing or querying a capturing stream
+ * (STREAM_CAPTURE_UNSUPPORTED); work on the legacy stream while a blocking
+ * stream of its device captures (STREAM_CAPTURE_IMPLICIT); waiting on an
+ * event recorded outside the capture whose work is pending
+ * (STREAM_CAPTURE_ISOLATION); tp_device_synchronize during a capture in
+ * global mode, or in thread-local mode on the capturing thread
+ * (STREAM_CAPTURE_UNSUPPORTED). tp_event_query and tp_event_synchronize
+ * refuse an event last recorded in a capture, and so does
+ * tp_stream_wait_event once that capture has ended (CAPTURED_EVENT); while
+ * it runs, a stream that waits on such an event joins it. Two captures
+ * that would merge through an event are both invalidated
+ * (STREAM_CAPTURE_MERGE).
+ *
+ * Costs: on cuda, tp_malloc_async, tp_free_async, tp_event_record and
+ * tp_stream_wait_event ask the driver whether their stream captures (one
+ * cuStreamGetCaptureInfo, some 15 to 20 ns), since an application may
+ * begin a capture on any stream; on host the question is a load.
+ * ======================================================================== */
+
+typedef struct tp_graph_opaque *tp_graph_t;
+typedef struct tp_graph_exec_opaque *tp_graph_exec_t;
+
+typedef enum tp_capture_mode {
+  TP_CAPTURE_MODE_GLOBAL = 0,
+  TP_CAPTURE_MODE_THREAD_LOCAL = 1,
+  TP_CAPTURE_MODE_RELAXED = 2
+} tp_capture_mode_t;
+
+typedef enum tp_capture_status {
+  TP_CAPTURE_STATUS_NONE = 0,
+  TP_CAPTURE_STATUS_ACTIVE = 1,
+  TP_CAPTURE_STATUS_INVALIDATED = 2
+} tp_capture_status_t;
+
+/* tp_graph_instantiate flags. */
+#define TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH 1ull
+
+typedef enum tp_graph_mem_attr {
+  TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,     /* uint64_t, read-only */
+  TP_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,        /* uint64_t, reset to 0 only */
+  TP_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2, /* uint64_t, read-only */
+  TP_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3     /* uint64_t, reset to 0 only */
+} tp_graph_mem_attr_t;
+
+/* Begins capturing the work queued on `stream`. In global mode, calls
+ * CUDA deems unsafe are refused on every thread while the capture runs; in
+ * thread-local mode, on the capturing thread; relaxed mode refuses none.
+ * Errors: INVALID_VALUE (unknown stream or mode), STREAM_CAPTURE_UNSUPPORTED
+ * (the legacy default stream), ILLEGAL_STATE (the stream already captures).
+ * Thread-safe; the capture belongs to the calling thread unless relaxed. */
+TP_API tp_error_t tp_stream_begin_capture(tp_stream_t stream,
+                                          tp_capture_mode_t mode);
+
+/* Ends the capture begun on `stream` and returns its graph in *graph, which
+ * the caller destroys with tp_graph_destroy. Every stream that joined the
+ * capture stops capturing. On failure *graph is NULL.
+ * Errors: INVALID_VALUE (graph NULL, unknown stream), ILLEGAL_STATE (the
+ * stream is not capturing), STREAM_CAPTURE_UNMATCHED (it joined a capture
+ * begun on another stream), STREAM_CAPTURE_WRONG_THREAD (not relaxed, and
+ * not the thread that began it: the capture goes on), STREAM_CAPTURE_
+ * INVALIDATED (an earlier error invalidated it: it ends, with no graph),
+ * STREAM_CAPTURE_UNJOINED (a forked stream did not join back: it ends,
+ * with no graph). Thread-safe. */
+TP_API tp_error_t tp_stream_end_capture(tp_stream_t stream, tp_graph_t *graph);
+
+/* The capture status of `stream`. Errors: INVALID_VALUE (status NULL,
+ * unknown stream), STREAM_CAPTURE_IMPLICIT (the legacy stream while a
+ * blocking stream of its device captures; that capture goes on).
+ * Thread-safe. */
+TP_API tp_error_t tp_stream_is_capturing(tp_stream_t stream,
+                                         tp_capture_status_t *status);
+
+/* Makes an executable graph of `graph`; flags is 0 or
+ * TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH. A graph with allocations has at
+ * most one exec at a time, as in CUDA; on host its memory is mapped here.
+ * Errors: INVALID_VALUE (exec NULL, unknown or destroyed graph, unknown
+ * flags, a second exec of a graph with allocations), OUT_OF_MEMORY (the
+ * graph's memory cannot be mapped), PLATFORM. Thread-safe. */
+TP_API tp_error_t tp_graph_instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
+                                       unsigned long long flags);
+
+/* Queues one run of the exec on `stream`, after the stream's earlier work
+ * and after the exec's earlier launches, and after every tp_free_async (on
+ * any stream) of an allocation the graph did not free. Makes no allocator
+ * call. Errors: INVALID_VALUE (unknown or destroyed exec, unknown stream,
+ * an allocation of the graph still live from an earlier launch without
+ * AUTO_FREE_ON_LAUNCH, an allocation of another graph that this graph
+ * frees and that is not live), NOT_SUPPORTED (a launch into a capture: on
+ * host always, on cuda for a graph with allocations or frees),
+ * STREAM_CAPTURE_IMPLICIT (the legacy stream during a blocking capture).
+ * Thread-safe, but one exec's launches must not race each other. */
+TP_API tp_error_t tp_graph_launch(tp_graph_exec_t exec, tp_stream_t stream);
+
+/* Destroys an exec; launches already queued still run, and its memory is
+ * released once they have. Errors: INVALID_VALUE (unknown or already
+ * destroyed exec). Thread-safe. */
+TP_API tp_error_t tp_graph_exec_destroy(tp_graph_exec_t exec);
+
+/* Destroys a graph made by tp_stream_end_capture; its execs live on.
+ * Errors: INVALID_VALUE (unknown or already destroyed graph).
+ * Thread-safe. */
+TP_API tp_error_t tp_graph_destroy(tp_graph_t graph);
+
+/* Gives back to the system the device's graph memory that no graph holds
+ * (memory of destroyed execs and graphs, once their work has completed).
+ * Errors: INVALID_DEVICE, PLATFORM (a chunk the platform would not release
+ * stays reserved and counted). Thread-safe. */
+TP_API tp_error_t tp_device_graph_mem_trim(int device);
+
+/* Reads a graph memory attribute of the device into *(uint64_t *)value:
+ * USED is memory mapped for graphs, RESERVED that plus what is kept for
+ * reuse; the HIGHs are their watermarks. Errors: INVALID_VALUE (value NULL,
+ * unknown attribute), INVALID_DEVICE. Thread-safe. */
+TP_API tp_error_t tp_device_get_graph_mem_attribute(int device,
+                                                    tp_graph_mem_attr_t attr,
+                                                    void *value);
+
+/* Resets a high watermark to the current value; *(uint64_t *)value must
+ * be 0. Errors: INVALID_VALUE (value NULL or not 0, a current attribute),
+ * INVALID_DEVICE. Thread-safe. */
+TP_API tp_error_t tp_device_set_graph_mem_attribute(int device,
+                                                    tp_graph_mem_attr_t attr,
+                                                    void *value);
 
 /* ========================================================================
  * PyTorch pluggable allocator

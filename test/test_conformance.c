@@ -2067,7 +2067,7 @@ static void test_error_names(void) {
 #undef TP_ERROR_ROW_
   };
   size_t n = sizeof codes / sizeof codes[0];
-  CHECK_EQ_U64(n, 10);
+  CHECK_EQ_U64(n, 20);
   for (size_t i = 0; i < n; i++) {
     const char *name = tp_error_name(codes[i].code);
     const char *text = tp_error_string(codes[i].code);

@@ -21,6 +21,23 @@ static inline void tp__work_end(tp__stream *s) {
     tp__legacy_end(s->device);
 }
 
+/* Stream capture's hooks (graph.c) in the allocator and event entry points.
+ * Whether work on s goes to a capture: s captures (or its capture was
+ * invalidated), or s is a legacy stream that a capture forbids. */
+bool tp__graph_capturing(tp__stream *s);
+/* An allocation on such a stream, from `pool`'s kind of memory. */
+tp_error_t tp__graph_malloc(void **ptr, size_t size, tp_pool_t pool,
+                            tp__stream *s);
+/* A free: true when the capture or graph memory took it, with *err. */
+bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err);
+/* Event record and stream wait: true when a capture took them. */
+bool tp__graph_on_record(tp_event_t event, tp__stream *s, tp_error_t *err);
+bool tp__graph_on_wait(tp__stream *s, tp_event_t event, tp__event *e,
+                       tp_error_t *err);
+/* CAPTURED_EVENT for an event last recorded in a capture. */
+tp_error_t tp__graph_event_check(tp_event_t event);
+void tp__graph_event_forget(tp_event_t event);
+
 /* A destroyed pool that was current for its location stops being so. */
 void tp__current_pools_forget(tp_pool_t pool);
 

@@ -312,25 +312,35 @@ TP_API tp_error_t tp_pool_set_access(tp_pool_t pool,
 
 /* ---- allocation ---------------------------------------------------------- */
 
+/* An allocation on `s` from `pool`: a graph's when the stream is being
+ * captured, else the pool's. */
+static tp_error_t malloc_on(void **ptr, size_t size, tp_pool_t pool,
+                            tp__pool *p, tp__stream *s) {
+  if (TP_UNLIKELY(tp__graph_capturing(s)))
+    return tp__graph_malloc(ptr, size, pool, s);
+  return tp__pool_malloc(p, ptr, size, s);
+}
+
 /* The current pool of the stream's device. A pool destroyed by another
  * thread stops being current before it stops answering, and the core
- * answers INVALID_VALUE only for a pool destroyed while the call was on its
- * way in: either way the call looks again. Should a destroyed pool still be
- * found there (made current while it was being destroyed), the slot goes
- * back to the default pool, which cannot be destroyed. */
+ * answers INVALID_VALUE for a pool destroyed while the call was on its way
+ * in: then the call looks again (while the pool it found answers, the
+ * error stands). Should a destroyed pool still be found there (made current
+ * while it was being destroyed), the slot goes back to the default pool,
+ * which cannot be destroyed. */
 static tp_error_t malloc_current(void **ptr, size_t size, tp__stream *s) {
-  tp_error_t err = TP_ERROR_INVALID_VALUE;
-  for (int tries = 0; err == TP_ERROR_INVALID_VALUE; tries++) {
+  for (int tries = 0;; tries++) {
     tp_pool_t pool;
     tp__pool *p;
     TP_FORWARD(current_of(s->device * 2, &pool));
-    err = tp__pool_get(pool, &p);
+    tp_error_t err = tp__pool_get(pool, &p);
     if (err == TP_SUCCESS)
-      err = tp__pool_malloc(p, ptr, size, s);
-    if (err == TP_ERROR_INVALID_VALUE && tries > 0)
+      err = malloc_on(ptr, size, pool, p, s);
+    if (err != TP_ERROR_INVALID_VALUE || tp__pool_get(pool, &p) == TP_SUCCESS)
+      return err;
+    if (tries > 0)
       tp__current_pools_forget(pool);
   }
-  return err;
 }
 
 TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream) {
@@ -356,7 +366,7 @@ static tp_error_t malloc_from(void **ptr, size_t size, tp_pool_t pool,
     *ptr = NULL;
     return TP_SUCCESS;
   }
-  return tp__pool_malloc(p, ptr, size, s);
+  return malloc_on(ptr, size, pool, p, s);
 }
 
 TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
@@ -367,11 +377,19 @@ TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
   return TP_GUARDED(malloc_from(ptr, size, pool, stream));
 }
 
+/* A free of a graph's allocation, or during a capture, is the graph's. */
+static tp_error_t free_on(void *ptr, tp__stream *s) {
+  tp_error_t err;
+  if (tp__graph_free(ptr, s, &err))
+    return err;
+  return tp__pool_free(ptr, s);
+}
+
 TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream) {
   TP_FORWARD(tp__api_init());
   tp__stream *s;
   TP_FORWARD(tp__stream_get(stream, &s));
   if (!ptr)
     return TP_SUCCESS;
-  return TP_GUARDED(tp__pool_free(ptr, s));
+  return TP_GUARDED(free_on(ptr, s));
 }

@@ -143,8 +143,11 @@ static tp_error_t stream_wait_event(tp_stream_t stream, tp_event_t event) {
   tp__event *e;
   TP_FORWARD(stream_of(stream, &s));
   TP_FORWARD(tp__event_get(event, &e));
+  tp_error_t err;
+  if (tp__graph_on_wait(s, event, e, &err))
+    return err;
   tp__work_begin(s);
-  tp_error_t err = tp__event_wait(s, e);
+  err = tp__event_wait(s, e);
   tp__work_end(s);
   return err;
 }
@@ -209,9 +212,13 @@ static tp_error_t event_call(tp_event_t event, enum event_op op) {
   tp__event *e;
   TP_FORWARD(tp__event_get(event, &e));
   switch (op) {
-  case EV_DESTROY: return tp__event_destroy(e);
-  case EV_QUERY: return tp__event_query(e);
-  default: return event_synchronize(e);
+  case EV_DESTROY: tp__graph_event_forget(event); return tp__event_destroy(e);
+  case EV_QUERY:
+    TP_FORWARD(tp__graph_event_check(event));
+    return tp__event_query(e);
+  default:
+    TP_FORWARD(tp__graph_event_check(event));
+    return event_synchronize(e);
   }
 }
 
@@ -224,8 +231,11 @@ static tp_error_t event_record(tp_event_t event, tp_stream_t stream) {
   tp__event *e;
   TP_FORWARD(stream_of(stream, &s));
   TP_FORWARD(tp__event_get(event, &e));
+  tp_error_t err;
+  if (tp__graph_on_record(event, s, &err))
+    return err;
   tp__work_begin(s);
-  tp_error_t err = tp__event_record(e, s);
+  err = tp__event_record(e, s);
   tp__work_end(s);
   return err;
 }

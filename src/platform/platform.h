@@ -15,6 +15,11 @@ typedef struct tp__pstream tp__pstream; /* a platform stream */
 typedef struct tp__pevent tp__pevent;   /* a platform event */
 typedef struct tp__pres tp__pres; /* a virtual reservation and its backing */
 typedef uint64_t tp__phys;        /* a physical chunk; 0 is never valid */
+typedef struct tp__pgraph tp__pgraph; /* a captured graph */
+typedef struct tp__pexec tp__pexec;   /* an executable graph */
+/* A position in a capture's graph: a node, after which work ordered later
+ * runs. 0 is the graph's start, before every node. */
+typedef uintptr_t tp__pnode;
 
 /* What another process needs to map one chunk (see share_chunk). */
 typedef struct tp__chunk_share {
@@ -106,8 +111,9 @@ typedef struct tp__platform_ops {
   tp_error_t (*unreserve)(tp__pres *res);
   /* One physical chunk of the granularity for this reservation's kind.
    * OUT_OF_MEMORY when the location's capacity is exhausted. A chunk may be
-   * mapped, unmapped and mapped again anywhere in its reservation; its
-   * contents survive the move. */
+   * mapped, unmapped and mapped again anywhere in its reservation, also at
+   * several places at once (graph memory does so); its contents survive
+   * the move. */
   tp_error_t (*chunk_create)(tp__pres *res, tp__phys *phys);
   tp_error_t (*chunk_release)(tp__pres *res, tp__phys phys);
   /* Maps n chunks at consecutive granules starting at `offset` bytes into the
@@ -150,6 +156,75 @@ typedef struct tp__platform_ops {
   /* An identity of the device that every process on the machine sees the
    * same (cuda: its UUID), whatever ordinal the device has there. */
   tp_error_t (*device_uuid)(int device, unsigned char uuid[16]);
+
+  /* ---- stream capture and graphs -----------------------------------------
+   * The rules and errors are CUDA's stream capture (see tidepool.h). A
+   * stream joins a capture by waiting on an event recorded in it; the work
+   * queued on a capturing stream is recorded, not run, except what the ops
+   * above do for the core: event_record marks the stream's real position
+   * (the work queued before the capture), stream_wait_event makes it wait
+   * for real work. While a stream captures, memset_async, memcpy_async and
+   * launch_host_func record graph nodes; stream_synchronize and
+   * stream_query fail with STREAM_CAPTURE_UNSUPPORTED and invalidate the
+   * capture; on the legacy stream of a device where a blocking stream
+   * captures, they fail with STREAM_CAPTURE_IMPLICIT and invalidate that
+   * capture; device_synchronize fails with STREAM_CAPTURE_UNSUPPORTED where
+   * a capture's mode forbids it.
+   *
+   * graph_maps_at_capture: 1 where graphs may be instantiated and launched
+   * behind tidepool's back (cuda: the application's own cuGraphLaunch), so
+   * that a graph's memory must be mapped while it is captured and held
+   * until capture_attach's release; 0 where tidepool sees every exec
+   * (host), and maps at instantiation. */
+  int graph_maps_at_capture;
+  tp_error_t (*capture_begin)(tp__pstream *ps, tp_capture_mode_t mode);
+  /* Ends the capture begun on ps; *graph is NULL on failure. */
+  tp_error_t (*capture_end)(tp__pstream *ps, tp__pgraph **graph);
+  /* The question asked on every allocation: cheap. *id identifies the
+   * capture for the life of the process (0 when none). STREAM_CAPTURE_
+   * IMPLICIT for the legacy stream while a blocking stream of its device
+   * captures. */
+  tp_error_t (*capture_status)(tp__pstream *ps, tp_capture_status_t *status,
+                               uint64_t *id);
+  /* Tidepool refused work on ps under the capture rules: invalidate the
+   * capture CUDA would (ps's own; for the legacy stream, the blocking
+   * captures of its device). */
+  tp_error_t (*capture_invalidate)(tp__pstream *ps);
+  /* Marks the current position of the capturing stream ps: adds an empty
+   * node after all the work captured on it so far, which becomes the
+   * stream's position. A node of its own, even where the stream's work ends
+   * in one node: a stream forked from that node must not appear to follow
+   * what this one does after it. */
+  tp_error_t (*capture_point)(tp__pstream *ps, tp__pnode *node);
+  /* For each of n positions of ps's capture, whether work captured on ps
+   * from now on is ordered after it: out[i] = 1 or 0. */
+  tp_error_t (*capture_follows)(tp__pstream *ps, const tp__pnode *nodes,
+                                size_t n, unsigned char *out);
+  /* Ties release(arg) to the graph that ps's capture makes: it is called
+   * once that graph and every exec made from it are destroyed and their
+   * launches have completed, or once the capture fails. It runs on any
+   * thread and must not call the platform or tidepool (cuda's user-object
+   * destructor rule). */
+  tp_error_t (*capture_attach)(tp__pstream *ps, void (*release)(void *),
+                               void *arg);
+  /* Event record and wait inside captures: an event recorded on a
+   * capturing stream holds its position in the capture; a stream that
+   * waits on it joins the capture (or, capturing already, depends on that
+   * position). STREAM_CAPTURE_MERGE for two captures,
+   * STREAM_CAPTURE_INVALIDATED for an invalidated one, CAPTURED_EVENT for
+   * an event whose capture has ended. */
+  tp_error_t (*capture_event_record)(tp__pevent *ev, tp__pstream *ps);
+  tp_error_t (*capture_event_wait)(tp__pstream *ps, tp__pevent *ev);
+  /* An exec of a graph; release(arg) (may be NULL) is called, on any
+   * thread, once the exec is destroyed and its launches have completed.
+   * flags as tp_graph_instantiate's. */
+  tp_error_t (*graph_instantiate)(tp__pgraph *graph, unsigned long long flags,
+                                  void (*release)(void *), void *arg,
+                                  tp__pexec **exec);
+  /* Queues one run of the exec on ps, after the exec's earlier launches. */
+  tp_error_t (*graph_launch)(tp__pexec *exec, tp__pstream *ps);
+  tp_error_t (*graph_exec_destroy)(tp__pexec *exec);
+  tp_error_t (*graph_destroy)(tp__pgraph *graph);
 } tp__platform_ops;
 
 /* The platforms compiled into this library. Where the build found no CUDA

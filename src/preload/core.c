@@ -275,6 +275,21 @@ cudaError_t tp__pl_error(tp_error_t err) {
   case TP_ERROR_NO_DEVICE: return cudaErrorNoDevice;
   case TP_ERROR_ILLEGAL_ADDRESS: return cudaErrorIllegalAddress;
   case TP_ERROR_PLATFORM: return platform_error();
+  case TP_ERROR_ILLEGAL_STATE: return cudaErrorIllegalState;
+  case TP_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+    return cudaErrorStreamCaptureUnsupported;
+  case TP_ERROR_STREAM_CAPTURE_INVALIDATED:
+    return cudaErrorStreamCaptureInvalidated;
+  case TP_ERROR_STREAM_CAPTURE_MERGE: return cudaErrorStreamCaptureMerge;
+  case TP_ERROR_STREAM_CAPTURE_UNMATCHED:
+    return cudaErrorStreamCaptureUnmatched;
+  case TP_ERROR_STREAM_CAPTURE_UNJOINED: return cudaErrorStreamCaptureUnjoined;
+  case TP_ERROR_STREAM_CAPTURE_ISOLATION:
+    return cudaErrorStreamCaptureIsolation;
+  case TP_ERROR_STREAM_CAPTURE_IMPLICIT: return cudaErrorStreamCaptureImplicit;
+  case TP_ERROR_CAPTURED_EVENT: return cudaErrorCapturedEvent;
+  case TP_ERROR_STREAM_CAPTURE_WRONG_THREAD:
+    return cudaErrorStreamCaptureWrongThread;
   }
   return cudaErrorUnknown;
 }

@@ -46,6 +46,24 @@ tp_error_t tp__cu_error(CUresult r) {
   case CUDA_ERROR_INVALID_VALUE:
   case CUDA_ERROR_INVALID_HANDLE: return TP_ERROR_INVALID_VALUE;
   case CUDA_ERROR_INVALID_DEVICE: return TP_ERROR_INVALID_DEVICE;
+  /* Stream capture's errors are the runtime's, value for value. */
+  case CUDA_ERROR_ILLEGAL_STATE: return TP_ERROR_ILLEGAL_STATE;
+  case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+    return TP_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED:
+    return TP_ERROR_STREAM_CAPTURE_INVALIDATED;
+  case CUDA_ERROR_STREAM_CAPTURE_MERGE: return TP_ERROR_STREAM_CAPTURE_MERGE;
+  case CUDA_ERROR_STREAM_CAPTURE_UNMATCHED:
+    return TP_ERROR_STREAM_CAPTURE_UNMATCHED;
+  case CUDA_ERROR_STREAM_CAPTURE_UNJOINED:
+    return TP_ERROR_STREAM_CAPTURE_UNJOINED;
+  case CUDA_ERROR_STREAM_CAPTURE_ISOLATION:
+    return TP_ERROR_STREAM_CAPTURE_ISOLATION;
+  case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+    return TP_ERROR_STREAM_CAPTURE_IMPLICIT;
+  case CUDA_ERROR_CAPTURED_EVENT: return TP_ERROR_CAPTURED_EVENT;
+  case CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD:
+    return TP_ERROR_STREAM_CAPTURE_WRONG_THREAD;
   default: return tp__platform_fail((int)r, error_name(r));
   }
 }
@@ -189,6 +207,7 @@ tp_error_t tp__cu_dev_get(int device, tp__cu_dev **out) {
 
 tp_error_t tp__cu_scope_enter(const tp__cu_dev *d, tp__cu_scope *scope) {
   scope->switched = 0;
+  scope->relaxed = 0;
   CUcontext cur = NULL;
   CUresult r = tp__cu.cuCtxGetCurrent(&cur);
   TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
@@ -203,6 +222,7 @@ tp_error_t tp__cu_scope_enter(const tp__cu_dev *d, tp__cu_scope *scope) {
 
 tp_error_t tp__cu_scope_enter_any(tp__cu_scope *scope) {
   scope->switched = 0;
+  scope->relaxed = 0;
   CUcontext cur = NULL;
   CUresult r = tp__cu.cuCtxGetCurrent(&cur);
   TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
@@ -213,10 +233,21 @@ tp_error_t tp__cu_scope_enter_any(tp__cu_scope *scope) {
   return tp__cu_scope_enter(d, scope);
 }
 
-void tp__cu_scope_leave(const tp__cu_scope *scope) {
+void tp__cu_scope_relax(tp__cu_scope *scope) {
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (!scope->relaxed && tp__cu.cuThreadExchangeStreamCaptureMode &&
+      tp__cu.cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS) {
+    scope->mode = mode;
+    scope->relaxed = 1;
+  }
+}
+
+void tp__cu_scope_leave(tp__cu_scope *scope) {
   /* Putting the old context back cannot fail for a context that was
    * current a moment ago; should it, the thread keeps ours, which is
-   * still a valid context. */
+   * still a valid context. The capture mode likewise. */
+  if (scope->relaxed)
+    (void)tp__cu.cuThreadExchangeStreamCaptureMode(&scope->mode);
   if (scope->switched)
     (void)tp__cu.cuCtxSetCurrent(scope->prev);
 }

@@ -60,7 +60,26 @@
   X(cuMemSetAccess, 10020, 1)                                                  \
   X(cuMemExportToShareableHandle, 10020, 0)                                    \
   X(cuMemImportFromShareableHandle, 10020, 0)                                  \
-  X(cuDeviceGetUuid, 11040, 0)
+  X(cuDeviceGetUuid, 11040, 0)                                                 \
+  TP_CU_CAPTURE_ENTRY_POINTS(X)
+
+/* Stream capture and graphs (cuda_capture.c). Optional: a driver without
+ * them runs everything but capture, which answers NOT_SUPPORTED. */
+#define TP_CU_CAPTURE_ENTRY_POINTS(X)                                          \
+  X(cuStreamBeginCapture, 10010, 0)                                            \
+  X(cuThreadExchangeStreamCaptureMode, 10010, 0)                               \
+  X(cuStreamEndCapture, 10000, 0)                                              \
+  X(cuStreamGetCaptureInfo, 12030, 0)                                          \
+  X(cuStreamUpdateCaptureDependencies, 12030, 0)                               \
+  X(cuGraphAddEmptyNode, 10000, 0)                                             \
+  X(cuGraphNodeGetDependencies, 12030, 0)                                      \
+  X(cuUserObjectCreate, 11030, 0)                                              \
+  X(cuUserObjectRelease, 11030, 0)                                             \
+  X(cuGraphRetainUserObject, 11030, 0)                                         \
+  X(cuGraphInstantiateWithFlags, 11040, 0)                                     \
+  X(cuGraphLaunch, 10000, 0)                                                   \
+  X(cuGraphExecDestroy, 10000, 0)                                              \
+  X(cuGraphDestroy, 10000, 0)
 
 typedef struct tp__cu_api {
 #define TP_CU_FIELD_(name, version, required) PFN_##name##_v##version name;
@@ -113,13 +132,21 @@ int tp__cu_ordinal(CUdevice dev);
 typedef struct tp__cu_scope {
   CUcontext prev;
   int switched;
+  int relaxed; /* the thread's capture mode is to be put back */
+  CUstreamCaptureMode mode;
 } tp__cu_scope;
 
 tp_error_t tp__cu_scope_enter(const tp__cu_dev *d, tp__cu_scope *scope);
 /* As above for work that needs some context but no particular one: the
  * thread's current context if it has one, else device 0's. */
 tp_error_t tp__cu_scope_enter_any(tp__cu_scope *scope);
-void tp__cu_scope_leave(const tp__cu_scope *scope);
+void tp__cu_scope_leave(tp__cu_scope *scope);
+/* Within a scope, runs the calls in relaxed capture mode until the scope
+ * is left: memory and event calls touch no stream, yet during a capture in
+ * global or thread-local mode the driver would refuse them as potentially
+ * unsafe and invalidate the capture (PyTorch runs cudaMalloc so during
+ * capture, for the same reason). */
+void tp__cu_scope_relax(tp__cu_scope *scope);
 
 /* Platform streams. A stream the driver made (by stream_create or by the
  * user) is its CUstream cast to tp__pstream *. The special streams
@@ -144,6 +171,7 @@ static inline tp_error_t tp__cu_stream_begin(tp__pstream *ps, CUstream *s,
                                              tp__cu_scope *scope) {
   uintptr_t v = (uintptr_t)ps;
   scope->switched = 0;
+  scope->relaxed = 0;
   if (TP_LIKELY(v >= TP_CU_SPECIAL_LIMIT)) {
     *s = (CUstream)ps;
     return TP_SUCCESS;
@@ -217,5 +245,29 @@ tp_error_t tp__cu_reserve_imported(const tp__mem_kind *kind, size_t size,
 tp_error_t tp__cu_chunk_import(tp__pres *res, const tp__chunk_share *share,
                                tp__phys *phys);
 tp_error_t tp__cu_device_uuid(int device, unsigned char uuid[16]);
+
+/* cuEventRecord for the core's markers, which must mark real work: on a
+ * stream that captures (or the legacy stream while a capture forbids it),
+ * it records nothing and fails, leaving the capture as it was. */
+CUresult tp__cu_record_uncaptured(CUevent ev, CUstream s);
+
+tp_error_t tp__cu_capture_begin(tp__pstream *ps, tp_capture_mode_t mode);
+tp_error_t tp__cu_capture_end(tp__pstream *ps, tp__pgraph **graph);
+tp_error_t tp__cu_capture_status(tp__pstream *ps, tp_capture_status_t *status,
+                                 uint64_t *id);
+tp_error_t tp__cu_capture_invalidate(tp__pstream *ps);
+tp_error_t tp__cu_capture_point(tp__pstream *ps, tp__pnode *node);
+tp_error_t tp__cu_capture_follows(tp__pstream *ps, const tp__pnode *nodes,
+                                  size_t n, unsigned char *out);
+tp_error_t tp__cu_capture_attach(tp__pstream *ps, void (*release)(void *),
+                                 void *arg);
+tp_error_t tp__cu_capture_event_record(tp__pevent *ev, tp__pstream *ps);
+tp_error_t tp__cu_capture_event_wait(tp__pstream *ps, tp__pevent *ev);
+tp_error_t tp__cu_graph_instantiate(tp__pgraph *graph, unsigned long long flags,
+                                    void (*release)(void *), void *arg,
+                                    tp__pexec **exec);
+tp_error_t tp__cu_graph_launch(tp__pexec *exec, tp__pstream *ps);
+tp_error_t tp__cu_graph_exec_destroy(tp__pexec *exec);
+tp_error_t tp__cu_graph_destroy(tp__pgraph *graph);
 
 #endif /* TP_CUDA_INTERNAL_H */

@@ -87,12 +87,19 @@ _Static_assert((int)TP_HANDLE_POSIX_FD ==
                    (int)TP_HANDLE_FABRIC == (int)CU_MEM_HANDLE_TYPE_FABRIC,
                "handle type bits differ from the driver's");
 
+/* Memory calls run in relaxed capture mode (see tp__cu_scope_relax): a
+ * pool that grows, or graph memory mapped during a capture, must not cost
+ * the application its capture. */
 static tp_error_t scope_for(int ctx_device, tp__cu_scope *scope) {
-  if (ctx_device < 0)
-    return tp__cu_scope_enter_any(scope);
-  tp__cu_dev *d;
-  TP_FORWARD(tp__cu_dev_get(ctx_device, &d));
-  return tp__cu_scope_enter(d, scope);
+  if (ctx_device < 0) {
+    TP_FORWARD(tp__cu_scope_enter_any(scope));
+  } else {
+    tp__cu_dev *d;
+    TP_FORWARD(tp__cu_dev_get(ctx_device, &d));
+    TP_FORWARD(tp__cu_scope_enter(d, scope));
+  }
+  tp__cu_scope_relax(scope);
+  return TP_SUCCESS;
 }
 
 /* A device attribute that must be non-zero for the kind to work. */

@@ -220,6 +220,7 @@ tp_error_t tp__cu_device_synchronize(int device) {
 static tp_error_t new_cu_event(tp__cu_dev *d, CUevent *ev) {
   tp__cu_scope scope;
   TP_FORWARD(tp__cu_scope_enter(d, &scope));
+  tp__cu_scope_relax(&scope);
   CUresult r = tp__cu.cuEventCreate(ev, CU_EVENT_DISABLE_TIMING);
   tp__cu_scope_leave(&scope);
   return tp__cu_error(r);
@@ -279,7 +280,7 @@ tp_error_t tp__cu_event_destroy(tp__pevent *ev) {
 }
 
 tp_error_t tp__cu_event_record(tp__pevent *ev, tp__pstream *ps) {
-  TP_CU_ON_STREAM(ps, tp__cu.cuEventRecord(ev->ev, s_));
+  TP_CU_ON_STREAM(ps, tp__cu_record_uncaptured(ev->ev, s_));
 }
 
 tp_error_t tp__cu_event_query(tp__pevent *ev) {

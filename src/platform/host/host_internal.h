@@ -106,6 +106,95 @@ tp_error_t tp__host_reserve_imported(const tp__mem_kind *kind, size_t size,
 tp_error_t tp__host_chunk_import(tp__pres *res, const tp__chunk_share *share,
                                  tp__phys *phys);
 
+/* Stream capture (host_capture.c). A stream that captures points at its
+ * membership of the capture; an event recorded in a capture points at its
+ * position there. Both are host_capture.c's, changed under its lock. */
+typedef struct tp__host_member tp__host_member;
+typedef struct tp__host_capevent tp__host_capevent;
+
+typedef enum tp__host_node_kind {
+  TP__HOST_NODE_EMPTY = 0,
+  TP__HOST_NODE_HOST_FUNC,
+  TP__HOST_NODE_MEMSET,
+  TP__HOST_NODE_MEMCPY
+} tp__host_node_kind;
+
+/* The work of one graph node, as a stream op would do it. */
+typedef struct tp__host_node {
+  tp__host_node_kind kind;
+  union {
+    struct {
+      void (*fn)(void *);
+      void *arg;
+    } host;
+    struct {
+      void *dst;
+      const void *src; /* NULL for a memset */
+      int value;
+      size_t size;
+    } mem;
+  } u;
+} tp__host_node;
+
+/* Whether work on ps must go through the capture code: ps captures, or it
+ * is the legacy stream of a device where a blocking stream captures. */
+bool tp__host_capture_involved(tp__pstream *ps);
+/* Nonzero while a blocking stream of the device captures. */
+bool tp__host_capture_blocking(int device);
+/* Records `node` in ps's capture (STREAM_CAPTURE_IMPLICIT, invalidating,
+ * for the legacy stream; STREAM_CAPTURE_INVALIDATED for an invalidated
+ * capture). *captured is false when ps turns out not to capture any more:
+ * the caller then queues the work. */
+tp_error_t tp__host_capture_node(tp__pstream *ps, const tp__host_node *node,
+                                 bool *captured);
+/* A synchronize or query of ps, which captures or is the legacy stream of
+ * a device with a blocking capture: the error CUDA gives, invalidating the
+ * capture (SUCCESS when the capture ended meanwhile). */
+tp_error_t tp__host_capture_refuse(tp__pstream *ps);
+/* Whether a device-wide synchronize is allowed now under the modes of the
+ * captures in progress; invalidates those that forbid it. */
+tp_error_t tp__host_capture_check_sync(void);
+/* A capturing stream is being destroyed. */
+void tp__host_capture_stream_gone(tp__pstream *ps);
+/* An event recorded in a capture is being destroyed. */
+void tp__host_capture_event_forget(tp__pevent *ev);
+/* Runs a launch of the exec on a worker of `device`: false when memory
+ * work faulted. */
+bool tp__host_exec_run(tp__pexec *exec, int device);
+void tp__host_exec_unref(tp__pexec *exec);
+tp_error_t tp__host_capture_begin(tp__pstream *ps, tp_capture_mode_t mode);
+tp_error_t tp__host_capture_end(tp__pstream *ps, tp__pgraph **graph);
+tp_error_t tp__host_capture_status(tp__pstream *ps, tp_capture_status_t *status,
+                                   uint64_t *id);
+tp_error_t tp__host_capture_invalidate(tp__pstream *ps);
+tp_error_t tp__host_capture_point(tp__pstream *ps, tp__pnode *node);
+tp_error_t tp__host_capture_follows(tp__pstream *ps, const tp__pnode *nodes,
+                                    size_t n, unsigned char *out);
+tp_error_t tp__host_capture_attach(tp__pstream *ps, void (*release)(void *),
+                                   void *arg);
+tp_error_t tp__host_capture_event_record(tp__pevent *ev, tp__pstream *ps);
+tp_error_t tp__host_capture_event_wait(tp__pstream *ps, tp__pevent *ev);
+tp_error_t tp__host_graph_instantiate(tp__pgraph *graph,
+                                      unsigned long long flags,
+                                      void (*release)(void *), void *arg,
+                                      tp__pexec **exec);
+tp_error_t tp__host_graph_launch(tp__pexec *exec, tp__pstream *ps);
+tp_error_t tp__host_graph_exec_destroy(tp__pexec *exec);
+tp_error_t tp__host_graph_destroy(tp__pgraph *graph);
+
+/* What host_stream.c lends the capture code. */
+_Atomic(tp__host_member *) *tp__host_stream_capture_slot(tp__pstream *ps);
+tp__host_capevent **tp__host_event_capture_slot(tp__pevent *ev);
+void tp__host_stream_describe(const tp__pstream *ps, int *device, bool *legacy,
+                              bool *blocking);
+void tp__host_stream_ref(tp__pstream *ps);
+void tp__host_stream_unref(tp__pstream *ps);
+/* Queues a launch of exec on ps after `after`'s position `after_pos` (NULL:
+ * none); consumes one reference on exec, on failure too. */
+tp_error_t tp__host_exec_submit(tp__pstream *ps, tp__pexec *exec,
+                                tp__pstream *after, uint64_t after_pos,
+                                uint64_t *pos);
+
 /* Runs a memset (src NULL) or memcpy as device `device` would: every granule
  * of a reservation that the range touches must be mapped and grant the
  * device write access (destination) or read access (source). Returns false,

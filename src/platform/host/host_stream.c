@@ -1,6 +1,7 @@
 /* Streams and events of the emulated device. Each stream is a worker thread
  * that runs its queue of operations in order, with the legacy default
- * stream's implicit synchronisation; an event is a position in one stream. */
+ * stream's implicit synchronisation; an event is a position in one stream.
+ * Work on a capturing stream goes to host_capture.c instead of the queue. */
 #include <pthread.h>
 
 #include "platform/host/host_internal.h"
@@ -16,7 +17,8 @@ typedef enum op_kind {
   OP_BARRIER, /* waits for its dependencies and does nothing else */
   OP_HOST_FUNC,
   OP_MEMSET,
-  OP_MEMCPY
+  OP_MEMCPY,
+  OP_GRAPH /* one launch of an exec (host_capture.c) */
 } op_kind;
 
 typedef struct op {
@@ -33,6 +35,7 @@ typedef struct op {
       int value;
       size_t size;
     } mem;
+    tp__pexec *exec;
   } u;
   size_t ndeps;
   dep deps[];
@@ -60,6 +63,9 @@ struct tp__pstream {
   unsigned flags;
   bool legacy;
   tp__pstream *prev, *next; /* the device's list, under its mu */
+  /* The stream's part in a capture, NULL when it captures nothing; owned
+   * by host_capture.c, which changes it under its lock. */
+  _Atomic(tp__host_member *) capture;
 };
 
 struct tp__pevent {
@@ -67,6 +73,9 @@ struct tp__pevent {
   int device;
   tp__pstream *s; /* NULL: never recorded, or known complete */
   uint64_t pos;
+  /* Where capture_event_record put it in a capture, or NULL; owned by
+   * host_capture.c, under its lock. */
+  tp__host_capevent *capture;
 };
 
 typedef struct host_device {
@@ -158,6 +167,8 @@ static op *op_alloc(size_t ndeps) {
 static void op_free(op *o) {
   for (size_t i = 0; i < o->ndeps; i++)
     unref(o->deps[i].s);
+  if (o->kind == OP_GRAPH)
+    tp__host_exec_unref(o->u.exec);
   free(o);
 }
 
@@ -242,6 +253,10 @@ static void run(tp__pstream *s, op *o) {
                           o->u.mem.size))
       atomic_store(&s->faulted, true);
     break;
+  case OP_GRAPH:
+    if (!tp__host_exec_run(o->u.exec, s->device))
+      atomic_store(&s->faulted, true);
+    break;
   }
 }
 
@@ -298,6 +313,18 @@ static tp_error_t start_worker(tp__pstream *s) {
   }
   s->started = true;
   return TP_SUCCESS;
+}
+
+/* Work on a stream that captures, or on the legacy stream while a blocking
+ * stream of its device captures, goes to the capture code; true when it
+ * took the work (or refused it, with *err). */
+static bool captured(tp__pstream *s, const tp__host_node *work,
+                     tp_error_t *err) {
+  if (TP_LIKELY(!tp__host_capture_involved(s)))
+    return false;
+  bool taken = false;
+  *err = tp__host_capture_node(s, work, &taken);
+  return taken;
 }
 
 /* Queues `o` on `s`; on failure frees it. *pos receives its position. */
@@ -375,6 +402,8 @@ tp_error_t tp__host_stream_create(int device, unsigned flags, tp__pstream **ps,
  * frees the stream itself. */
 tp_error_t tp__host_stream_destroy(tp__pstream *ps) {
   TP_RETURN_IF(!ps || ps->legacy, TP_ERROR_INVALID_VALUE);
+  if (atomic_load(&ps->capture))
+    tp__host_capture_stream_gone(ps);
   pthread_mutex_lock(&ps->mu);
   bool started = ps->started;
   if (started) {
@@ -429,6 +458,8 @@ tp_error_t tp__host_stream_adopt(tp_stream_t handle, tp__stream_desc *desc) {
  * and, through the legacy semantics, the work it implicitly waits for. */
 tp_error_t tp__host_stream_synchronize(tp__pstream *ps) {
   TP_RETURN_IF(!ps, TP_ERROR_INVALID_VALUE);
+  if (TP_UNLIKELY(tp__host_capture_involved(ps)))
+    TP_FORWARD(tp__host_capture_refuse(ps));
   op *o = op_new(ps, OP_BARRIER, 1);
   TP_RETURN_IF(!o, TP_ERROR_OUT_OF_MEMORY);
   add_dep(o, ps, atomic_load_explicit(&ps->submitted, memory_order_acquire));
@@ -441,12 +472,15 @@ tp_error_t tp__host_stream_synchronize(tp__pstream *ps) {
 
 tp_error_t tp__host_stream_query(tp__pstream *ps) {
   TP_RETURN_IF(!ps, TP_ERROR_INVALID_VALUE);
+  if (TP_UNLIKELY(tp__host_capture_involved(ps)))
+    TP_FORWARD(tp__host_capture_refuse(ps));
   return busy(ps) || implicit_busy(ps) ? TP_ERROR_NOT_READY : TP_SUCCESS;
 }
 
 tp_error_t tp__host_device_synchronize(int device) {
   TP_RETURN_IF(device < 0 || device >= tp__host_devices,
                TP_ERROR_INVALID_DEVICE);
+  TP_FORWARD(tp__host_capture_check_sync());
   host_device *dev = &devices[device];
   pthread_mutex_lock(&dev->mu);
   op *o = op_alloc(dev->nstreams + 1);
@@ -508,6 +542,12 @@ tp_error_t tp__host_memset_async(tp__pstream *ps, void *ptr, int value,
                tp__host_fault_fail());
   TP_RETURN_IF(!ps || (!ptr && size), TP_ERROR_INVALID_VALUE);
   TP_RETURN_IF(size > UINTPTR_MAX - (uintptr_t)ptr, TP_ERROR_INVALID_VALUE);
+  tp_error_t err;
+  if (TP_UNLIKELY(captured(ps,
+                           &(tp__host_node){.kind = TP__HOST_NODE_MEMSET,
+                                            .u.mem = {ptr, NULL, value, size}},
+                           &err)))
+    return err;
   return submit(ps, OP_MEMSET, ptr, NULL, value, size);
 }
 
@@ -519,6 +559,12 @@ tp_error_t tp__host_memcpy_async(tp__pstream *ps, void *dst, const void *src,
   TP_RETURN_IF(size > UINTPTR_MAX - (uintptr_t)dst ||
                    size > UINTPTR_MAX - (uintptr_t)src,
                TP_ERROR_INVALID_VALUE);
+  tp_error_t err;
+  if (TP_UNLIKELY(captured(ps,
+                           &(tp__host_node){.kind = TP__HOST_NODE_MEMCPY,
+                                            .u.mem = {dst, src, 0, size}},
+                           &err)))
+    return err;
   return submit(ps, OP_MEMCPY, dst, src, 0, size);
 }
 
@@ -527,6 +573,12 @@ tp_error_t tp__host_launch_host_func(tp__pstream *ps, void (*fn)(void *),
   TP_RETURN_IF(tp__host_fault_fires(TP__HOST_FAULT_STREAM),
                tp__host_fault_fail());
   TP_RETURN_IF(!ps || !fn, TP_ERROR_INVALID_VALUE);
+  tp_error_t err;
+  if (TP_UNLIKELY(captured(ps,
+                           &(tp__host_node){.kind = TP__HOST_NODE_HOST_FUNC,
+                                            .u.host = {fn, arg}},
+                           &err)))
+    return err;
   op *o = op_new(ps, OP_HOST_FUNC, 0);
   TP_RETURN_IF(!o, TP_ERROR_OUT_OF_MEMORY);
   o->u.host.fn = fn;
@@ -550,6 +602,8 @@ tp_error_t tp__host_event_create(int device, tp__pevent **ev) {
 
 tp_error_t tp__host_event_destroy(tp__pevent *ev) {
   TP_RETURN_IF(!ev, TP_ERROR_INVALID_VALUE);
+  if (ev->capture)
+    tp__host_capture_event_forget(ev);
   if (ev->s)
     unref(ev->s);
   free(ev);
@@ -609,4 +663,53 @@ tp_error_t tp__host_event_synchronize(tp__pevent *ev) {
     unref(s);
   }
   return TP_SUCCESS;
+}
+
+/* ---- what host_capture.c needs of streams and events ---------------------
+ */
+
+bool tp__host_capture_involved(tp__pstream *ps) {
+  return atomic_load_explicit(&ps->capture, memory_order_acquire) ||
+         (ps->legacy && tp__host_capture_blocking(ps->device));
+}
+
+_Atomic(tp__host_member *) *tp__host_stream_capture_slot(tp__pstream *ps) {
+  return &ps->capture;
+}
+
+tp__host_capevent **tp__host_event_capture_slot(tp__pevent *ev) {
+  return &ev->capture;
+}
+
+void tp__host_stream_describe(const tp__pstream *ps, int *device, bool *legacy,
+                              bool *is_blocking) {
+  *device = ps->device;
+  *legacy = ps->legacy;
+  *is_blocking = blocking(ps);
+}
+
+void tp__host_stream_ref(tp__pstream *ps) {
+  ref(ps);
+}
+
+void tp__host_stream_unref(tp__pstream *ps) {
+  unref(ps);
+}
+
+/* Queues one launch of `exec` on ps, ordered after `after` at position
+ * `after_pos` (its previous launch; NULL for none). The op takes over one
+ * reference on the exec, which it drops when it is done, also on failure. */
+tp_error_t tp__host_exec_submit(tp__pstream *ps, tp__pexec *exec,
+                                tp__pstream *after, uint64_t after_pos,
+                                uint64_t *pos) {
+  op *o = op_new(ps, OP_GRAPH, after ? 1 : 0);
+  if (!o) {
+    tp__host_exec_unref(exec);
+    return TP_ERROR_OUT_OF_MEMORY;
+  }
+  o->u.exec = exec;
+  if (after &&
+      atomic_load_explicit(&after->completed, memory_order_acquire) < after_pos)
+    add_dep(o, after, after_pos);
+  return push(ps, o, pos);
 }

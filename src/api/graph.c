@@ -1,0 +1,421 @@
+/* Stream capture and graphs at the API: argument checks, graph and exec
+ * handles, the hooks through which allocation, free and events reach a
+ * capture, and events recorded inside captures. Capture itself is the
+ * platform's; graph memory is src/graph/'s. */
+#include <pthread.h>
+
+#include "api/api.h"
+#include "graph/graph_mem.h"
+
+/* ---- handles ----------------------------------------------------------------
+ * As with pools, a destroyed handle stays allocated, marked dead, for the
+ * life of the process, so that using it again is a clear error. */
+#define GRAPH_MAGIC 0x74706772u
+#define EXEC_MAGIC 0x74706578u
+
+struct tp_graph_opaque {
+  uint32_t magic;
+  atomic_int live;
+  tp__pgraph *pg;
+  tp__gmem *gm; /* NULL: the capture allocated and freed nothing */
+  struct tp_graph_opaque *next;
+};
+
+struct tp_graph_exec_opaque {
+  uint32_t magic;
+  atomic_int live;
+  tp__pexec *pe;
+  tp__gmem *gm;
+  bool auto_free;
+  struct tp_graph_exec_opaque *next;
+};
+
+static pthread_mutex_t handles_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct tp_graph_opaque *graphs;
+static struct tp_graph_exec_opaque *execs;
+
+static tp_error_t graph_get(tp_graph_t g) {
+  TP_RETURN_IF(!g || g->magic != GRAPH_MAGIC || !atomic_load(&g->live),
+               TP_ERROR_INVALID_VALUE);
+  return TP_SUCCESS;
+}
+
+static tp_error_t exec_get(tp_graph_exec_t x) {
+  TP_RETURN_IF(!x || x->magic != EXEC_MAGIC || !atomic_load(&x->live),
+               TP_ERROR_INVALID_VALUE);
+  return TP_SUCCESS;
+}
+
+/* ---- events recorded in captures --------------------------------------------
+ * An event recorded on a capturing stream is recorded, in its place, into a
+ * platform event of the capture code (its shadow): the core's own event
+ * keeps only real positions and the clocks that go with them, which a
+ * capture must not touch (a stream that joins a capture does not follow its
+ * origin's earlier work). */
+typedef struct shadow {
+  tp_event_t event;
+  tp__pevent *pe;
+  int device;
+  bool captured; /* the event was last recorded in a capture */
+} shadow;
+
+static pthread_mutex_t shadows_lock = PTHREAD_MUTEX_INITIALIZER;
+static shadow *shadows;
+static uint32_t nshadows, capshadows;
+static atomic_uint shadows_any;
+
+/* Under shadows_lock. */
+static shadow *shadow_find(tp_event_t event) {
+  for (uint32_t i = 0; i < nshadows; i++)
+    if (shadows[i].event == event)
+      return &shadows[i];
+  return NULL;
+}
+
+/* The shadow of `event` for a stream of `device`; under shadows_lock. */
+static tp_error_t shadow_for(tp_event_t event, int device, shadow **out) {
+  shadow *sh = shadow_find(event);
+  if (!sh) {
+    TP_RETURN_IF(!TP_RESERVE(shadows, nshadows, capshadows),
+                 TP_ERROR_OUT_OF_MEMORY);
+    sh = &shadows[nshadows];
+    *sh = (shadow){.event = event, .device = -1};
+    nshadows++;
+    atomic_store(&shadows_any, nshadows);
+  }
+  if (sh->device != device) {
+    tp__pevent *pe = NULL;
+    TP_FORWARD(tp__platform->event_create(device, &pe));
+    if (sh->pe)
+      (void)tp__platform->event_destroy(sh->pe);
+    sh->pe = pe;
+    sh->device = device;
+    sh->captured = false;
+  }
+  *out = sh;
+  return TP_SUCCESS;
+}
+
+/* ---- hooks ------------------------------------------------------------------
+ */
+
+static tp_error_t status_of(tp__stream *s, tp_capture_status_t *status,
+                            uint64_t *id) {
+  tp_error_t err = tp__platform->capture_status(s->ps, status, id);
+  /* Legacy-stream work while a blocking stream captures is refused, and
+   * costs that capture its validity, as in CUDA. */
+  if (err == TP_ERROR_STREAM_CAPTURE_IMPLICIT)
+    (void)tp__platform->capture_invalidate(s->ps);
+  return err;
+}
+
+bool tp__graph_capturing(tp__stream *s) {
+  tp_capture_status_t status;
+  return tp__platform->capture_status(s->ps, &status, NULL) != TP_SUCCESS ||
+         status != TP_CAPTURE_STATUS_NONE;
+}
+
+/* What an allocation node takes from its pool: device memory only, as the
+ * driver's graph allocations, with the pool's access list. */
+static tp_error_t kind_of(tp_pool_t pool, tp__gmem_kind *kind) {
+  int type = 0, loc = 0, id = 0;
+  TP_FORWARD(tp_pool_get_attribute(pool, TP_POOL_ATTR_ALLOCATION_TYPE, &type));
+  TP_FORWARD(tp_pool_get_attribute(pool, TP_POOL_ATTR_LOCATION_TYPE, &loc));
+  TP_FORWARD(tp_pool_get_attribute(pool, TP_POOL_ATTR_LOCATION_ID, &id));
+  TP_RETURN_IF(type != TP_ALLOCATION_PINNED || loc != TP_LOCATION_DEVICE ||
+                   id < 0 || id >= TP__GMEM_MAX_DEVICES,
+               TP_ERROR_NOT_SUPPORTED);
+  *kind = (tp__gmem_kind){.device = id};
+  int count = 0;
+  TP_FORWARD(tp_get_device_count(&count));
+  for (int d = 0; d < count && d < TP__GMEM_MAX_DEVICES; d++) {
+    tp_location_t where = {TP_LOCATION_DEVICE, d, 0};
+    TP_FORWARD(tp_pool_get_access(&kind->access[d], pool, &where));
+  }
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__graph_malloc(void **ptr, size_t size, tp_pool_t pool,
+                            tp__stream *s) {
+  tp_capture_status_t status;
+  uint64_t id = 0;
+  TP_FORWARD(status_of(s, &status, &id));
+  if (status == TP_CAPTURE_STATUS_NONE) {
+    /* The capture ended since the question was asked. */
+    tp__pool *p;
+    TP_FORWARD(tp__pool_get(pool, &p));
+    return tp__pool_malloc(p, ptr, size, s);
+  }
+  TP_RETURN_IF(status == TP_CAPTURE_STATUS_INVALIDATED,
+               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  tp__gmem_kind kind;
+  TP_FORWARD(kind_of(pool, &kind));
+  return tp__gmem_malloc(s->ps, id, &kind, size, ptr);
+}
+
+bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err) {
+  tp_capture_status_t status;
+  uint64_t id = 0;
+  *err = status_of(s, &status, &id);
+  if (*err != TP_SUCCESS)
+    return true;
+  if (status == TP_CAPTURE_STATUS_INVALIDATED) {
+    *err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
+    return true;
+  }
+  if (status == TP_CAPTURE_STATUS_ACTIVE) {
+    *err = tp__gmem_free_captured(s->ps, id, ptr);
+    return true;
+  }
+  bool claimed = false;
+  *err = tp__gmem_free(s->ps, s->device, ptr, &claimed);
+  return claimed;
+}
+
+bool tp__graph_on_record(tp_event_t event, tp__stream *s, tp_error_t *err) {
+  tp_capture_status_t status;
+  *err = status_of(s, &status, NULL);
+  if (*err != TP_SUCCESS)
+    return true;
+  if (status == TP_CAPTURE_STATUS_INVALIDATED) {
+    *err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
+    return true;
+  }
+  if (status == TP_CAPTURE_STATUS_NONE) {
+    /* Recorded outside any capture again: the core's event holds it. */
+    if (atomic_load(&shadows_any)) {
+      pthread_mutex_lock(&shadows_lock);
+      shadow *sh = shadow_find(event);
+      if (sh)
+        sh->captured = false;
+      pthread_mutex_unlock(&shadows_lock);
+    }
+    return false;
+  }
+  pthread_mutex_lock(&shadows_lock);
+  shadow *sh = NULL;
+  *err = shadow_for(event, s->device, &sh);
+  if (*err == TP_SUCCESS)
+    *err = tp__platform->capture_event_record(sh->pe, s->ps);
+  if (*err == TP_SUCCESS)
+    sh->captured = true;
+  pthread_mutex_unlock(&shadows_lock);
+  return true;
+}
+
+bool tp__graph_on_wait(tp__stream *s, tp_event_t event, tp__event *e,
+                       tp_error_t *err) {
+  tp_capture_status_t status;
+  *err = status_of(s, &status, NULL);
+  if (*err != TP_SUCCESS)
+    return true;
+  if (atomic_load(&shadows_any)) {
+    pthread_mutex_lock(&shadows_lock);
+    shadow *sh = shadow_find(event);
+    bool captured = sh && sh->captured;
+    if (captured)
+      *err = tp__platform->capture_event_wait(s->ps, sh->pe);
+    pthread_mutex_unlock(&shadows_lock);
+    if (captured)
+      return true;
+  }
+  if (status == TP_CAPTURE_STATUS_NONE)
+    return false;
+  if (status == TP_CAPTURE_STATUS_INVALIDATED) {
+    *err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
+    return true;
+  }
+  /* A capture may depend on outside work only through its stream's own
+   * order: waiting on pending outside work is CUDA's isolation error, and
+   * work already done (or never recorded) adds nothing to wait for. */
+  if (tp__event_query(e) == TP_SUCCESS) {
+    *err = TP_SUCCESS;
+  } else {
+    (void)tp__platform->capture_invalidate(s->ps);
+    *err = TP_ERROR_STREAM_CAPTURE_ISOLATION;
+  }
+  return true;
+}
+
+tp_error_t tp__graph_event_check(tp_event_t event) {
+  if (TP_LIKELY(!atomic_load(&shadows_any)))
+    return TP_SUCCESS;
+  pthread_mutex_lock(&shadows_lock);
+  shadow *sh = shadow_find(event);
+  bool captured = sh && sh->captured;
+  pthread_mutex_unlock(&shadows_lock);
+  return captured ? TP_ERROR_CAPTURED_EVENT : TP_SUCCESS;
+}
+
+void tp__graph_event_forget(tp_event_t event) {
+  if (TP_LIKELY(!atomic_load(&shadows_any)))
+    return;
+  pthread_mutex_lock(&shadows_lock);
+  shadow *sh = shadow_find(event);
+  if (sh) {
+    if (sh->pe)
+      (void)tp__platform->event_destroy(sh->pe);
+    *sh = shadows[--nshadows];
+    atomic_store(&shadows_any, nshadows);
+  }
+  pthread_mutex_unlock(&shadows_lock);
+}
+
+/* ---- capture ----------------------------------------------------------------
+ */
+
+TP_API tp_error_t tp_stream_begin_capture(tp_stream_t stream,
+                                          tp_capture_mode_t mode) {
+  TP_FORWARD(tp__api_init());
+  tp__stream *s;
+  TP_FORWARD(tp__stream_get(stream, &s));
+  TP_RETURN_IF(mode != TP_CAPTURE_MODE_GLOBAL &&
+                   mode != TP_CAPTURE_MODE_THREAD_LOCAL &&
+                   mode != TP_CAPTURE_MODE_RELAXED,
+               TP_ERROR_INVALID_VALUE);
+  return tp__platform->capture_begin(s->ps, mode);
+}
+
+TP_API tp_error_t tp_stream_end_capture(tp_stream_t stream, tp_graph_t *graph) {
+  TP_RETURN_IF(!graph, TP_ERROR_INVALID_VALUE);
+  *graph = NULL;
+  TP_FORWARD(tp__api_init());
+  tp__stream *s;
+  TP_FORWARD(tp__stream_get(stream, &s));
+  tp_capture_status_t status;
+  uint64_t id = 0;
+  if (tp__platform->capture_status(s->ps, &status, &id) != TP_SUCCESS)
+    id = 0;
+  tp__pgraph *pg = NULL;
+  TP_FORWARD(tp__platform->capture_end(s->ps, &pg));
+  struct tp_graph_opaque *g = calloc(1, sizeof *g);
+  if (!g) {
+    (void)tp__platform->graph_destroy(pg);
+    return TP_ERROR_OUT_OF_MEMORY;
+  }
+  g->magic = GRAPH_MAGIC;
+  atomic_init(&g->live, 1);
+  g->pg = pg;
+  g->gm = id ? tp__gmem_of_capture(id) : NULL;
+  pthread_mutex_lock(&handles_lock);
+  g->next = graphs;
+  graphs = g;
+  pthread_mutex_unlock(&handles_lock);
+  *graph = g;
+  return TP_SUCCESS;
+}
+
+TP_API tp_error_t tp_stream_is_capturing(tp_stream_t stream,
+                                         tp_capture_status_t *status) {
+  TP_RETURN_IF(!status, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  tp__stream *s;
+  TP_FORWARD(tp__stream_get(stream, &s));
+  return tp__platform->capture_status(s->ps, status, NULL);
+}
+
+/* ---- graphs and execs -------------------------------------------------------
+ */
+
+TP_API tp_error_t tp_graph_instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
+                                       unsigned long long flags) {
+  TP_RETURN_IF(!exec, TP_ERROR_INVALID_VALUE);
+  *exec = NULL;
+  TP_FORWARD(tp__api_init());
+  TP_FORWARD(graph_get(graph));
+  TP_RETURN_IF(flags & ~TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH,
+               TP_ERROR_INVALID_VALUE);
+  struct tp_graph_exec_opaque *x = calloc(1, sizeof *x);
+  TP_RETURN_IF(!x, TP_ERROR_OUT_OF_MEMORY);
+  void (*release)(void *) = NULL;
+  void *arg = NULL;
+  tp_error_t err =
+      graph->gm ? tp__gmem_instantiate(graph->gm, &release, &arg) : TP_SUCCESS;
+  if (err == TP_SUCCESS) {
+    err =
+        tp__platform->graph_instantiate(graph->pg, flags, release, arg, &x->pe);
+    if (err != TP_SUCCESS && graph->gm)
+      tp__gmem_instantiate_undo(graph->gm, arg);
+  }
+  if (err != TP_SUCCESS) {
+    free(x);
+    return err;
+  }
+  x->magic = EXEC_MAGIC;
+  atomic_init(&x->live, 1);
+  x->gm = graph->gm;
+  x->auto_free = flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH;
+  pthread_mutex_lock(&handles_lock);
+  x->next = execs;
+  execs = x;
+  pthread_mutex_unlock(&handles_lock);
+  *exec = x;
+  return TP_SUCCESS;
+}
+
+TP_API tp_error_t tp_graph_launch(tp_graph_exec_t exec, tp_stream_t stream) {
+  TP_FORWARD(tp__api_init());
+  TP_FORWARD(exec_get(exec));
+  tp__stream *s;
+  TP_FORWARD(tp__stream_get(stream, &s));
+  /* Graph memory is booked per launch of its exec, which a launch captured
+   * into another graph would escape. */
+  if (tp__gmem_has_allocations(exec->gm)) {
+    tp_capture_status_t status;
+    TP_FORWARD(status_of(s, &status, NULL));
+    TP_RETURN_IF(status != TP_CAPTURE_STATUS_NONE, TP_ERROR_NOT_SUPPORTED);
+  }
+  tp__work_begin(s);
+  tp_error_t err =
+      tp__gmem_launch(exec->gm, exec->pe, exec->auto_free, s->ps, s->device);
+  tp__work_end(s);
+  return err;
+}
+
+TP_API tp_error_t tp_graph_exec_destroy(tp_graph_exec_t exec) {
+  TP_FORWARD(tp__api_init());
+  TP_FORWARD(exec_get(exec));
+  int one = 1;
+  TP_RETURN_IF(!atomic_compare_exchange_strong(&exec->live, &one, 0),
+               TP_ERROR_INVALID_VALUE);
+  if (exec->gm)
+    tp__gmem_exec_destroyed(exec->gm);
+  return tp__platform->graph_exec_destroy(exec->pe);
+}
+
+TP_API tp_error_t tp_graph_destroy(tp_graph_t graph) {
+  TP_FORWARD(tp__api_init());
+  TP_FORWARD(graph_get(graph));
+  int one = 1;
+  TP_RETURN_IF(!atomic_compare_exchange_strong(&graph->live, &one, 0),
+               TP_ERROR_INVALID_VALUE);
+  return tp__platform->graph_destroy(graph->pg);
+}
+
+/* ---- graph memory -----------------------------------------------------------
+ */
+
+TP_API tp_error_t tp_device_graph_mem_trim(int device) {
+  TP_FORWARD(tp__api_init());
+  TP_FORWARD(tp__check_device(device));
+  return tp__gmem_trim(device);
+}
+
+TP_API tp_error_t tp_device_get_graph_mem_attribute(int device,
+                                                    tp_graph_mem_attr_t attr,
+                                                    void *value) {
+  TP_RETURN_IF(!value, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  TP_FORWARD(tp__check_device(device));
+  return tp__gmem_get_attr(device, attr, value);
+}
+
+TP_API tp_error_t tp_device_set_graph_mem_attribute(int device,
+                                                    tp_graph_mem_attr_t attr,
+                                                    void *value) {
+  TP_RETURN_IF(!value, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  TP_FORWARD(tp__check_device(device));
+  TP_RETURN_IF(*(const uint64_t *)value != 0, TP_ERROR_INVALID_VALUE);
+  return tp__gmem_reset_high(device, attr);
+}

@@ -1,0 +1,847 @@
+/* Stream capture and graph memory through the public API: captured work
+ * replayed at every launch, fork and join through events, allocations and
+ * frees inside graphs (reuse in order, fixed addresses, allocations that
+ * outlive launches, auto-free, frees in another graph), what is refused
+ * during capture and the invalidation that follows, bad handles, the graph
+ * memory accounts, and captures on several threads. Runs on host and on
+ * cuda (TIDEPOOL_PLATFORM=cuda); where the platforms map graph memory at
+ * different times the expectations say so. */
+#include <pthread.h>
+
+#include "check.h"
+
+#define MiB ((size_t)1 << 20)
+
+static void ok_or_exit(tp_error_t err, const char *what) {
+  if (err != TP_SUCCESS) {
+    printf("stopping: %s: %s\n", what, tp_error_name(err));
+    exit(1);
+  }
+}
+
+static tp_stream_t new_stream(unsigned flags) {
+  tp_stream_t s = NULL;
+  ok_or_exit(tp_stream_create(&s, flags), "tp_stream_create");
+  return s;
+}
+
+static void bump(void *arg) {
+  atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+static tp_capture_status_t status_of(tp_stream_t s) {
+  tp_capture_status_t st = (tp_capture_status_t)-1;
+  CHECK_OK(tp_stream_is_capturing(s, &st));
+  return st;
+}
+
+static uint64_t graph_attr(tp_graph_mem_attr_t attr) {
+  uint64_t v = UINT64_MAX;
+  CHECK_OK(tp_device_get_graph_mem_attribute(0, attr, &v));
+  return v;
+}
+
+/* Graph memory given back on cuda when the driver runs a user object's
+ * destructor, which it may do a little after the last work completed. */
+static uint64_t graph_used_settled(uint64_t want) {
+  double deadline = check_now_s() + 5.0;
+  uint64_t v = graph_attr(TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT);
+  while (v != want && check_now_s() < deadline) {
+    check_sleep_ms(2);
+    v = graph_attr(TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT);
+  }
+  return v;
+}
+
+static uint64_t pool_attr(tp_pool_attr_t attr) {
+  tp_pool_t pool;
+  CHECK_OK(tp_device_get_mem_pool(&pool, 0));
+  uint64_t v = UINT64_MAX;
+  CHECK_OK(tp_pool_get_attribute(pool, attr, &v));
+  return v;
+}
+
+/* Copies device memory out and checks every byte. */
+static int bytes_are(const void *dev, size_t n, unsigned char value,
+                     tp_stream_t s) {
+  unsigned char *host = malloc(n);
+  if (!CHECK(host != NULL))
+    return 0;
+  memset(host, value ^ 0xff, n);
+  int ok = CHECK_OK(tp_memcpy_async(host, dev, n, s)) &&
+           CHECK_OK(tp_stream_synchronize(s));
+  size_t bad = n;
+  for (size_t i = 0; ok && i < n && bad == n; i++)
+    if (host[i] != value)
+      bad = i;
+  if (ok && bad != n)
+    CHECK_FAIL("byte %zu is 0x%02x, expected 0x%02x", bad, host[bad], value);
+  free(host);
+  return ok && bad == n;
+}
+
+/* Work captured on a stream runs at every launch, never at capture. */
+static void test_replay(void) {
+  tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING);
+  void *buf = NULL;
+  REQUIRE_OK(tp_malloc_async(&buf, 2 * MiB, s));
+  REQUIRE_OK(tp_memset_async(buf, 0, 2 * MiB, s));
+  REQUIRE_OK(tp_stream_synchronize(s));
+  atomic_int runs = 0;
+  CHECK_EQ_INT(status_of(s), TP_CAPTURE_STATUS_NONE);
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_EQ_INT(status_of(s), TP_CAPTURE_STATUS_ACTIVE);
+  CHECK_OK(tp_memset_async(buf, 0x11, MiB, s));
+  CHECK_OK(tp_launch_host_func(s, bump, &runs));
+  CHECK_OK(tp_memset_async((char *)buf + MiB, 0x22, MiB, s));
+  tp_graph_t graph = NULL;
+  REQUIRE_OK(tp_stream_end_capture(s, &graph));
+  REQUIRE(graph != NULL);
+  CHECK_EQ_INT(status_of(s), TP_CAPTURE_STATUS_NONE);
+  CHECK_EQ_INT(atomic_load(&runs), 0);
+  CHECK(bytes_are(buf, 2 * MiB, 0, s));
+  tp_graph_exec_t exec = NULL;
+  REQUIRE_OK(tp_graph_instantiate(&exec, graph, 0));
+  for (int i = 1; i <= 3; i++) {
+    CHECK_OK(tp_memset_async(buf, 0, 2 * MiB, s));
+    CHECK_OK(tp_graph_launch(exec, s));
+    CHECK_OK(tp_stream_synchronize(s));
+    CHECK_EQ_INT(atomic_load(&runs), i);
+    CHECK(bytes_are(buf, MiB, 0x11, s));
+    CHECK(bytes_are((char *)buf + MiB, MiB, 0x22, s));
+  }
+  CHECK_OK(tp_graph_exec_destroy(exec));
+  CHECK_OK(tp_graph_destroy(graph));
+  CHECK_OK(tp_free_async(buf, s));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
+/* A launch waits for the stream's earlier work, and launches of one exec
+ * on two streams run one after the other. */
+static void test_launch_order(void) {
+  tp_stream_t s1 = new_stream(TP_STREAM_NON_BLOCKING);
+  tp_stream_t s2 = new_stream(TP_STREAM_NON_BLOCKING);
+  atomic_int runs = 0;
+  REQUIRE_OK(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_OK(tp_launch_host_func(s1, bump, &runs));
+  tp_graph_t graph = NULL;
+  REQUIRE_OK(tp_stream_end_capture(s1, &graph));
+  tp_graph_exec_t exec = NULL;
+  REQUIRE_OK(tp_graph_instantiate(&exec, graph, 0));
+  gate_t gate;
+  REQUIRE_OK(hold_stream(s1, &gate));
+  CHECK_OK(tp_graph_launch(exec, s1));
+  CHECK_OK(tp_graph_launch(exec, s2));
+  check_sleep_ms(30);
+  CHECK_EQ_INT(atomic_load(&runs), 0); /* s2's launch waits for s1's */
+  release(&gate);
+  CHECK_OK(tp_stream_synchronize(s2));
+  CHECK_EQ_INT(atomic_load(&runs), 2);
+  CHECK_OK(tp_graph_exec_destroy(exec));
+  CHECK_OK(tp_graph_destroy(graph));
+  CHECK_OK(tp_stream_destroy(s1));
+  CHECK_OK(tp_stream_destroy(s2));
+}
+
+/* Another stream joins by waiting on an event recorded in the capture and
+ * must join back; its work is part of the graph. */
+static void test_fork_join(void) {
+  tp_stream_t s1 = new_stream(TP_STREAM_NON_BLOCKING);
+  tp_stream_t s2 = new_stream(TP_STREAM_NON_BLOCKING);
+  tp_event_t fork, join;
+  REQUIRE_OK(tp_event_create(&fork));
+  REQUIRE_OK(tp_event_create(&join));
+  atomic_int runs1 = 0, runs2 = 0;
+  void *out = NULL;
+  REQUIRE_OK(tp_malloc_async(&out, 2 * MiB, s1));
+  REQUIRE_OK(tp_stream_synchronize(s1));
+
+  REQUIRE_OK(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL));
+  void *a = NULL, *b = NULL;
+  CHECK_OK(tp_malloc_async(&a, MiB, s1));
+  CHECK_OK(tp_memset_async(a, 0x5a, MiB, s1));
+  CHECK_OK(tp_event_record(fork, s1));
+  CHECK_EQ_INT(tp_event_query(fork), TP_ERROR_CAPTURED_EVENT);
+  CHECK_EQ_INT(tp_event_synchronize(fork), TP_ERROR_CAPTURED_EVENT);
+  CHECK_OK(tp_stream_wait_event(s2, fork, 0));
+  CHECK_EQ_INT(status_of(s2), TP_CAPTURE_STATUS_ACTIVE);
+  /* s2 allocates in the graph too, and copies what s1 wrote. */
+  CHECK_OK(tp_malloc_async(&b, MiB, s2));
+  CHECK_OK(tp_memcpy_async(b, a, MiB, s2));
+  CHECK_OK(tp_memcpy_async((char *)out + MiB, b, MiB, s2));
+  CHECK_OK(tp_free_async(b, s2));
+  CHECK_OK(tp_launch_host_func(s2, bump, &runs2));
+  CHECK_OK(tp_event_record(join, s2));
+  CHECK_OK(tp_stream_wait_event(s1, join, 0));
+  CHECK_OK(tp_memcpy_async(out, a, MiB, s1));
+  CHECK_OK(tp_free_async(a, s1));
+  CHECK_OK(tp_launch_host_func(s1, bump, &runs1));
+  /* s2 ended its part at the join: more work there would be unjoined. */
+  tp_graph_t graph = NULL;
+  REQUIRE_OK(tp_stream_end_capture(s1, &graph));
+  CHECK_EQ_INT(status_of(s2), TP_CAPTURE_STATUS_NONE);
+  CHECK_EQ_INT(atomic_load(&runs1) + atomic_load(&runs2), 0);
+
+  tp_graph_exec_t exec = NULL;
+  REQUIRE_OK(tp_graph_instantiate(&exec, graph, 0));
+  for (int i = 1; i <= 3; i++) {
+    CHECK_OK(tp_memset_async(out, 0, 2 * MiB, s1));
+    CHECK_OK(tp_graph_launch(exec, s1));
+    CHECK_OK(tp_stream_synchronize(s1));
+    CHECK_EQ_INT(atomic_load(&runs1), i);
+    CHECK_EQ_INT(atomic_load(&runs2), i);
+    CHECK(bytes_are(out, 2 * MiB, 0x5a, s1));
+  }
+  /* Outside the capture the events are ordinary again once recorded. */
+  CHECK_OK(tp_event_record(fork, s1));
+  CHECK_OK(tp_event_synchronize(fork));
+  CHECK_OK(tp_graph_exec_destroy(exec));
+  CHECK_OK(tp_graph_destroy(graph));
+
+  /* A fork that does not join back fails the capture. */
+  REQUIRE_OK(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_OK(tp_event_record(fork, s1));
+  CHECK_OK(tp_stream_wait_event(s2, fork, 0));
+  CHECK_OK(tp_launch_host_func(s2, bump, &runs2));
+  graph = (tp_graph_t)&graph;
+  CHECK_EQ_INT(tp_stream_end_capture(s1, &graph),
+               TP_ERROR_STREAM_CAPTURE_UNJOINED);
+  CHECK(graph == NULL);
+  CHECK_EQ_INT(status_of(s1), TP_CAPTURE_STATUS_NONE);
+  CHECK_EQ_INT(status_of(s2), TP_CAPTURE_STATUS_NONE);
+
+  CHECK_OK(tp_free_async(out, s1));
+  CHECK_OK(tp_stream_synchronize(s1));
+  CHECK_OK(tp_event_destroy(fork));
+  CHECK_OK(tp_event_destroy(join));
+  CHECK_OK(tp_stream_destroy(s1));
+  CHECK_OK(tp_stream_destroy(s2));
+}
+
+/* Graph allocations are not the pool's: its statistics do not move. The
+ * memory a free releases serves a later allocation ordered after it, and
+ * not one that is not: 4 MiB allocations, a freed before b, b freed on a
+ * fork that c (on the origin) does not follow, d after the join, need
+ * 8 MiB of graph memory, where taking c into b's memory would need 4 and no
+ * reuse at all 16. */
+static void test_alloc_free_reuse(void) {
+  tp_stream_t s1 = new_stream(TP_STREAM_NON_BLOCKING);
+  tp_stream_t s2 = new_stream(TP_STREAM_NON_BLOCKING);
+  tp_event_t fork, join;
+  REQUIRE_OK(tp_event_create(&fork));
+  REQUIRE_OK(tp_event_create(&join));
+  void *out = NULL;
+  REQUIRE_OK(tp_malloc_async(&out, 4 * MiB, s1));
+  REQUIRE_OK(tp_stream_synchronize(s1));
+  /* On cuda earlier graphs give their memory back a moment after. */
+  CHECK_EQ_U64(graph_used_settled(0), 0);
+  uint64_t pool_used = pool_attr(TP_POOL_ATTR_USED_MEM_CURRENT);
+  uint64_t pool_reserved = pool_attr(TP_POOL_ATTR_RESERVED_MEM_CURRENT);
+  uint64_t used_before = graph_attr(TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT);
+
+  REQUIRE_OK(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL));
+  void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+  CHECK_OK(tp_malloc_async(&a, 4 * MiB, s1));
+  CHECK(a != NULL);
+  CHECK_OK(tp_memset_async(a, 1, 4 * MiB, s1));
+  CHECK_OK(tp_memcpy_async(out, a, MiB, s1));
+  CHECK_OK(tp_free_async(a, s1));
+  CHECK_OK(tp_malloc_async(&b, 4 * MiB, s1));
+  CHECK_OK(tp_memset_async(b, 2, 4 * MiB, s1));
+  CHECK_OK(tp_memcpy_async((char *)out + MiB, b, MiB, s1));
+  CHECK_OK(tp_event_record(fork, s1));
+  CHECK_OK(tp_stream_wait_event(s2, fork, 0));
+  CHECK_OK(tp_free_async(b, s2));
+  CHECK_OK(tp_malloc_async(&c, 4 * MiB, s1));
+  CHECK_OK(tp_memset_async(c, 3, 4 * MiB, s1));
+  CHECK_OK(tp_memcpy_async((char *)out + 2 * MiB, c, MiB, s1));
+  CHECK_OK(tp_event_record(join, s2));
+  CHECK_OK(tp_stream_wait_event(s1, join, 0));
+  CHECK_OK(tp_malloc_async(&d, 4 * MiB, s1));
+  CHECK_OK(tp_memset_async(d, 4, 4 * MiB, s1));
+  CHECK_OK(tp_memcpy_async((char *)out + 3 * MiB, d, MiB, s1));
+  CHECK_OK(tp_free_async(c, s1));
+  CHECK_OK(tp_free_async(d, s1));
+  tp_graph_t graph = NULL;
+  REQUIRE_OK(tp_stream_end_capture(s1, &graph));
+  CHECK(a != b && b != c && c != d); /* addresses of one graph are its own */
+  CHECK_EQ_U64(pool_attr(TP_POOL_ATTR_USED_MEM_CURRENT), pool_used);
+
+  tp_graph_exec_t exec = NULL;
+  REQUIRE_OK(tp_graph_instantiate(&exec, graph, 0));
+  CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT) - used_before,
+               8 * MiB);
+  for (int i = 0; i < 4; i++) {
+    CHECK_OK(tp_memset_async(out, 0, 4 * MiB, s1));
+    CHECK_OK(tp_graph_launch(exec, s1));
+    CHECK_OK(tp_stream_synchronize(s1));
+    for (int k = 0; k < 4; k++)
+      CHECK(bytes_are((char *)out + k * MiB, MiB, (unsigned char)(k + 1), s1));
+  }
+  CHECK_EQ_U64(pool_attr(TP_POOL_ATTR_USED_MEM_CURRENT), pool_used);
+  CHECK_EQ_U64(pool_attr(TP_POOL_ATTR_RESERVED_MEM_CURRENT), pool_reserved);
+  /* The graph's allocations were freed in it: none is live now. */
+  CHECK_EQ_INT(tp_free_async(a, s1), TP_ERROR_INVALID_VALUE);
+  CHECK_OK(tp_graph_exec_destroy(exec));
+  CHECK_OK(tp_graph_destroy(graph));
+  CHECK_OK(tp_free_async(out, s1));
+  CHECK_OK(tp_stream_synchronize(s1));
+  CHECK_OK(tp_event_destroy(fork));
+  CHECK_OK(tp_event_destroy(join));
+  CHECK_OK(tp_stream_destroy(s1));
+  CHECK_OK(tp_stream_destroy(s2));
+}
+
+/* A free during capture takes only graph allocations; anything else is
+ * refused and changes nothing, the capture included. */
+static void test_free_refused(void) {
+  tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING);
+  void *q = NULL;
+  REQUIRE_OK(tp_malloc_async(&q, MiB, s));
+  REQUIRE_OK(tp_memset_async(q, 0x3c, MiB, s));
+  REQUIRE_OK(tp_stream_synchronize(s));
+  uint64_t pool_used = pool_attr(TP_POOL_ATTR_USED_MEM_CURRENT);
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_EQ_INT(tp_free_async(q, s), TP_ERROR_INVALID_VALUE);
+  int local = 0;
+  CHECK_EQ_INT(tp_free_async(&local, s), TP_ERROR_INVALID_VALUE);
+  void *a = NULL;
+  CHECK_OK(tp_malloc_async(&a, MiB, s));
+  CHECK_EQ_INT(tp_free_async((char *)a + 512, s), TP_ERROR_INVALID_VALUE);
+  CHECK_OK(tp_free_async(a, s));
+  CHECK_EQ_INT(tp_free_async(a, s), TP_ERROR_INVALID_VALUE);
+  CHECK_OK(tp_free_async(NULL, s));
+  CHECK_EQ_INT(status_of(s), TP_CAPTURE_STATUS_ACTIVE);
+  tp_graph_t graph = NULL;
+  CHECK_OK(tp_stream_end_capture(s, &graph));
+  CHECK_EQ_U64(pool_attr(TP_POOL_ATTR_USED_MEM_CURRENT), pool_used);
+  CHECK(bytes_are(q, MiB, 0x3c, s));
+  CHECK_OK(tp_free_async(q, s));
+  CHECK_EQ_INT(tp_free_async(q, s), TP_ERROR_INVALID_VALUE);
+  if (graph)
+    CHECK_OK(tp_graph_destroy(graph));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
+/* An allocation the graph does not free is live after each launch, until a
+ * free on any stream; the next launch waits for that free, and launching
+ * while it is live is refused. */
+static void test_outliving(void) {
+  tp_stream_t s1 = new_stream(TP_STREAM_NON_BLOCKING);
+  tp_stream_t s2 = new_stream(TP_STREAM_NON_BLOCKING);
+  atomic_int runs = 0;
+  REQUIRE_OK(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL));
+  void *p = NULL;
+  CHECK_OK(tp_malloc_async(&p, MiB, s1));
+  CHECK_OK(tp_memset_async(p, 0x77, MiB, s1));
+  CHECK_OK(tp_launch_host_func(s1, bump, &runs));
+  tp_graph_t graph = NULL;
+  REQUIRE_OK(tp_stream_end_capture(s1, &graph));
+  /* Not live before the first launch. */
+  CHECK_EQ_INT(tp_free_async(p, s1), TP_ERROR_INVALID_VALUE);
+  tp_graph_exec_t exec = NULL, second = NULL;
+  REQUIRE_OK(tp_graph_instantiate(&exec, graph, 0));
+  CHECK_EQ_INT(tp_graph_instantiate(&second, graph, 0), TP_ERROR_INVALID_VALUE);
+  CHECK(second == NULL);
+  CHECK_OK(tp_graph_launch(exec, s1));
+  CHECK_OK(tp_stream_synchronize(s1));
+  CHECK(bytes_are(p, MiB, 0x77, s1));
+  CHECK_EQ_INT(tp_graph_launch(exec, s1), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(atomic_load(&runs), 1);
+
+  /* The free sits behind a held s2; the next launch on s1 must wait. */
+  gate_t gate;
+  REQUIRE_OK(hold_stream(s2, &gate));
+  CHECK_OK(tp_free_async(p, s2));
+  CHECK_EQ_INT(tp_free_async(p, s2), TP_ERROR_INVALID_VALUE);
+  CHECK_OK(tp_graph_launch(exec, s1));
+  check_sleep_ms(30);
+  CHECK_EQ_INT(atomic_load(&runs), 1);
+  release(&gate);
+  CHECK_OK(tp_stream_synchronize(s1));
+  CHECK_EQ_INT(atomic_load(&runs), 2);
+
+  /* Live again: it outlives the exec and the graph, bytes intact. */
+  CHECK_OK(tp_graph_exec_destroy(exec));
+  CHECK_OK(tp_graph_destroy(graph));
+  CHECK_OK(tp_device_synchronize());
+  CHECK(bytes_are(p, MiB, 0x77, s2));
+  CHECK(graph_attr(TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT) >= MiB);
+  CHECK_OK(tp_free_async(p, s2));
+  CHECK_OK(tp_stream_synchronize(s2));
+  CHECK_EQ_U64(graph_used_settled(0), 0);
+  CHECK_OK(tp_stream_destroy(s1));
+  CHECK_OK(tp_stream_destroy(s2));
+}
+
+/* AUTO_FREE_ON_LAUNCH frees what the previous launch left live. */
+static void test_auto_free(void) {
+  tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING);
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_THREAD_LOCAL));
+  void *p = NULL;
+  CHECK_OK(tp_malloc_async(&p, MiB, s));
+  CHECK_OK(tp_memset_async(p, 0x42, MiB, s));
+  tp_graph_t graph = NULL;
+  REQUIRE_OK(tp_stream_end_capture(s, &graph));
+  tp_graph_exec_t exec = NULL;
+  REQUIRE_OK(tp_graph_instantiate(&exec, graph,
+                                  TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH));
+  for (int i = 0; i < 3; i++)
+    CHECK_OK(tp_graph_launch(exec, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK(bytes_are(p, MiB, 0x42, s));
+  CHECK_OK(tp_free_async(p, s));
+  CHECK_OK(tp_graph_launch(exec, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_graph_exec_destroy(exec));
+  CHECK_OK(tp_graph_destroy(graph));
+  /* The last launch left p live, so the memory stays until it is freed. */
+  CHECK_OK(tp_free_async(p, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
+/* A graph may free what another graph's launch left live. */
+static void test_free_in_other_graph(void) {
+  tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING);
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  void *p = NULL;
+  CHECK_OK(tp_malloc_async(&p, MiB, s));
+  CHECK_OK(tp_memset_async(p, 0x19, MiB, s));
+  tp_graph_t ga = NULL, gb = NULL;
+  REQUIRE_OK(tp_stream_end_capture(s, &ga));
+  tp_graph_exec_t xa = NULL, xb = NULL;
+  REQUIRE_OK(tp_graph_instantiate(&xa, ga, 0));
+
+  void *out = NULL;
+  REQUIRE_OK(tp_malloc_async(&out, MiB, s));
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_OK(tp_memcpy_async(out, p, MiB, s));
+  CHECK_OK(tp_free_async(p, s));
+  CHECK_EQ_INT(tp_free_async(p, s), TP_ERROR_INVALID_VALUE);
+  REQUIRE_OK(tp_stream_end_capture(s, &gb));
+  REQUIRE_OK(tp_graph_instantiate(&xb, gb, 0));
+
+  CHECK_EQ_INT(tp_graph_launch(xb, s), TP_ERROR_INVALID_VALUE); /* p dead */
+  for (int i = 0; i < 3; i++) {
+    CHECK_OK(tp_memset_async(out, 0, MiB, s));
+    CHECK_OK(tp_graph_launch(xa, s));
+    CHECK_OK(tp_graph_launch(xb, s));
+    CHECK_OK(tp_stream_synchronize(s));
+    CHECK(bytes_are(out, MiB, 0x19, s));
+  }
+  CHECK_EQ_INT(tp_graph_launch(xb, s), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_free_async(p, s), TP_ERROR_INVALID_VALUE);
+  CHECK_OK(tp_graph_exec_destroy(xb));
+  CHECK_OK(tp_graph_destroy(gb));
+  CHECK_OK(tp_graph_exec_destroy(xa));
+  CHECK_OK(tp_graph_destroy(ga));
+  CHECK_OK(tp_free_async(out, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
+/* Synchronous calls CUDA forbids during capture fail and invalidate it;
+ * the invalidated capture refuses work and ends with no graph. */
+static void test_forbidden_during_capture(void) {
+  tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING);
+  void *buf = NULL;
+  REQUIRE_OK(tp_malloc_async(&buf, MiB, s));
+  REQUIRE_OK(tp_stream_synchronize(s));
+  tp_graph_t graph = (tp_graph_t)&graph;
+
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_EQ_INT(tp_stream_synchronize(s), TP_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CHECK_EQ_INT(status_of(s), TP_CAPTURE_STATUS_INVALIDATED);
+  CHECK_EQ_INT(tp_memset_async(buf, 1, MiB, s),
+               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  void *p = NULL;
+  CHECK_EQ_INT(tp_malloc_async(&p, MiB, s),
+               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK_EQ_INT(tp_stream_end_capture(s, &graph),
+               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK(graph == NULL);
+  CHECK_EQ_INT(status_of(s), TP_CAPTURE_STATUS_NONE);
+
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_EQ_INT(tp_stream_query(s), TP_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CHECK_EQ_INT(tp_stream_end_capture(s, &graph),
+               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+  /* A device-wide synchronize during a global capture. */
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_EQ_INT(tp_device_synchronize(), TP_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CHECK_EQ_INT(tp_stream_end_capture(s, &graph),
+               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+
+  /* Waiting on pending work outside the capture crosses its boundary;
+   * on work that is done it adds nothing. */
+  tp_stream_t other = new_stream(TP_STREAM_NON_BLOCKING);
+  tp_event_t ev;
+  REQUIRE_OK(tp_event_create(&ev));
+  REQUIRE_OK(tp_event_record(ev, other));
+  REQUIRE_OK(tp_event_synchronize(ev));
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_OK(tp_stream_wait_event(s, ev, 0));
+  CHECK_EQ_INT(status_of(s), TP_CAPTURE_STATUS_ACTIVE);
+  gate_t gate;
+  REQUIRE_OK(hold_stream(other, &gate));
+  REQUIRE_OK(tp_event_record(ev, other));
+  CHECK_EQ_INT(tp_stream_wait_event(s, ev, 0),
+               TP_ERROR_STREAM_CAPTURE_ISOLATION);
+  CHECK_EQ_INT(status_of(s), TP_CAPTURE_STATUS_INVALIDATED);
+  CHECK_EQ_INT(tp_stream_end_capture(s, &graph),
+               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  release(&gate);
+  CHECK_OK(tp_stream_synchronize(other));
+
+  /* Two captures may not merge: both are invalidated. */
+  tp_event_t other_ev;
+  REQUIRE_OK(tp_event_create(&other_ev));
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  REQUIRE_OK(tp_stream_begin_capture(other, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_OK(tp_event_record(other_ev, other));
+  CHECK_EQ_INT(tp_stream_wait_event(s, other_ev, 0),
+               TP_ERROR_STREAM_CAPTURE_MERGE);
+  CHECK_EQ_INT(tp_stream_end_capture(other, &graph),
+               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK_EQ_INT(tp_stream_end_capture(s, &graph),
+               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK_OK(tp_event_destroy(other_ev));
+
+  /* Legacy-stream work while a blocking stream captures. */
+  tp_stream_t blocking = new_stream(TP_STREAM_DEFAULT);
+  REQUIRE_OK(tp_stream_begin_capture(blocking, TP_CAPTURE_MODE_RELAXED));
+  tp_capture_status_t st;
+  CHECK_EQ_INT(tp_stream_is_capturing(NULL, &st),
+               TP_ERROR_STREAM_CAPTURE_IMPLICIT);
+  CHECK_EQ_INT(status_of(blocking), TP_CAPTURE_STATUS_ACTIVE);
+  CHECK_EQ_INT(tp_memset_async(buf, 1, MiB, NULL),
+               TP_ERROR_STREAM_CAPTURE_IMPLICIT);
+  CHECK_EQ_INT(status_of(blocking), TP_CAPTURE_STATUS_INVALIDATED);
+  CHECK_EQ_INT(tp_stream_end_capture(blocking, &graph),
+               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  /* A non-blocking capture leaves the legacy stream alone. */
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_RELAXED));
+  CHECK_OK(tp_memset_async(buf, 1, MiB, NULL));
+  CHECK_OK(tp_stream_synchronize(NULL));
+  CHECK_OK(tp_stream_end_capture(s, &graph));
+  if (graph)
+    CHECK_OK(tp_graph_destroy(graph));
+
+  CHECK_OK(tp_event_destroy(ev));
+  CHECK_OK(tp_free_async(buf, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_stream_destroy(blocking));
+  CHECK_OK(tp_stream_destroy(other));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
+typedef struct end_args {
+  tp_stream_t s;
+  tp_graph_t graph;
+  tp_error_t err;
+} end_args;
+
+static void *end_elsewhere(void *arg) {
+  end_args *a = arg;
+  a->err = tp_stream_end_capture(a->s, &a->graph);
+  return NULL;
+}
+
+/* Ending a capture from another thread: refused unless relaxed. */
+static void test_wrong_thread(void) {
+  tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING);
+  end_args a = {.s = s};
+  pthread_t t;
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_THREAD_LOCAL));
+  REQUIRE(pthread_create(&t, NULL, end_elsewhere, &a) == 0);
+  pthread_join(t, NULL);
+  CHECK_EQ_INT(a.err, TP_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+  CHECK_EQ_INT(status_of(s), TP_CAPTURE_STATUS_ACTIVE);
+  tp_graph_t graph = NULL;
+  CHECK_OK(tp_stream_end_capture(s, &graph));
+  if (graph)
+    CHECK_OK(tp_graph_destroy(graph));
+
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_RELAXED));
+  REQUIRE(pthread_create(&t, NULL, end_elsewhere, &a) == 0);
+  pthread_join(t, NULL);
+  CHECK_OK(a.err);
+  if (a.graph)
+    CHECK_OK(tp_graph_destroy(a.graph));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
+/* Bad handles and arguments: clear errors, nothing changed. */
+static void test_bad_input(void) {
+  tp_stream_t s1 = new_stream(TP_STREAM_NON_BLOCKING);
+  tp_stream_t s2 = new_stream(TP_STREAM_NON_BLOCKING);
+  tp_graph_t graph = NULL;
+  CHECK_EQ_INT(tp_stream_end_capture(s1, &graph), TP_ERROR_ILLEGAL_STATE);
+  CHECK_EQ_INT(tp_stream_end_capture(s1, NULL), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_stream_begin_capture(NULL, TP_CAPTURE_MODE_GLOBAL),
+               TP_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CHECK_EQ_INT(tp_stream_begin_capture(s1, (tp_capture_mode_t)7),
+               TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_stream_is_capturing(s1, NULL), TP_ERROR_INVALID_VALUE);
+
+  tp_event_t ev;
+  REQUIRE_OK(tp_event_create(&ev));
+  REQUIRE_OK(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_EQ_INT(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL),
+               TP_ERROR_ILLEGAL_STATE);
+  CHECK_OK(tp_event_record(ev, s1));
+  CHECK_OK(tp_stream_wait_event(s2, ev, 0));
+  CHECK_EQ_INT(tp_stream_end_capture(s2, &graph),
+               TP_ERROR_STREAM_CAPTURE_UNMATCHED);
+  CHECK_OK(tp_event_record(ev, s2));
+  CHECK_OK(tp_stream_wait_event(s1, ev, 0));
+  REQUIRE_OK(tp_stream_end_capture(s1, &graph));
+  /* The event's capture is over: it cannot be waited on outside. */
+  CHECK_EQ_INT(tp_stream_wait_event(s2, ev, 0), TP_ERROR_CAPTURED_EVENT);
+
+  tp_graph_exec_t exec = NULL;
+  CHECK_EQ_INT(tp_graph_instantiate(NULL, graph, 0), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_instantiate(&exec, graph, 4), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_instantiate(&exec, NULL, 0), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_instantiate(&exec, (tp_graph_t)&ev, 0),
+               TP_ERROR_INVALID_VALUE);
+  REQUIRE_OK(tp_graph_instantiate(&exec, graph, 0));
+  CHECK_OK(tp_graph_launch(exec, s1));
+  CHECK_OK(tp_stream_synchronize(s1));
+  CHECK_OK(tp_graph_exec_destroy(exec));
+  CHECK_EQ_INT(tp_graph_exec_destroy(exec), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_launch(exec, s1), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_launch(NULL, s1), TP_ERROR_INVALID_VALUE);
+  CHECK_OK(tp_graph_destroy(graph));
+  CHECK_EQ_INT(tp_graph_destroy(graph), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_instantiate(&exec, graph, 0), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_destroy(NULL), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_exec_destroy(NULL), TP_ERROR_INVALID_VALUE);
+
+  uint64_t v = 0;
+  CHECK_EQ_INT(tp_device_get_graph_mem_attribute(
+                   0, TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT, NULL),
+               TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_device_get_graph_mem_attribute(0, (tp_graph_mem_attr_t)9, &v),
+               TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_device_get_graph_mem_attribute(
+                   99, TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &v),
+               TP_ERROR_INVALID_DEVICE);
+  CHECK_EQ_INT(tp_device_set_graph_mem_attribute(
+                   0, TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &v),
+               TP_ERROR_INVALID_VALUE);
+  v = 5;
+  CHECK_EQ_INT(
+      tp_device_set_graph_mem_attribute(0, TP_GRAPH_MEM_ATTR_USED_MEM_HIGH, &v),
+      TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_device_graph_mem_trim(-1), TP_ERROR_INVALID_DEVICE);
+
+  /* Graph allocations come from device pools only. */
+  tp_pool_t host_pool;
+  tp_location_t host = {TP_LOCATION_HOST, 0, 0};
+  REQUIRE_OK(tp_mem_get_default_pool(&host_pool, &host, TP_ALLOCATION_PINNED));
+  REQUIRE_OK(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL));
+  void *p = NULL;
+  CHECK_EQ_INT(tp_malloc_from_pool_async(&p, MiB, host_pool, s1),
+               TP_ERROR_NOT_SUPPORTED);
+  CHECK_OK(tp_malloc_async(&p, 0, s1));
+  CHECK(p == NULL);
+  REQUIRE_OK(tp_stream_end_capture(s1, &graph));
+  CHECK_OK(tp_graph_destroy(graph));
+  CHECK_OK(tp_event_destroy(ev));
+  CHECK_OK(tp_stream_destroy(s1));
+  CHECK_OK(tp_stream_destroy(s2));
+}
+
+/* Graph memory accounts: held while an exec (host) or the graph (cuda)
+ * lives, then kept for reuse until trim; highs reset to the current. */
+static void test_accounts(void) {
+  CHECK_EQ_U64(graph_used_settled(0), 0);
+  CHECK_OK(tp_device_graph_mem_trim(0));
+  CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), 0);
+  uint64_t zero = 0;
+  CHECK_OK(tp_device_set_graph_mem_attribute(0, TP_GRAPH_MEM_ATTR_USED_MEM_HIGH,
+                                             &zero));
+  CHECK_OK(tp_device_set_graph_mem_attribute(
+      0, TP_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH, &zero));
+  CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_USED_MEM_HIGH), 0);
+  CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH), 0);
+  tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING);
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  void *a = NULL, *b = NULL;
+  CHECK_OK(tp_malloc_async(&a, 4 * MiB, s));
+  CHECK_OK(tp_malloc_async(&b, 2 * MiB, s));
+  CHECK_OK(tp_memset_async(a, 1, 4 * MiB, s));
+  CHECK_OK(tp_memset_async(b, 2, 2 * MiB, s));
+  CHECK_OK(tp_free_async(a, s));
+  CHECK_OK(tp_free_async(b, s));
+  tp_graph_t graph = NULL;
+  REQUIRE_OK(tp_stream_end_capture(s, &graph));
+  uint64_t planned = 6 * MiB; /* both live at once, in 2 MiB chunks */
+  /* Host maps at instantiation, cuda during capture. */
+  CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
+               check_on_host() ? 0 : planned);
+  tp_graph_exec_t exec = NULL;
+  REQUIRE_OK(tp_graph_instantiate(&exec, graph, 0));
+  CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT), planned);
+  CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), planned);
+  CHECK_OK(tp_graph_launch(exec, s));
+  CHECK_OK(tp_graph_launch(exec, s));
+  CHECK_OK(tp_graph_exec_destroy(exec));
+  if (check_on_host()) {
+    /* The exec goes once its launches have run. */
+    CHECK_OK(tp_stream_synchronize(s));
+    CHECK_EQ_U64(graph_used_settled(0), 0);
+    CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), planned);
+    /* A new exec maps the same plan again, from the kept chunks. */
+    REQUIRE_OK(tp_graph_instantiate(&exec, graph, 0));
+    CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT), planned);
+    CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), planned);
+    CHECK_OK(tp_graph_exec_destroy(exec));
+  }
+  CHECK_OK(tp_graph_destroy(graph));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_EQ_U64(graph_used_settled(0), 0);
+  CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_USED_MEM_HIGH), planned);
+  CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH), planned);
+  CHECK_OK(tp_device_set_graph_mem_attribute(0, TP_GRAPH_MEM_ATTR_USED_MEM_HIGH,
+                                             &zero));
+  CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_USED_MEM_HIGH), 0);
+  CHECK_OK(tp_device_graph_mem_trim(0));
+  CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), 0);
+  CHECK_OK(tp_device_set_graph_mem_attribute(
+      0, TP_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH, &zero));
+  CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH), 0);
+  CHECK_OK(tp_stream_destroy(s));
+}
+
+/* An allocation node takes its pool's device and access list: memory of a
+ * device-1 pool that grants device 0 access serves a graph on a device-0
+ * stream, is counted on device 1, and without the grant device 0's work
+ * faults (host only: on a GPU a fault ends the context). */
+static void test_other_device(void) {
+  int n = 0;
+  CHECK_OK(tp_get_device_count(&n));
+  if (n < 2) {
+    printf("   (one device: nothing to check)\n");
+    return;
+  }
+  tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING); /* on device 0 */
+  tp_pool_t pool;
+  tp_pool_props_t props = {.alloc_type = TP_ALLOCATION_PINNED,
+                           .location = {TP_LOCATION_DEVICE, 1, 0}};
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  uint64_t used1 = 0, used0 = 0;
+  CHECK_OK(tp_device_get_graph_mem_attribute(
+      0, TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used0));
+  for (int granted = 1; granted >= (check_on_host() ? 0 : 1); granted--) {
+    tp_access_desc_t d = {{TP_LOCATION_DEVICE, 0, 0},
+                          granted ? TP_ACCESS_READ_WRITE : TP_ACCESS_NONE};
+    CHECK_OK(tp_pool_set_access(pool, &d, 1));
+    REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+    void *p = NULL;
+    CHECK_OK(tp_malloc_from_pool_async(&p, 2 * MiB, pool, s));
+    CHECK_OK(tp_memset_async(p, 0x61, 2 * MiB, s));
+    CHECK_OK(tp_free_async(p, s));
+    tp_graph_t graph = NULL;
+    REQUIRE_OK(tp_stream_end_capture(s, &graph));
+    tp_graph_exec_t exec = NULL;
+    REQUIRE_OK(tp_graph_instantiate(&exec, graph, 0));
+    CHECK_OK(tp_device_get_graph_mem_attribute(
+        1, TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used1));
+    CHECK_EQ_U64(used1, 2 * MiB);
+    uint64_t now0 = 0;
+    CHECK_OK(tp_device_get_graph_mem_attribute(
+        0, TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &now0));
+    CHECK_EQ_U64(now0, used0);
+    CHECK_OK(tp_graph_launch(exec, s));
+    CHECK_ERR(tp_stream_synchronize(s),
+              granted ? TP_SUCCESS : TP_ERROR_ILLEGAL_ADDRESS);
+    CHECK_OK(tp_graph_exec_destroy(exec));
+    CHECK_OK(tp_graph_destroy(graph));
+  }
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
+/* Several threads capture, launch and check graphs of their own at once,
+ * each with allocations and frees. */
+#define THREADS 4
+#define THREAD_LAUNCHES 20
+
+static void *thread_main(void *arg) {
+  int id = (int)(intptr_t)arg;
+  check_rng rng = {(uint64_t)id * 7919 + 1};
+  tp_stream_t s = NULL;
+  if (!CHECK_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING)))
+    return NULL;
+  size_t size = (size_t)rng_range(&rng, 1, 6) * 256 * 1024;
+  void *out = NULL;
+  tp_graph_t graph = NULL;
+  tp_graph_exec_t exec = NULL;
+  atomic_int runs = 0;
+  unsigned char value = (unsigned char)(0x30 + id);
+  if (CHECK_OK(tp_malloc_async(&out, size, s)) &&
+      CHECK_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_THREAD_LOCAL))) {
+    void *a = NULL, *b = NULL;
+    CHECK_OK(tp_malloc_async(&a, size, s));
+    CHECK_OK(tp_memset_async(a, value, size, s));
+    CHECK_OK(tp_malloc_async(&b, size, s));
+    CHECK_OK(tp_memcpy_async(b, a, size, s));
+    CHECK_OK(tp_free_async(a, s));
+    CHECK_OK(tp_memcpy_async(out, b, size, s));
+    CHECK_OK(tp_free_async(b, s));
+    CHECK_OK(tp_launch_host_func(s, bump, &runs));
+    CHECK_OK(tp_stream_end_capture(s, &graph));
+  }
+  if (graph && CHECK_OK(tp_graph_instantiate(&exec, graph, 0))) {
+    for (int i = 0; i < THREAD_LAUNCHES; i++)
+      CHECK_OK(tp_graph_launch(exec, s));
+    CHECK_OK(tp_stream_synchronize(s));
+    CHECK_EQ_INT(atomic_load(&runs), THREAD_LAUNCHES);
+    CHECK(bytes_are(out, size, value, s));
+    CHECK_OK(tp_graph_exec_destroy(exec));
+  }
+  if (graph)
+    CHECK_OK(tp_graph_destroy(graph));
+  CHECK_OK(tp_free_async(out, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_stream_destroy(s));
+  return NULL;
+}
+
+static void test_threads(void) {
+  pthread_t t[THREADS];
+  for (int i = 0; i < THREADS; i++)
+    REQUIRE(pthread_create(&t[i], NULL, thread_main, (void *)(intptr_t)i) == 0);
+  for (int i = 0; i < THREADS; i++)
+    pthread_join(t[i], NULL);
+}
+
+int main(void) {
+  const char *platform = tp_platform_name();
+  if (!platform) {
+    printf("no platform could start\n");
+    return 1;
+  }
+  printf("platform %s\n", platform);
+  RUN_TEST(test_replay);
+  RUN_TEST(test_launch_order);
+  RUN_TEST(test_fork_join);
+  RUN_TEST(test_alloc_free_reuse);
+  RUN_TEST(test_free_refused);
+  RUN_TEST(test_outliving);
+  RUN_TEST(test_auto_free);
+  RUN_TEST(test_free_in_other_graph);
+  RUN_TEST(test_forbidden_during_capture);
+  RUN_TEST(test_wrong_thread);
+  RUN_TEST(test_bad_input);
+  RUN_TEST(test_accounts);
+  RUN_TEST(test_other_device);
+  RUN_TEST(test_threads);
+  return check_done();
+}
