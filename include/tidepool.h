@@ -174,11 +174,13 @@ typedef enum tp_pool_attr {
   TP_POOL_ATTR_RESERVED_MEM_HIGH = 6, /* uint64_t, reset to 0 only */
   TP_POOL_ATTR_USED_MEM_CURRENT = 7,  /* uint64_t, read-only */
   /* uint64_t, reset to 0 only. Never below the current figure when read.
-   * Exact when one thread allocates and frees in the pool (on any number of
-   * streams). Each thread takes the exact total when its own bytes in use
-   * rise above the highest they reached since it last did so (or since the
-   * last reset); with several threads, a peak made only of allocations that
-   * each stayed below its own thread's mark is missed. */
+   * Exact when one stream, or one thread, does all the allocating (any
+   * number of threads on one stream, any number of streams from one
+   * thread). The exact total is taken whenever an allocation raises its
+   * stream's or its thread's own count above the highest it reached since
+   * that was last done (or since the last reset); a peak made only of
+   * allocations by several threads on several streams that each stayed
+   * below both marks is missed. */
   TP_POOL_ATTR_USED_MEM_HIGH = 8,
   TP_POOL_ATTR_ALLOCATION_TYPE = 9,        /* int, read-only */
   TP_POOL_ATTR_EXPORT_HANDLE_TYPES = 10,   /* int, read-only */

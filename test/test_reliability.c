@@ -168,6 +168,59 @@ static void test_used_high_random_streams(void) {
   CHECK_OK(tp_pool_destroy(pool));
 }
 
+/* Two threads on one stream, as PyTorch's forward pass allocates and its
+ * autograd thread frees and allocates: the high follows the exact peak. */
+typedef struct turn {
+  atomic_int step;
+  tp_pool_t pool;
+  tp_stream_t s;
+  void *p[16];
+} turn;
+
+static void wait_turn(turn *t, int step) {
+  while (atomic_load(&t->step) != step)
+    check_sleep_us(50);
+}
+
+static void *second_thread(void *arg) {
+  turn *t = arg;
+  wait_turn(t, 1);
+  for (int i = 0; i < 2; i++) /* frees the first thread's blocks */
+    CHECK_OK(tp_free_async(t->p[i], t->s));
+  atomic_store(&t->step, 2);
+  wait_turn(t, 3);
+  for (int i = 0; i < 2; i++) /* no more than it freed, yet a new peak */
+    CHECK_OK(tp_malloc_from_pool_async(&t->p[i], 1 << 20, t->pool, t->s));
+  atomic_store(&t->step, 4);
+  return NULL;
+}
+
+static void test_used_high_two_threads_one_stream(void) {
+  turn t = {.pool = fresh_pool()};
+  REQUIRE_OK(tp_stream_create(&t.s, 0));
+  pthread_t th;
+  REQUIRE(pthread_create(&th, NULL, second_thread, &t) == 0);
+  for (int i = 0; i < 12; i++)
+    CHECK_OK(tp_malloc_from_pool_async(&t.p[i], 1 << 20, t.pool, t.s));
+  atomic_store(&t.step, 1);
+  wait_turn(&t, 2);
+  for (int i = 12; i < 14; i++)
+    CHECK_OK(tp_malloc_from_pool_async(&t.p[i], 1 << 20, t.pool, t.s));
+  atomic_store(&t.step, 3);
+  wait_turn(&t, 4);
+  pthread_join(th, NULL);
+  /* The peak has passed by the time the figures are read. */
+  for (int i = 10; i < 14; i++)
+    CHECK_OK(tp_free_async(t.p[i], t.s));
+  CHECK_EQ_U64(attr_u64(t.pool, TP_POOL_ATTR_USED_MEM_CURRENT), 10u << 20);
+  CHECK_EQ_U64(attr_u64(t.pool, TP_POOL_ATTR_USED_MEM_HIGH), 14u << 20);
+  for (int i = 0; i < 10; i++)
+    CHECK_OK(tp_free_async(t.p[i], t.s));
+  CHECK_OK(tp_stream_synchronize(t.s));
+  CHECK_OK(tp_stream_destroy(t.s));
+  CHECK_OK(tp_pool_destroy(t.pool));
+}
+
 /* ---- 3. wild pool handles -------------------------------------------------
  */
 
@@ -285,6 +338,7 @@ int main(int argc, char **argv) {
       T(test_wild_pool_handles),
       T(test_used_high_two_streams),
       T(test_used_high_random_streams),
+      T(test_used_high_two_threads_one_stream),
       T(test_max_size_is_a_bound),
       T(test_wild_address_faults_the_stream),
       T(test_current_pool_destroyed_under_allocations),

@@ -12,7 +12,8 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
                              void **ptr);
 static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
                       const tp__centry *e, int64_t req);
-static void peak_note(tp__pool *p, int64_t delta);
+static void peak_note(tp__pool *p, int64_t delta, bool rose);
+static uint64_t peak_gen(const tp__pool *p);
 
 /* ---- the fast path ----------------------------------------------------------
  * The bytes-asked word (or entry) is written before the pointer is handed
@@ -46,10 +47,10 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
     tp__spin_lock(&s->lock);
     tp__cache *c = tp__cache_find(s, &p->caches);
     if (TP_LIKELY(tp__cache_pop_small(c, cls, &e))) {
-      tp__cache_count(c, (int64_t)size);
+      bool rose = tp__cache_count_up(c, (int64_t)size, peak_gen(p));
       tp__spin_unlock(&s->lock);
       *ptr = finish_small(&e, size);
-      peak_note(p, (int64_t)size);
+      peak_note(p, (int64_t)size, rose);
       return TP_SUCCESS;
     }
     tp__spin_unlock(&s->lock);
@@ -59,10 +60,10 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
   tp__cache *c = tp__cache_find(s, &p->caches);
   tp__block *b = tp__cache_pop_large(c, r);
   if (TP_LIKELY(b != NULL)) {
-    tp__cache_count(c, (int64_t)size);
+    bool rose = tp__cache_count_up(c, (int64_t)size, peak_gen(p));
     tp__spin_unlock(&s->lock);
     *ptr = finish_large(p, b, size);
-    peak_note(p, (int64_t)size);
+    peak_note(p, (int64_t)size, rose);
     return TP_SUCCESS;
   }
   tp__spin_unlock(&s->lock);
@@ -81,7 +82,7 @@ static void free_entry(tp__pool *p, tp__stream *s, unsigned cls, bool large,
   tp__spin_unlock(&s->lock);
   if (!kept)
     free_slow(p, s, cls, large, &e, req);
-  peak_note(p, -req);
+  peak_note(p, -req, false);
   tp__pool_maybe_reap(p);
 }
 
@@ -159,6 +160,7 @@ static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
   tp__centry got[16];
   tp_error_t err = TP_ERROR_INVALID_VALUE;
   uint32_t n = 0;
+  bool rose = false;
   tp__mutex_lock(&p->lock);
   tp__cache *c = p->torn_down ? NULL : tp__cache_ensure(&p->caches, s);
   if (c) {
@@ -173,7 +175,7 @@ static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
     uint32_t kept = 1;
     while (kept < n && c->cls[cls].n < TP_SMALL_CACHE)
       c->cls[cls].v[c->cls[cls].n++] = got[kept++];
-    tp__cache_count(c, (int64_t)size);
+    rose = tp__cache_count_up(c, (int64_t)size, peak_gen(p));
     tp__spin_unlock(&s->lock);
     tp__cache_give_back(&p->caches, s, cls, false, got + kept, n - kept);
   }
@@ -181,7 +183,7 @@ static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
   tp__mutex_unlock(&p->lock);
   TP_RETURN_IF(n == 0, err);
   *ptr = finish_small(&got[0], size);
-  peak_note(p, (int64_t)size);
+  peak_note(p, (int64_t)size, rose);
   return TP_SUCCESS;
 }
 
@@ -189,6 +191,7 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
                              void **ptr) {
   tp__block *b = NULL;
   tp_error_t err = TP_ERROR_INVALID_VALUE;
+  bool rose = false;
   tp__mutex_lock(&p->lock);
   if (!p->torn_down) {
     /* The stream's own cached blocks go back first, so that they merge
@@ -209,13 +212,14 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
     tp__tag_clear(&b->tag); /* the user's now, in stream order on `s` */
     *ptr = finish_large(p, b, size);
     tp__spin_lock(&s->lock);
-    tp__cache_count(tp__cache_find(s, &p->caches), (int64_t)size);
+    rose = tp__cache_count_up(tp__cache_find(s, &p->caches), (int64_t)size,
+                              peak_gen(p));
     tp__spin_unlock(&s->lock);
   }
   TP_DEBUG_WALK(p);
   tp__mutex_unlock(&p->lock);
   if (err == TP_SUCCESS)
-    peak_note(p, (int64_t)size);
+    peak_note(p, (int64_t)size, rose);
   return err;
 }
 
@@ -305,35 +309,45 @@ tp_error_t tp__pool_free_tagged(tp__pool *p, void *ptr, tp__tag tag) {
   return err;
 }
 
-/* ---- bytes in use
- * ------------------------------------------------------------ "Used" changes
- * on every allocate and free, and one shared counter would be a cache line that
- * every thread's pair bounces. So each stream cache counts its own bytes
- * exactly, and the total is their sum, taken under the pool lock. The high
- * watermark needs that sum only when the total may pass it: each thread keeps,
- * per pool, its own running count of what it allocated less what it freed, and
- * the highest that count reached when the sum was last taken. While a thread's
- * count stays at or below that mark, the total cannot exceed the high by
- * anything this thread did; when it rises above, the thread takes the exact
- * sum. One thread alone then keeps the high exact, and a warm pair touches
- * nothing shared. With several threads, a peak made of allocations that each
- * stayed below their thread's own mark can be missed (see the header). */
+/* ---- bytes in use -------------------------------------------------------
+ *
+ * "Used" changes on every allocate and free, and one shared counter would be
+ * a cache line that every thread's pair bounces. So each stream cache counts
+ * its own bytes exactly, and the total is their sum, taken under the pool
+ * lock. The high watermark needs that sum only when the total may pass it,
+ * which two cheap marks tell without touching anything shared:
+ *  - each cache's mark, the highest its count reached since the sum was
+ *    last taken for it: with one stream, its count is the total, whatever
+ *    the threads (PyTorch frees on its autograd thread what the forward
+ *    pass allocated on another);
+ *  - each thread's mark over its own running count (what it allocated less
+ *    what it freed, per pool): with one thread, its count is the total less
+ *    a constant, whatever the streams.
+ * An allocation that raises either above its mark takes the exact sum. The
+ * high is exact when one stream or one thread does all the allocating; a
+ * peak is missed only when several threads on several streams each stay
+ * below their marks (see the header). */
 typedef struct peak_slot {
   uint64_t serial, gen;
   int64_t count, mark;
 } peak_slot;
 static _Thread_local peak_slot peak_slots[8];
 
-/* Notes a change of the calling thread's bytes in use, after it was counted
- * in a cache or the base. */
-static void peak_note(tp__pool *p, int64_t delta) {
+static uint64_t peak_gen(const tp__pool *p) {
+  return atomic_load_explicit(&p->peak_gen, memory_order_relaxed);
+}
+
+/* Notes a change of the calling thread's bytes in use, after it was
+ * counted; `rose`: the cache's count passed its mark. */
+static void peak_note(tp__pool *p, int64_t delta, bool rose) {
   peak_slot *t = &peak_slots[p->serial % 8];
-  uint64_t gen = atomic_load_explicit(&p->peak_gen, memory_order_relaxed);
+  uint64_t gen = peak_gen(p);
   if (TP_UNLIKELY(t->serial != p->serial || t->gen != gen))
     *t = (peak_slot){p->serial, gen, 0, 0};
   t->count += delta;
-  if (delta > 0 && t->count > t->mark) {
-    t->mark = t->count;
+  if (delta > 0 && (t->count > t->mark || rose)) {
+    if (t->count > t->mark)
+      t->mark = t->count;
     tp__pool_peak_raise(p);
   }
 }

@@ -26,8 +26,11 @@ struct tp__cache {
   uint32_t nlarge;
   /* Bytes asked for by allocations made on this stream, less those freed
    * on it (negative when it frees others' blocks); written under the
-   * stream's lock, read by anyone. */
+   * stream's lock, read by anyone. `mark` is the highest `used` reached
+   * since the pool's high was last taken for this cache (or reset: `gen`). */
   _Atomic int64_t used;
+  int64_t mark;
+  uint64_t gen;
 };
 
 /* A pool's caches, where they give blocks back, and the bytes counted
@@ -56,6 +59,24 @@ static inline void tp__cache_count(tp__cache *c, int64_t delta) {
   atomic_store_explicit(
       &c->used, atomic_load_explicit(&c->used, memory_order_relaxed) + delta,
       memory_order_relaxed);
+}
+
+/* Counts an allocation of `size` bytes; stream lock held. True when the
+ * cache's count rose above its mark, which may make a new peak of the pool
+ * (the caller then takes the exact total); `gen` is the pool's count of
+ * resets of its high. */
+static inline bool tp__cache_count_up(tp__cache *c, int64_t size,
+                                      uint64_t gen) {
+  int64_t u = atomic_load_explicit(&c->used, memory_order_relaxed) + size;
+  atomic_store_explicit(&c->used, u, memory_order_relaxed);
+  if (TP_UNLIKELY(c->gen != gen)) {
+    c->gen = gen;
+    c->mark = u - size;
+  }
+  if (u <= c->mark)
+    return false;
+  c->mark = u;
+  return true;
 }
 
 /* Takes a block of small class `cls`; stream lock held. */
