@@ -340,6 +340,31 @@ static tp__marker *marker_covering(tp__stream *s, uint64_t epoch) {
   return marker_record(s);
 }
 
+/* Whether a recorded marker covers `epoch`; stream lock held. */
+static bool covered(const tp__stream *s, uint64_t epoch) {
+  return s->nmarkers && s->markers[s->nmarkers - 1]->epoch >= epoch;
+}
+
+/* With no marker to ask, the stream itself answers: an idle stream has run
+ * every free issued on it before the question, so none needs a marker (a
+ * marker recorded now would only complete later). The epoch moves first, so
+ * that frees issued meanwhile are not counted. A capturing stream is not
+ * asked, since the question would end its capture. Stream lock held. */
+static void ask_stream(tp__stream *s) {
+  tp_capture_status_t status = TP_CAPTURE_STATUS_NONE;
+  uint64_t id = 0;
+  if (atomic_load_explicit(&s->destroyed, memory_order_relaxed) ||
+      tp__platform->capture_status(s->ps, &status, &id) != TP_SUCCESS ||
+      status != TP_CAPTURE_STATUS_NONE)
+    return;
+  uint64_t epoch =
+      atomic_fetch_add_explicit(&s->epoch, 1, memory_order_relaxed);
+  if (tp__platform->stream_query(s->ps) == TP_SUCCESS) {
+    tp__atomic_max(&s->done_epoch, epoch);
+    markers_trim(s);
+  }
+}
+
 bool tp__stream_poll(const tp__tag *t) {
   if (tp__stream_done(t))
     return true;
@@ -351,6 +376,8 @@ bool tp__stream_poll(const tp__tag *t) {
     tp__atomic_max(&s->done_epoch, s->markers[0]->epoch);
     markers_trim(s);
   }
+  if (!tp__stream_done(t) && !covered(s, t->epoch))
+    ask_stream(s);
   if (!tp__stream_done(t))
     (void)marker_covering(s, t->epoch);
   tp__spin_unlock(&s->lock);
