@@ -226,7 +226,7 @@ static void test_alloc_free_rows(void) {
   CHECK_OK(tp_malloc_async(&a, 1, s));
   CHECK_OK(tp_malloc_async(&b, 1, s));
   CHECK_OK(tp_malloc_async(&c, 3000, s));
-  if (CHECK(a && b && c) && granule != UINT64_MAX) {
+  if (CHECK(a && b && c) && granule != 0 && granule != UINT64_MAX) {
     CHECK(a != b && b != c && a != c);
     CHECK_EQ_U64((uintptr_t)a % granule, 0);
     CHECK_EQ_U64((uintptr_t)b % granule, 0);
