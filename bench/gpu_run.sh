@@ -50,7 +50,7 @@ step() {
 
 export TIDEPOOL_PLATFORM=cuda
 step cuda_platform 120 ./test_cuda_platform
-step conformance 300 ./test_conformance
+step conformance 300 ctest -R '^conformance_' --output-on-failure --no-tests=error
 step stress 300 ./test_stress
 if command -v compute-sanitizer >/dev/null; then
   step stress_memcheck 400 env TP_STRESS_THREADS=2 TP_STRESS_OPS=400 \
