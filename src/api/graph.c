@@ -167,6 +167,9 @@ bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err) {
     *err = tp__gmem_free_captured(s->ps, id, ptr);
     return true;
   }
+  /* Not capturing: the graph's only where no pool holds the address. */
+  if (tp__registry_find((uintptr_t)ptr))
+    return false;
   bool claimed = false;
   *err = tp__gmem_free(s->ps, s->device, ptr, &claimed);
   return claimed;

@@ -337,15 +337,21 @@ static uint64_t peak_gen(const tp__pool *p) {
   return atomic_load_explicit(&p->peak_gen, memory_order_relaxed);
 }
 
+/* A thread's first operation on a pool since the high was last reset (or
+ * since its slot served another pool) starts the slot over. */
+static void peak_slot_reset(peak_slot *t, const tp__pool *p, uint64_t gen) {
+  *t = (peak_slot){p->serial, gen, 0, 0};
+}
+
 /* Notes a change of the calling thread's bytes in use, after it was
  * counted; `rose`: the cache's count passed its mark. */
-static void peak_note(tp__pool *p, int64_t delta, bool rose) {
+static inline void peak_note(tp__pool *p, int64_t delta, bool rose) {
   peak_slot *t = &peak_slots[p->serial % 8];
   uint64_t gen = peak_gen(p);
   if (TP_UNLIKELY(t->serial != p->serial || t->gen != gen))
-    *t = (peak_slot){p->serial, gen, 0, 0};
+    peak_slot_reset(t, p, gen);
   t->count += delta;
-  if (delta > 0 && (t->count > t->mark || rose)) {
+  if (TP_UNLIKELY(delta > 0 && (t->count > t->mark || rose))) {
     if (t->count > t->mark)
       t->mark = t->count;
     tp__pool_peak_raise(p);

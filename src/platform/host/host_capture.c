@@ -348,6 +348,10 @@ tp_error_t tp__host_capture_status(tp__pstream *ps, tp_capture_status_t *status,
   *status = TP_CAPTURE_STATUS_NONE;
   if (id)
     *id = 0;
+  /* Asked on every allocation and free: with no capture anywhere, nothing
+   * else needs looking at. */
+  if (TP_LIKELY(!atomic_load_explicit(&nactive, memory_order_acquire)))
+    return TP_SUCCESS;
   if (TP_LIKELY(!member_of(ps))) {
     int device;
     bool legacy, blocking;
