@@ -74,6 +74,28 @@ static bool in_driver(const void *sym) {
   return strncmp(base, "libcuda.so", 10) == 0;
 }
 
+/* The C library's dlopen and dlclose, found from here (after this library):
+ * a sanitizer's runtime in the program defines its own, which must not be
+ * entered while it is still looking up its interceptors. */
+typedef void *(*dlopen_fn)(const char *, int);
+typedef int (*dlclose_fn)(void *);
+static _Atomic(dlopen_fn) libc_dlopen;
+static _Atomic(dlclose_fn) libc_dlclose;
+
+static bool real_open_close(dlopen_fn *open, dlclose_fn *close) {
+  *open = atomic_load_explicit(&libc_dlopen, memory_order_acquire);
+  *close = atomic_load_explicit(&libc_dlclose, memory_order_acquire);
+  if (!*open || !*close) {
+    void *o = real_dlsym()(RTLD_NEXT, "dlopen");
+    void *c = real_dlsym()(RTLD_NEXT, "dlclose");
+    memcpy(open, &o, sizeof *open);
+    memcpy(close, &c, sizeof *close);
+    atomic_store_explicit(&libc_dlopen, *open, memory_order_release);
+    atomic_store_explicit(&libc_dlclose, *close, memory_order_release);
+  }
+  return *open && *close;
+}
+
 /* RTLD_NEXT means "after the caller", and the C library takes the caller
  * from its own return address, which for a lookup passed on from here
  * would be this library. So a program's RTLD_NEXT lookup is answered here:
@@ -81,23 +103,33 @@ static bool in_driver(const void *sym) {
  * symbol itself (not through its dependencies). The C library searches
  * only the objects of the global scope; objects opened RTLD_LOCAL are
  * searched here too, which matters only for a symbol no global object
- * defines. In glibc an object's handle is its link_map, which dlinfo's
- * RTLD_DI_LINKMAP returns for a handle. */
+ * defines. Each object is reached through a handle of its own, taken with
+ * RTLD_NOLOAD (nothing is loaded) and given back. */
 static void *next_after(const void *caller, const char *name,
-                        const char *version, void **where) {
+                        const char *version) {
   Dl_info info;
   struct link_map *map = NULL;
-  if (!dladdr1(caller, &info, (void **)&map, RTLD_DL_LINKMAP) || !map)
+  dlopen_fn open;
+  dlclose_fn close;
+  if (!dladdr1(caller, &info, (void **)&map, RTLD_DL_LINKMAP) || !map ||
+      !real_open_close(&open, &close))
     return NULL;
   for (struct link_map *m = map->l_next; m; m = m->l_next) {
-    void *sym =
-        version ? tp__pl_libc_dlvsym(m, name, version) : real_dlsym()(m, name);
+    void *handle = m->l_name && *m->l_name
+                       ? open(m->l_name, RTLD_LAZY | RTLD_NOLOAD)
+                       : NULL;
+    if (!handle)
+      continue;
+    void *sym = version ? tp__pl_libc_dlvsym(handle, name, version)
+                        : real_dlsym()(handle, name);
     struct link_map *owner = NULL;
-    if (sym && dladdr1(sym, &info, (void **)&owner, RTLD_DL_LINKMAP) &&
-        owner == m) {
-      *where = m;
+    bool own = sym && dladdr1(sym, &info, (void **)&owner, RTLD_DL_LINKMAP) &&
+               owner == m;
+    /* The handle stays valid while the object is loaded, which its
+     * remaining references (it was loaded before the call) ensure. */
+    (void)close(handle);
+    if (own)
       return sym;
-    }
   }
   return NULL;
 }
@@ -233,22 +265,35 @@ static CUresult get_proc_v2(const char *symbol, void **pfn, int version,
  * --------------------------------------------------------
  */
 
+/* The driver's cuGetProcAddress, from the object `sym` (a driver function)
+ * lies in. */
+static PFN_cuGetProcAddress_v12000 driver_get_proc(const void *sym) {
+  PFN_cuGetProcAddress_v12000 get_proc = NULL;
+  Dl_info info;
+  dlopen_fn open;
+  dlclose_fn close;
+  if (!dladdr(sym, &info) || !info.dli_fname || !real_open_close(&open, &close))
+    return NULL;
+  void *handle = open(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (!handle)
+    return NULL;
+  void *gp = real_dlsym()(handle, "cuGetProcAddress_v2");
+  memcpy(&get_proc, &gp, sizeof get_proc);
+  (void)close(handle);
+  return get_proc;
+}
+
 /* A symbol of the driver looked up by name: tidepool's version where it has
- * one. `where` is the handle the symbol was found through, which knows the
- * driver's cuGetProcAddress too. */
-static void *wrap_symbol(void *where, const char *name, void *sym) {
+ * one. */
+static void *wrap_symbol(const char *name, void *sym) {
   const tp__pl_drv_entry *e = find_entry(same_symbol, name);
   if (!e || !in_driver(sym))
     return sym;
-  if (atomic_load_explicit(&filled, memory_order_acquire) == 0) {
-    void *gp = real_dlsym()(where, "cuGetProcAddress_v2");
-    PFN_cuGetProcAddress_v12000 get_proc;
-    memcpy(&get_proc, &gp, sizeof get_proc);
-    if (!fill(get_proc))
-      return sym;
-  }
-  if (atomic_load_explicit(&filled, memory_order_acquire) <= 0 || filling ||
-      !usable(e))
+  if (filling)
+    return sym;
+  bool ready = atomic_load_explicit(&filled, memory_order_acquire) > 0 ||
+               fill(driver_get_proc(sym));
+  if (!ready || !usable(e))
     return sym;
   void *out;
   memcpy(&out, &e->wrapper, sizeof out);
@@ -257,14 +302,13 @@ static void *wrap_symbol(void *where, const char *name, void *sym) {
 
 static void *lookup(void *handle, const char *name, const char *version,
                     const void *caller) {
-  void *where = handle;
   void *sym;
   bool self = false;
   if (handle == RTLD_NEXT) {
     self = is_self(caller);
     sym = self ? (version ? tp__pl_libc_dlvsym(RTLD_NEXT, name, version)
                           : real_dlsym()(RTLD_NEXT, name))
-               : next_after(caller, name, version, &where);
+               : next_after(caller, name, version);
   } else {
     sym = version ? tp__pl_libc_dlvsym(handle, name, version)
                   : real_dlsym()(handle, name);
@@ -277,7 +321,7 @@ static void *lookup(void *handle, const char *name, const char *version,
     return sym;
   if (tp__pl_switched_off())
     return sym;
-  return wrap_symbol(where, name, sym);
+  return wrap_symbol(name, sym);
 }
 
 /* The exported definitions, one per version (see above). */
