@@ -1,58 +1,65 @@
-/* How the driver-level layer is reached: dlsym and dlvsym, interposed, hand
- * out tidepool's cuGetProcAddress when a program (a runtime linked
- * statically, which loads libcuda with dlopen) looks the driver's up, and
- * tidepool's version of the allocator's entry points looked up by name;
- * tidepool's cuGetProcAddress then hands out tidepool's version of every
- * entry point of driver_alloc.c and driver_observe.c, and the driver's own
- * function for everything else. Lookups made from inside this library
- * (tidepool's cuda platform, the runtime-level layer) get the real answer.
- */
+/* How the driver-level layer is reached: dlsym and dlvsym, interposed (the
+ * entry points are in dl_entry_x86_64.S.in or dl_entry.c), hand out
+ * tidepool's cuGetProcAddress when a program (a runtime linked statically,
+ * which loads libcuda with dlopen) looks the driver's up, and tidepool's
+ * version of the allocator's entry points looked up by name; tidepool's
+ * cuGetProcAddress then hands out tidepool's version of every entry point
+ * of driver_alloc.c and driver_observe.c, and the driver's own function for
+ * everything else. Lookups made from inside this library (tidepool's cuda
+ * platform, the runtime-level layer) get the real answer. */
 #include <dlfcn.h>
-#include <link.h>
 #include <pthread.h>
 #include <string.h>
 
+#include "dl.h"
 #include "driver.h"
 
 #if !defined(TP_PL_DL_DEFAULT)
 #error "TP_PL_DL_DEFAULT (the C library's current version of dlsym) is unset"
 #endif
 
-/* ---- the real dlsym and dlvsym ---------------------------------------------
- * This library defines dlsym at every version the C library has (the
- * programs linked against an older one reference the older), and dlvsym at
+/* ---- the C library's dlsym and dlvsym --------------------------------------
+ * This library defines dlsym at every version the C library has (programs
+ * linked against an older C library reference the older), and dlvsym at
  * the current one. The older dlvsym (TP_PL_DL_COMPAT) is the way to the C
  * library's functions: a reference to it finds no definition here. Where
  * the C library has one version only, dlvsym is not interposed, and that
  * one is the way. */
-typedef void *(*dlsym_fn)(void *, const char *);
-typedef void *(*dlvsym_fn)(void *, const char *, const char *);
-
-extern void *tp__pl_libc_dlvsym(void *handle, const char *name,
-                                const char *version);
+extern void *tp__pl_libc_dlvsym_ref(void *handle, const char *name,
+                                    const char *version);
 #if defined(TP_PL_DL_COMPAT)
-__asm__(".symver tp__pl_libc_dlvsym, dlvsym@" TP_PL_DL_COMPAT);
+__asm__(".symver tp__pl_libc_dlvsym_ref, dlvsym@" TP_PL_DL_COMPAT);
 #else
-__asm__(".symver tp__pl_libc_dlvsym, dlvsym@" TP_PL_DL_DEFAULT);
+__asm__(".symver tp__pl_libc_dlvsym_ref, dlvsym@" TP_PL_DL_DEFAULT);
 #endif
 
-static _Atomic(dlsym_fn) libc_dlsym;
+_Atomic(tp__pl_dlsym_fn) tp__pl_libc_dlsym;
+_Atomic(tp__pl_dlvsym_fn) tp__pl_libc_dlvsym;
 
-/* No lock: a program's first dlsym may come before anything is set up
- * (a sanitizer's runtime looks up its interceptors before the program's
- * constructors run), and two threads finding the same function race
- * harmlessly. */
-static dlsym_fn real_dlsym(void) {
-  dlsym_fn f = atomic_load_explicit(&libc_dlsym, memory_order_acquire);
+TP_PL_EARLY tp__pl_dlvsym_fn tp__pl_real_dlvsym(void) {
+  tp__pl_dlvsym_fn f = tp__pl_libc_dlvsym_ref;
+  atomic_store_explicit(&tp__pl_libc_dlvsym, f, memory_order_release);
+  return f;
+}
+
+TP_PL_EARLY tp__pl_dlsym_fn tp__pl_real_dlsym(void) {
+  tp__pl_dlsym_fn f =
+      atomic_load_explicit(&tp__pl_libc_dlsym, memory_order_acquire);
   if (!f) {
-    void *sym = tp__pl_libc_dlvsym(RTLD_NEXT, "dlsym", TP_PL_DL_DEFAULT);
-    memcpy(&f, &sym, sizeof f);
-    atomic_store_explicit(&libc_dlsym, f, memory_order_release);
+    /* A function's address from dlsym's object pointer, through a union
+     * rather than memcpy, which a sanitizer intercepts. */
+    union {
+      void *obj;
+      tp__pl_dlsym_fn fn;
+    } pun = {tp__pl_libc_dlvsym_ref(RTLD_NEXT, "dlsym", TP_PL_DL_DEFAULT)};
+    f = pun.fn;
+    atomic_store_explicit(&tp__pl_libc_dlsym, f, memory_order_release);
   }
   return f;
 }
 
-/* ---- who is asking ---------------------------------------------------------
+/* ---- who is asking, and for what
+ * ---------------------------------------------
  */
 
 static const char self_marker;
@@ -72,66 +79,6 @@ static bool in_driver(const void *sym) {
   const char *base = strrchr(info.dli_fname, '/');
   base = base ? base + 1 : info.dli_fname;
   return strncmp(base, "libcuda.so", 10) == 0;
-}
-
-/* The C library's dlopen and dlclose, found from here (after this library):
- * a sanitizer's runtime in the program defines its own, which must not be
- * entered while it is still looking up its interceptors. */
-typedef void *(*dlopen_fn)(const char *, int);
-typedef int (*dlclose_fn)(void *);
-static _Atomic(dlopen_fn) libc_dlopen;
-static _Atomic(dlclose_fn) libc_dlclose;
-
-static bool real_open_close(dlopen_fn *open, dlclose_fn *close) {
-  *open = atomic_load_explicit(&libc_dlopen, memory_order_acquire);
-  *close = atomic_load_explicit(&libc_dlclose, memory_order_acquire);
-  if (!*open || !*close) {
-    void *o = real_dlsym()(RTLD_NEXT, "dlopen");
-    void *c = real_dlsym()(RTLD_NEXT, "dlclose");
-    memcpy(open, &o, sizeof *open);
-    memcpy(close, &c, sizeof *close);
-    atomic_store_explicit(&libc_dlopen, *open, memory_order_release);
-    atomic_store_explicit(&libc_dlclose, *close, memory_order_release);
-  }
-  return *open && *close;
-}
-
-/* RTLD_NEXT means "after the caller", and the C library takes the caller
- * from its own return address, which for a lookup passed on from here
- * would be this library. So a program's RTLD_NEXT lookup is answered here:
- * the first object after the caller's, in load order, that defines the
- * symbol itself (not through its dependencies). The C library searches
- * only the objects of the global scope; objects opened RTLD_LOCAL are
- * searched here too, which matters only for a symbol no global object
- * defines. Each object is reached through a handle of its own, taken with
- * RTLD_NOLOAD (nothing is loaded) and given back. */
-static void *next_after(const void *caller, const char *name,
-                        const char *version) {
-  Dl_info info;
-  struct link_map *map = NULL;
-  dlopen_fn open;
-  dlclose_fn close;
-  if (!dladdr1(caller, &info, (void **)&map, RTLD_DL_LINKMAP) || !map ||
-      !real_open_close(&open, &close))
-    return NULL;
-  for (struct link_map *m = map->l_next; m; m = m->l_next) {
-    void *handle = m->l_name && *m->l_name
-                       ? open(m->l_name, RTLD_LAZY | RTLD_NOLOAD)
-                       : NULL;
-    if (!handle)
-      continue;
-    void *sym = version ? tp__pl_libc_dlvsym(handle, name, version)
-                        : real_dlsym()(handle, name);
-    struct link_map *owner = NULL;
-    bool own = sym && dladdr1(sym, &info, (void **)&owner, RTLD_DL_LINKMAP) &&
-               owner == m;
-    /* The handle stays valid while the object is loaded, which its
-     * remaining references (it was loaded before the call) ensure. */
-    (void)close(handle);
-    if (own)
-      return sym;
-  }
-  return NULL;
 }
 
 /* ---- the table -------------------------------------------------------------
@@ -266,20 +213,19 @@ static CUresult get_proc_v2(const char *symbol, void **pfn, int version,
  */
 
 /* The driver's cuGetProcAddress, from the object `sym` (a driver function)
- * lies in. */
+ * lies in, which the program has loaded (a handle with RTLD_NOLOAD loads
+ * nothing and is given back). */
 static PFN_cuGetProcAddress_v12000 driver_get_proc(const void *sym) {
   PFN_cuGetProcAddress_v12000 get_proc = NULL;
   Dl_info info;
-  dlopen_fn open;
-  dlclose_fn close;
-  if (!dladdr(sym, &info) || !info.dli_fname || !real_open_close(&open, &close))
+  if (!dladdr(sym, &info) || !info.dli_fname)
     return NULL;
-  void *handle = open(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  void *handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
   if (!handle)
     return NULL;
-  void *gp = real_dlsym()(handle, "cuGetProcAddress_v2");
+  void *gp = tp__pl_real_dlsym()(handle, "cuGetProcAddress_v2");
   memcpy(&get_proc, &gp, sizeof get_proc);
-  (void)close(handle);
+  (void)dlclose(handle);
   return get_proc;
 }
 
@@ -287,9 +233,7 @@ static PFN_cuGetProcAddress_v12000 driver_get_proc(const void *sym) {
  * one. */
 static void *wrap_symbol(const char *name, void *sym) {
   const tp__pl_drv_entry *e = find_entry(same_symbol, name);
-  if (!e || !in_driver(sym))
-    return sym;
-  if (filling)
+  if (!e || filling || !in_driver(sym))
     return sym;
   bool ready = atomic_load_explicit(&filled, memory_order_acquire) > 0 ||
                fill(driver_get_proc(sym));
@@ -300,49 +244,32 @@ static void *wrap_symbol(const char *name, void *sym) {
   return out;
 }
 
-static void *lookup(void *handle, const char *name, const char *version,
-                    const void *caller) {
-  void *sym;
-  bool self = false;
-  if (handle == RTLD_NEXT) {
-    self = is_self(caller);
-    sym = self ? (version ? tp__pl_libc_dlvsym(RTLD_NEXT, name, version)
-                          : real_dlsym()(RTLD_NEXT, name))
-               : next_after(caller, name, version);
-  } else {
-    sym = version ? tp__pl_libc_dlvsym(handle, name, version)
-                  : real_dlsym()(handle, name);
-  }
-  /* Only the driver's names ("cu...") are wrapped; everything else leaves
-   * at once. */
-  if (!sym || !name || name[0] != 'c' || name[1] != 'u')
-    return sym;
-  if (handle == RTLD_NEXT ? self : is_self(caller))
-    return sym;
-  if (tp__pl_switched_off())
+/* Only the driver's names ("cu...") are looked at: everything else leaves
+ * at once, on the path a sanitizer's runtime takes as it starts. */
+TP_PL_EARLY static bool driver_name(const char *name) {
+  return name && name[0] == 'c' && name[1] == 'u';
+}
+
+static void *driver_lookup(const char *name, void *sym, const void *caller) {
+  if (is_self(caller) || tp__pl_switched_off())
     return sym;
   return wrap_symbol(name, sym);
 }
 
-/* The exported definitions, one per version (see above). */
-TP_PL_EXPORT void *tp__pl_dlsym(void *handle, const char *name);
-TP_PL_EXPORT void *tp__pl_dlsym(void *handle, const char *name) {
-  return lookup(handle, name, NULL, __builtin_return_address(0));
+TP_PL_EARLY void *tp__pl_dlsym_from(void *handle, const char *name,
+                                    const void *caller) {
+  void *sym = tp__pl_real_dlsym()(handle, name);
+  if (!sym || !driver_name(name))
+    return sym;
+  return driver_lookup(name, sym, caller);
 }
-__asm__(".symver tp__pl_dlsym, dlsym@@" TP_PL_DL_DEFAULT);
 
-#if defined(TP_PL_DL_COMPAT)
-TP_PL_EXPORT void *tp__pl_dlsym_compat(void *handle, const char *name);
-TP_PL_EXPORT void *tp__pl_dlsym_compat(void *handle, const char *name) {
-  return lookup(handle, name, NULL, __builtin_return_address(0));
+TP_PL_EARLY void *tp__pl_dlvsym_from(void *handle, const char *name,
+                                     const char *version, const void *caller) {
+  tp__pl_dlvsym_fn real =
+      atomic_load_explicit(&tp__pl_libc_dlvsym, memory_order_acquire);
+  void *sym = (real ? real : tp__pl_real_dlvsym())(handle, name, version);
+  if (!sym || !driver_name(name))
+    return sym;
+  return driver_lookup(name, sym, caller);
 }
-__asm__(".symver tp__pl_dlsym_compat, dlsym@" TP_PL_DL_COMPAT);
-
-TP_PL_EXPORT void *tp__pl_dlvsym(void *handle, const char *name,
-                                 const char *version);
-TP_PL_EXPORT void *tp__pl_dlvsym(void *handle, const char *name,
-                                 const char *version) {
-  return lookup(handle, name, version, __builtin_return_address(0));
-}
-__asm__(".symver tp__pl_dlvsym, dlvsym@@" TP_PL_DL_DEFAULT);
-#endif
