@@ -51,9 +51,12 @@ STUB_API unsigned long cudart_stub_calls(const char *name) {
 }
 
 /* What dlsym(RTLD_NEXT, name) answers from inside the runtime: the
- * interposer must keep RTLD_NEXT meaning "after the caller". */
+ * interposer must keep RTLD_NEXT meaning "after the caller". The answer
+ * goes through a volatile so that the call is not a tail call, which would
+ * make the caller of this function the one the C library sees. */
 STUB_API void *cudart_stub_next(const char *name) {
-  return dlsym(RTLD_NEXT, name);
+  void *volatile sym = dlsym(RTLD_NEXT, name);
+  return sym;
 }
 
 /* ---- the driver
