@@ -31,8 +31,7 @@
 #define CHECK_RC(expr, want) CHECK_EQ_INT((expr), (want))
 #define REQUIRE_RC(expr, want) REQUIRE_EQ_INT((expr), (want))
 
-/* ---- the driver, as a static runtime finds it
- * --------------------------------
+/* ---- the driver, as a static runtime finds it -------------------------------
  */
 
 static void *libcuda;
@@ -289,9 +288,10 @@ static void test_handed_out(void) {
   CHECK_EQ_INT(in_interposer(fn), expected_mode == MODE_HOST);
 }
 
-/* RTLD_NEXT keeps meaning "after the caller" through the interposer: from
- * the program, the interposer (preloaded, so next) is found (where its
- * dlsym is the assembly entry, see dl.h). */
+/* RTLD_NEXT and RTLD_DEFAULT keep their meaning through the interposer
+ * (where its dlsym is the assembly entry, see dl.h): from the program, the
+ * interposer (preloaded, so next) is found; from inside libcuda, opened
+ * RTLD_LOCAL, its own symbols are in scope. */
 static void test_rtld_next(void) {
   CHECK(dlsym(RTLD_NEXT, "malloc") != NULL);
   if (!TP_PRELOAD_EXACT_RTLD_NEXT) {
@@ -304,6 +304,14 @@ static void test_rtld_next(void) {
   CHECK_EQ_PTR(dlvsym(RTLD_NEXT, "tidepool_preload_mode", "TIDEPOOL_PRELOAD_0"),
                next);
   CHECK(dlsym(RTLD_NEXT, "tidepool_no_such_symbol") == NULL);
+  void *(*stub_default)(const char *) = NULL;
+  void *sym = dlsym(libcuda, "cuda_stub_default");
+  memcpy(&stub_default, &sym, sizeof sym);
+  if (stub_calls) {
+    REQUIRE(stub_default != NULL);
+    CHECK(stub_default("cuda_stub_calls") != NULL);
+    CHECK(dlsym(RTLD_DEFAULT, "cuda_stub_calls") == NULL);
+  }
 }
 
 static void test_malloc_free(void) {

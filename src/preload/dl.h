@@ -1,9 +1,10 @@
 /* What the entry points of dlsym and dlvsym (dl_entry_x86_64.S.in, or
  * dl_entry.c elsewhere) share with hook.c: the C library's own functions,
- * and the lookups hook.c answers. A lookup with RTLD_NEXT goes straight to
- * the C library, which takes "next" to mean after its caller's object and
- * finds the caller from its own return address; every other lookup comes
- * to hook.c with the program's return address. */
+ * and the lookups hook.c answers. A lookup with RTLD_NEXT or RTLD_DEFAULT
+ * goes straight to the C library, whose answer depends on the caller's
+ * object (after it, or in its scope), which it finds from its own return
+ * address; a lookup in a given object comes to hook.c with the program's
+ * return address. */
 #ifndef TP_PRELOAD_DL_H
 #define TP_PRELOAD_DL_H
 
@@ -38,7 +39,8 @@ extern _Atomic(tp__pl_dlvsym_fn) tp__pl_libc_dlvsym;
 tp__pl_dlsym_fn tp__pl_real_dlsym(void);
 tp__pl_dlvsym_fn tp__pl_real_dlvsym(void);
 
-/* A lookup that is not RTLD_NEXT's, made from `caller` (a return address). */
+/* A lookup in the object `handle` (from dlopen), made from `caller` (a
+ * return address). */
 void *tp__pl_dlsym_from(void *handle, const char *name, const void *caller);
 void *tp__pl_dlvsym_from(void *handle, const char *name, const char *version,
                          const void *caller);

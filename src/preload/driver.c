@@ -179,8 +179,7 @@ void tp__pl_drv_ctx_restore(CUcontext ctx) {
     (void)drv.cuCtxSetCurrent(ctx);
 }
 
-/* ---- where a call goes
- * -------------------------------------------------------
+/* ---- where a call goes ------------------------------------------------------
  */
 
 int tp__pl_drv_enter(bool decide, CUresult *err) {
@@ -227,10 +226,9 @@ bool tp__pl_drv_capturing(CUstream stream, bool per_thread) {
   return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-/* ---- errors
- * ------------------------------------------------------------------ tidepool's
- * errors are the driver's; a platform error on the cuda platform is the
- * driver's own code, passed on. */
+/* ---- errors -----------------------------------------------------------------
+ * tidepool's errors are the driver's; a platform error on the cuda platform
+ * is the driver's own code, passed on. */
 
 CUresult tp__pl_drv_error(tp_error_t err) {
   switch (err) {

@@ -1,11 +1,11 @@
 /* How the driver-level layer is reached: dlsym and dlvsym, interposed (the
  * entry points are in dl_entry_x86_64.S.in or dl_entry.c), hand out
  * tidepool's cuGetProcAddress when a program (a runtime linked statically,
- * which loads libcuda with dlopen) looks the driver's up, and tidepool's
- * version of the allocator's entry points looked up by name; tidepool's
- * cuGetProcAddress then hands out tidepool's version of every entry point
- * of driver_alloc.c and driver_observe.c, and the driver's own function for
- * everything else. Lookups made from inside this library (tidepool's cuda
+ * which loads libcuda with dlopen) looks the driver's up in libcuda, and
+ * tidepool's version of the allocator's entry points looked up by name;
+ * tidepool's cuGetProcAddress then hands out tidepool's version of every entry
+ * point of driver_alloc.c and driver_observe.c, and the driver's own function
+ * for everything else. Lookups made from inside this library (tidepool's cuda
  * platform, the runtime-level layer) get the real answer. */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -58,9 +58,7 @@ TP_PL_EARLY tp__pl_dlsym_fn tp__pl_real_dlsym(void) {
   return f;
 }
 
-/* ---- who is asking, and for what
- * ---------------------------------------------
- */
+/* ---- who is asking, and for what ---------------------------------------- */
 
 static const char self_marker;
 
@@ -208,9 +206,7 @@ static CUresult get_proc_v2(const char *symbol, void **pfn, int version,
   return r;
 }
 
-/* ---- dlsym and dlvsym
- * --------------------------------------------------------
- */
+/* ---- dlsym and dlvsym ---------------------------------------------------- */
 
 /* The driver's cuGetProcAddress, from the object `sym` (a driver function)
  * lies in, which the program has loaded (a handle with RTLD_NOLOAD loads

@@ -9,6 +9,7 @@
  * call that reaches it is counted, so that a test sees what the interposer
  * passed on. The stand-in runtime (cudart_stub.c) reaches it as a real
  * runtime does, through dlopen and cuGetProcAddress. */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -54,8 +55,16 @@ STUB_API unsigned long cuda_stub_calls(const char *name) {
   return n;
 }
 
-/* ---- devices and contexts
- * ----------------------------------------------------
+/* What dlsym(RTLD_DEFAULT, name) answers from inside the stand-in, which a
+ * program opens RTLD_LOCAL: the C library searches the caller's own scope
+ * too, which the interposer must keep. Through a volatile, so that the
+ * call is not a tail call (whose caller would be this function's). */
+STUB_API void *cuda_stub_default(const char *name) {
+  void *volatile sym = dlsym(RTLD_DEFAULT, name);
+  return sym;
+}
+
+/* ---- devices and contexts ---------------------------------------------------
  */
 
 /* Handles are ordinals plus this, so that code confusing the two fails. */
@@ -216,8 +225,7 @@ STUB_API CUresult cuCtxSynchronize_v2(CUcontext ctx) {
   return ctx || current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
-/* ---- streams, capture and events
- * ---------------------------------------------
+/* ---- streams, capture and events --------------------------------------------
  */
 
 /* Streams and events are small heap objects. With TIDEPOOL_PRELOAD=host the
@@ -372,10 +380,9 @@ STUB_API CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *arg) {
   return cuLaunchHostFunc(s, fn, arg);
 }
 
-/* ---- memory
- * --------------------------------------------------------------------- The
- * stand-in's own allocations are remembered, so that a free of memory it did
- * not give out is refused, as the driver refuses it. */
+/* ---- memory -----------------------------------------------------------------
+ * The stand-in's own allocations are remembered, so that a free of memory it
+ * did not give out is refused, as the driver refuses it. */
 
 #define MAX_BLOCKS 64
 static void *blocks[MAX_BLOCKS];
@@ -527,10 +534,9 @@ UNSUPPORTED(cuMemGetMemPool, CUmemoryPool *pool, CUmemLocation *l,
 UNSUPPORTED(cuMemSetMemPool, CUmemLocation *l, CUmemAllocationType t,
             CUmemoryPool pool)
 
-/* ---- cuGetProcAddress
- * ------------------------------------------------------------- Each variant by
- * the name cuGetProcAddress takes, the version that introduced it, and whether
- * it is the per-thread (_ptsz) one. */
+/* ---- cuGetProcAddress -------------------------------------------------------
+ * Each variant by the name cuGetProcAddress takes, the version that
+ * introduced it, and whether it is the per-thread (_ptsz) one. */
 
 typedef void (*any_fn)(void);
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,

@@ -59,11 +59,10 @@ STUB_API void *cudart_stub_next(const char *name) {
   return sym;
 }
 
-/* ---- the driver
- * --------------------------------------------------------------- Every driver
- * function the stand-in calls, fetched at first use with the flags a runtime
- * built for the legacy default stream passes (0), or for the per-thread
- * variants (CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM). */
+/* ---- the driver -------------------------------------------------------------
+ * Every driver function the stand-in calls, fetched at first use with the
+ * flags a runtime built for the legacy default stream passes (0), or for
+ * the per-thread variants (CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM). */
 
 typedef void (*any_fn)(void);
 #define DRIVER(X)                                                              \
@@ -210,10 +209,10 @@ static cudaError_t result(CUresult r) {
       return fail(cudaErrorInsufficientDriver);                                \
   } while (0)
 
-/* ---- devices
- * ------------------------------------------------------------------- The
- * current device is the device of the thread's current context; a thread with
- * none gets device 0's primary context at first use, as with the runtime. */
+/* ---- devices ----------------------------------------------------------------
+ * The current device is the device of the thread's current context; a thread
+ * with none gets device 0's primary context at first use, as with the
+ * runtime. */
 
 STUB_API cudaError_t cudaGetDeviceCount(int *n) {
   count(__func__);
@@ -292,8 +291,7 @@ STUB_API cudaError_t cudaPeekAtLastError(void) {
     return result(cu.name args);                                               \
   } while (0)
 
-/* ---- streams, events and capture
- * -----------------------------------------------
+/* ---- streams, events and capture --------------------------------------------
  */
 
 STUB_API cudaError_t cudaStreamCreate(cudaStream_t *s) {
