@@ -90,16 +90,22 @@ static struct {
   PFN_cuMemSetMemPool_v13000 mem_set_pool;
 } cu;
 
-static int fetch(const char *name, int version, cuuint64_t flags, void *out) {
+static int fetch_quietly(const char *name, int version, cuuint64_t flags,
+                         void *out) {
   void *fn = NULL;
   CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
   if (get_proc(name, &fn, version, flags, &found) != CUDA_SUCCESS ||
-      found != CU_GET_PROC_ADDRESS_SUCCESS || !fn) {
-    printf("FAIL: the driver has no %s at %d\n", name, version);
+      found != CU_GET_PROC_ADDRESS_SUCCESS || !fn)
     return 0;
-  }
   memcpy(out, &fn, sizeof fn);
   return 1;
+}
+
+static int fetch(const char *name, int version, cuuint64_t flags, void *out) {
+  if (fetch_quietly(name, version, flags, out))
+    return 1;
+  printf("FAIL: the driver has no %s at %d\n", name, version);
+  return 0;
 }
 
 static int load_driver(void) {
@@ -124,8 +130,6 @@ static int load_driver(void) {
   F(primary_retain, "cuDevicePrimaryCtxRetain", 7000, LEGACY);
   F(ctx_get, "cuCtxGetCurrent", 4000, LEGACY);
   F(ctx_set, "cuCtxSetCurrent", 4000, LEGACY);
-  F(ctx_create, "cuCtxCreate", 3020, LEGACY);
-  F(ctx_destroy, "cuCtxDestroy", 4000, LEGACY);
   F(ctx_sync, "cuCtxSynchronize", 2000, LEGACY);
   F(ctx_sync_v2, "cuCtxSynchronize", 13000, LEGACY);
   F(stream_create, "cuStreamCreate", 2000, LEGACY);
@@ -168,6 +172,9 @@ static int load_driver(void) {
   F(mem_get_pool, "cuMemGetMemPool", 13000, LEGACY);
   F(mem_set_pool, "cuMemSetMemPool", 13000, LEGACY);
 #undef F
+  /* Older ABIs a driver may drop: the test that uses them is skipped. */
+  (void)fetch_quietly("cuCtxCreate", 3020, LEGACY, &cu.ctx_create);
+  (void)fetch_quietly("cuCtxDestroy", 4000, LEGACY, &cu.ctx_destroy);
   return ok;
 }
 
@@ -622,22 +629,26 @@ static void test_capture(void) {
  * tidepool's pools live: its allocations are the driver's; and without a
  * current context the driver gives its error. */
 static void test_other_contexts(void) {
-  CUcontext mine = NULL;
-  REQUIRE_RC(cu.ctx_create(&mine, 0, dev0), CUDA_SUCCESS);
-  unsigned long long forwarded = counter(C_FORWARDED);
-  unsigned long long mallocs = counter(C_MALLOC);
   CUdeviceptr p = 0;
-  CUresult r = cu.alloc(&p, MiB, NULL);
-  CHECK_EQ_U64(counter(C_FORWARDED) - forwarded, 1);
-  CHECK_EQ_U64(counter(C_MALLOC) - mallocs, 0);
-  if (stub_calls) {
-    CHECK_RC(r, CUDA_ERROR_NOT_SUPPORTED);
+  unsigned long long forwarded = counter(C_FORWARDED);
+  if (cu.ctx_create && cu.ctx_destroy) {
+    CUcontext mine = NULL;
+    REQUIRE_RC(cu.ctx_create(&mine, 0, dev0), CUDA_SUCCESS);
+    unsigned long long mallocs = counter(C_MALLOC);
+    CUresult r = cu.alloc(&p, MiB, NULL);
+    CHECK_EQ_U64(counter(C_FORWARDED) - forwarded, 1);
+    CHECK_EQ_U64(counter(C_MALLOC) - mallocs, 0);
+    if (stub_calls) {
+      CHECK_RC(r, CUDA_ERROR_NOT_SUPPORTED);
+    } else {
+      CHECK_RC(r, CUDA_SUCCESS);
+      CHECK_RC(cu.free(p, NULL), CUDA_SUCCESS);
+      CHECK_RC(cu.stream_sync(NULL), CUDA_SUCCESS);
+    }
+    CHECK_RC(cu.ctx_destroy(mine), CUDA_SUCCESS);
   } else {
-    CHECK_RC(r, CUDA_SUCCESS);
-    CHECK_RC(cu.free(p, NULL), CUDA_SUCCESS);
-    CHECK_RC(cu.stream_sync(NULL), CUDA_SUCCESS);
+    printf("   skipped a created context: the driver has no cuCtxCreate_v2\n");
   }
-  CHECK_RC(cu.ctx_destroy(mine), CUDA_SUCCESS);
 
   REQUIRE_RC(cu.ctx_set(NULL), CUDA_SUCCESS);
   forwarded = counter(C_FORWARDED);
