@@ -4,7 +4,6 @@
  * entry points are in driver_alloc.c and driver_observe.c, and are handed
  * out by hook.c. */
 #include <pthread.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "driver.h"
