@@ -14,9 +14,12 @@ interposer directly, through tidepool_preload_pool_stats); reset_peak_memory_
 stats() and empty_cache() act on tidepool's pool; the losses equal the
 driver's step for step. Out of memory: a request larger than the card and
 filling the card both raise torch.OutOfMemoryError, and training goes on
-after the memory is freed. CuPy: counted through the interposer's counters;
-CuPy's wheels link the CUDA runtime statically, in which case its calls never
-reach an LD_PRELOAD interposer, and the row says so.
+after the memory is freed. CuPy (whose wheels link the CUDA runtime
+statically, so that only the interposer's driver-level layer sees its calls):
+MemoryAsyncPool's allocations counted through tidepool's own pool figures
+(used and reserved while CuPy's arrays live, and after they are freed) and
+the interposer's counters; CuPy's used_bytes() and total_bytes() equal
+tidepool's figures.
 
 The model is bench/torch_train_bench.py's GPT-style decoder, smaller.
 """
@@ -73,7 +76,7 @@ class Preload:
 
     def counters(self):
         names = ["mallocs", "frees", "pool_calls", "forwarded", "syncs",
-                 "events", "failed"]
+                 "events", "failed", "driver_level"]
         if not self.mode_fn:
             return {}
         return {n: int(self.counter_fn(i)) for i, n in enumerate(names)}
@@ -227,11 +230,13 @@ def cupy_links_runtime_statically(cupy):
 
 def child_cupy(args):
     pre = Preload()
-    r = {"mode": pre.mode(), "checks": {}}
+    r = {"checks": {}}
+    checks = r["checks"]
     try:
         import cupy
     except ImportError as e:
         r["skipped"] = f"cupy not importable: {e}"
+        r["mode"] = pre.mode()
         print("RESULT " + json.dumps(r), flush=True)
         return 0
     r["cupy"] = cupy.__version__
@@ -243,19 +248,42 @@ def child_cupy(args):
     b = a @ a
     total = float(b.sum())
     cupy.cuda.Stream.null.synchronize()
+    live = a.nbytes + b.nbytes
+    r["live_bytes"] = live
     r["cupy_used_bytes"] = int(pool.used_bytes())
     r["cupy_total_bytes"] = int(pool.total_bytes())
-    if pre.loaded() and pre.mode() == "cuda":
-        r["tidepool_stats"] = pre.stats()
+    r["mode"] = pre.mode()
+    on = pre.loaded() and r["mode"] == "cuda"
+    if on:
+        held = pre.stats()
+        r["tidepool_stats"] = held
+        checks["tidepool's pool holds CuPy's arrays"] = held[2] >= live
+        checks["CuPy's used_bytes() is tidepool's used"] = (
+            r["cupy_used_bytes"] == held[2])
+        checks["CuPy's total_bytes() is tidepool's reserved"] = (
+            r["cupy_total_bytes"] == held[0])
     del a, b
     pool.free_all_blocks()
+    cupy.cuda.Stream.null.synchronize()
+    if on:
+        freed = pre.stats()
+        r["tidepool_stats_after_free"] = freed
+        checks["freeing the arrays returns them to tidepool's pool"] = (
+            freed[2] <= held[2] - live)
+        checks["free_all_blocks() trims tidepool's pool"] = (
+            freed[0] < held[0] and freed[0] == int(pool.total_bytes()))
     after = pre.counters() if pre.loaded() else {}
+    r["counters"] = after
     r["answered_mallocs"] = after.get("mallocs", 0) - before.get("mallocs", 0)
-    r["checks"]["computed"] = math.isfinite(total)
+    r["driver_level_calls"] = (after.get("driver_level", 0) -
+                               before.get("driver_level", 0))
+    checks["computed"] = math.isfinite(total)
     r["routed"] = r["answered_mallocs"] > 0
-    if r["routed"]:
-        r["checks"]["CuPy's pool figures are tidepool's"] = (
-            r["cupy_total_bytes"] == r["tidepool_stats"][0])
+    if on:
+        checks["tidepool answered CuPy's allocations"] = r["routed"]
+        if r.get("static_runtime"):
+            checks["through the driver's entry points"] = (
+                r["driver_level_calls"] >= r["answered_mallocs"] > 0)
     print("RESULT " + json.dumps(r), flush=True)
     return 0
 
@@ -361,16 +389,17 @@ def main():
                      "OutOfMemoryError, then trains on" if ok else "FAILED"))
     c = results.get("cupy")
     if c:
+        runtime = ("runtime linked statically" if c.get("static_runtime")
+                   else "shared runtime")
         if c.get("skipped"):
             verdict = c["skipped"]
         elif c["routed"]:
-            verdict = (f"{c['answered_mallocs']} allocations answered by tidepool")
-        elif c.get("static_runtime"):
-            verdict = ("not routed: CuPy links the CUDA runtime statically "
-                       "(libcudart_static), out of an LD_PRELOAD's reach")
+            verdict = (f"{c['answered_mallocs']} allocations answered by "
+                       f"tidepool ({runtime}; {c['driver_level_calls']} calls "
+                       f"through the driver's entry points)")
         else:
-            verdict = "NOT ROUTED, with a dynamic runtime: a failure"
-            failures.append("CuPy with a dynamic runtime was not routed")
+            verdict = f"NOT ROUTED ({runtime}): a failure"
+            failures.append("CuPy's allocations did not reach tidepool")
         rows.append((f"CuPy {c.get('cupy', '')} MemoryAsyncPool", c["mode"],
                      "-", f"{c.get('cupy_total_bytes', 0) / MiB:.0f} MiB", "-",
                      verdict))

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The zero-code path on a GPU machine: builds the preload interposer, runs
 # the runtime-names test (test_preload_cuda) under it, directly and through
-# tidepool-run, then bench/gpu_preload.py: PyTorch training with
-# backend:cudaMallocAsync on the driver's pool and under tidepool-run,
-# PyTorch out of memory, and CuPy's MemoryAsyncPool. Logs in $OUT; a summary
-# at the end. About 3 minutes on one H200.
+# tidepool-run; the driver-names test (test_preload_driver, which reaches the
+# driver as a statically linked runtime does); a program built by nvcc with
+# its default static runtime (test/test_preload_static.cu); then
+# bench/gpu_preload.py: PyTorch training with backend:cudaMallocAsync on the
+# driver's pool and under tidepool-run, PyTorch out of memory, and CuPy's
+# MemoryAsyncPool (CuPy links the runtime statically). Each test also runs
+# with TIDEPOOL_PRELOAD=0 (the driver answers). Logs in $OUT; a summary at
+# the end. About 3.5 minutes on one H200.
 #
 # Usage (repo root): OUT=/some/dir bash bench/gpu_preload.sh [--steps N]
 set -u
@@ -27,7 +31,8 @@ echo "== build"
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DTP_WERROR=ON "${zopts[@]}" \
   >"$OUT/preload_build.txt" 2>&1 &&
   cmake --build "$BUILD" -j"$(nproc)" --target tidepool_preload \
-    test_preload_cuda test_preload >>"$OUT/preload_build.txt" 2>&1 ||
+    test_preload_cuda test_preload test_preload_driver \
+    >>"$OUT/preload_build.txt" 2>&1 ||
   {
     tail -30 "$OUT/preload_build.txt"
     exit 1
@@ -35,7 +40,8 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DTP_WERROR=ON "${zopts[@]}" \
 lib=$BUILD/libtidepool_preload.so
 run=$BUILD/tidepool-run
 test_cuda=$BUILD/src/preload/test_preload_cuda
-[[ -x $test_cuda && -f $lib && -x $run ]] || {
+test_driver=$BUILD/src/preload/test_preload_driver
+[[ -x $test_cuda && -x $test_driver && -f $lib && -x $run ]] || {
   echo "the build made no interposer (no CUDA 13 headers?)"
   exit 1
 }
@@ -62,6 +68,41 @@ rc=$?
 tail -1 "$OUT/test_preload_cuda_off.txt"
 verdict[off]=$([[ $rc -eq 0 ]] && echo "passed" || echo "FAILED (exit $rc)")
 
+echo "== test_preload_driver: the driver's names, reached as a static runtime does"
+TIDEPOOL_PRELOAD_REPORT=1 LD_PRELOAD=$lib timeout 180 "$test_driver" cuda \
+  >"$OUT/test_preload_driver.txt" 2>&1
+rc=$?
+grep -E "FAIL|ok$|checks|interposer|tidepool-preload" "$OUT/test_preload_driver.txt"
+verdict[driver]=$([[ $rc -eq 0 ]] && echo "passed" || echo "FAILED (exit $rc)")
+TIDEPOOL_PRELOAD=0 LD_PRELOAD=$lib timeout 120 "$test_driver" off \
+  >"$OUT/test_preload_driver_off.txt" 2>&1
+rc=$?
+tail -1 "$OUT/test_preload_driver_off.txt"
+verdict[driver_off]=$([[ $rc -eq 0 ]] && echo "passed" || echo "FAILED (exit $rc)")
+
+echo "== test_preload_static: nvcc's default -cudart static"
+static=$BUILD/test_preload_static
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+if "$NVCC" -o "$static" test/test_preload_static.cu >"$OUT/static_build.txt" 2>&1; then
+  if readelf -d "$static" | grep -q 'libcudart'; then
+    verdict[static]="FAILED (the program links a shared libcudart)"
+  else
+    TIDEPOOL_PRELOAD_REPORT=1 LD_PRELOAD=$lib timeout 120 "$static" cuda \
+      >"$OUT/test_preload_static.txt" 2>&1
+    rc=$?
+    cat "$OUT/test_preload_static.txt"
+    verdict[static]=$([[ $rc -eq 0 ]] && echo "passed" || echo "FAILED (exit $rc)")
+    TIDEPOOL_PRELOAD=0 LD_PRELOAD=$lib timeout 120 "$static" off \
+      >"$OUT/test_preload_static_off.txt" 2>&1
+    rc=$?
+    tail -1 "$OUT/test_preload_static_off.txt"
+    verdict[static_off]=$([[ $rc -eq 0 ]] && echo "passed" || echo "FAILED (exit $rc)")
+  fi
+else
+  tail -20 "$OUT/static_build.txt"
+  verdict[static]="FAILED (nvcc)"
+fi
+
 echo "== PyTorch and CuPy (bench/gpu_preload.py)"
 timeout 900 python3 bench/gpu_preload.py --run "$run" --out "$OUT" \
   --json "$OUT/gpu_preload.json" "$@"
@@ -73,5 +114,12 @@ echo "== summary"
 printf '%-44s %s\n' "runtime-names test under LD_PRELOAD" "${verdict[conformance]}"
 printf '%-44s %s\n' "runtime-names test through tidepool-run" "${verdict[launcher]}"
 printf '%-44s %s\n' "TIDEPOOL_PRELOAD=0" "${verdict[off]}"
+printf '%-44s %s\n' "driver-names test (static runtime's path)" "${verdict[driver]}"
+printf '%-44s %s\n' "driver-names test, TIDEPOOL_PRELOAD=0" "${verdict[driver_off]}"
+printf '%-44s %s\n' "nvcc -cudart static program" "${verdict[static]}"
+printf '%-44s %s\n' "nvcc -cudart static, TIDEPOOL_PRELOAD=0" "${verdict[static_off]:-not run}"
 printf '%-44s %s\n' "PyTorch, out of memory, CuPy (table above)" "${verdict[frameworks]}"
 echo "logs: $OUT"
+for v in "${verdict[@]}"; do
+  [[ $v == passed ]] || exit 1
+done

@@ -33,11 +33,14 @@ extern cudaError_t cudaFreeAsync_ptsz(void *, cudaStream_t);
 
 enum { MODE_UNDECIDED, MODE_OFF, MODE_CUDA, MODE_HOST };
 enum { C_MALLOC, C_FREE, C_POOL, C_FORWARDED, C_SYNC, C_EVENT, C_FAILED };
+enum { C_DRIVER = 7 };
 
 static int (*preload_mode)(void);
 static unsigned long long (*preload_counter)(int);
 static int (*preload_pool_stats)(int, unsigned long long[4]);
 static unsigned long (*stub_calls)(const char *);
+static unsigned long (*driver_stub_calls)(const char *);
+static void *(*stub_next)(const char *);
 static int expected_mode;
 
 static unsigned long long counter(int which) {
@@ -46,6 +49,11 @@ static unsigned long long counter(int which) {
 
 static unsigned long stub(const char *name) {
   return stub_calls ? stub_calls(name) : 0;
+}
+
+/* How many times the stand-in driver's `name` was called (0 on a GPU). */
+static unsigned long driver_stub(const char *name) {
+  return driver_stub_calls ? driver_stub_calls(name) : 0;
 }
 
 static uint64_t attr(cudaMemPool_t pool, enum cudaMemPoolAttr a) {
@@ -128,11 +136,11 @@ static void test_malloc_free(void) {
   CHECK_RC(cudaFreeAsync(p, NULL), cudaSuccess);
   CHECK_EQ_U64(counter(C_FREE) - frees, 1);
   CHECK_EQ_U64(attr(pool, cudaMemPoolAttrUsedMemCurrent), 0);
-  /* The runtime's synchronize reaches tidepool, which falls to the release
-   * threshold (0). */
+  /* The runtime's synchronize reaches tidepool once, which falls to the
+   * release threshold (0). */
   unsigned long long syncs = counter(C_SYNC);
   CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
-  CHECK(counter(C_SYNC) > syncs);
+  CHECK_EQ_U64(counter(C_SYNC) - syncs, 1);
   CHECK_EQ_U64(attr(pool, cudaMemPoolAttrReservedMemCurrent), 0);
   CHECK(attr(pool, cudaMemPoolAttrUsedMemHigh) >= MiB);
   CHECK_RC(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero),
@@ -457,16 +465,40 @@ static void test_foreign_pool_stub(void) {
   CHECK_RC(cudaGetLastError(), cudaErrorNotSupported);
 }
 
-/* A pool of the driver's own (made through the driver API) stays the
- * runtime's: allocations from it and their frees go there. */
+/* The driver's own function `name`, past the interposer, which hands out
+ * tidepool's version of the allocator's driver functions too: the C
+ * library's dlsym, found through the dlvsym the interposer leaves alone
+ * (its older version, or the only one). */
+#if defined(TP_PL_DL_COMPAT)
+extern void *libc_dlvsym(void *, const char *, const char *);
+__asm__(".symver libc_dlvsym, dlvsym@" TP_PL_DL_COMPAT);
+#else
+#define libc_dlvsym dlvsym
+#endif
+
+static void *driver_own(void *libcuda, const char *name) {
+  void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+  void *sym = libc ? libc_dlvsym(libc, "dlsym", TP_PL_DL_DEFAULT) : NULL;
+  if (!sym) {
+    void *libdl = dlopen("libdl.so.2", RTLD_LAZY | RTLD_NOLOAD);
+    sym = libdl ? libc_dlvsym(libdl, "dlsym", TP_PL_DL_DEFAULT) : NULL;
+  }
+  void *(*real_dlsym)(void *, const char *) = NULL;
+  memcpy(&real_dlsym, &sym, sizeof sym);
+  return real_dlsym ? real_dlsym(libcuda, name) : NULL;
+}
+
+/* A pool of the driver's own (made through the driver API, past the
+ * interposer) stays the runtime's: allocations from it and their frees go
+ * there. */
 static void test_foreign_pool_driver(void) {
   void *libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   REQUIRE(libcuda != NULL);
   int (*get_pool)(void **, int) = NULL;
   int (*device_get)(int *, int) = NULL;
-  void *sym = dlsym(libcuda, "cuDeviceGetDefaultMemPool");
+  void *sym = driver_own(libcuda, "cuDeviceGetDefaultMemPool");
   memcpy(&get_pool, &sym, sizeof sym);
-  sym = dlsym(libcuda, "cuDeviceGet");
+  sym = driver_own(libcuda, "cuDeviceGet");
   memcpy(&device_get, &sym, sizeof sym);
   REQUIRE(get_pool && device_get);
   int dev = -1;
@@ -500,6 +532,70 @@ static void test_cuda_only(void) {
   CHECK_RC(cudaDeviceSynchronize(), cudaSuccess);
 }
 
+/* A call the runtime-level layer passes to the runtime reaches the driver
+ * (through the entry points the runtime got from cuGetProcAddress, which
+ * are the driver-level layer's), and is handled once: by the runtime-level
+ * layer, never again by the driver-level one. */
+static void test_once(void) {
+  unsigned long long driver = counter(C_DRIVER);
+  unsigned long long syncs = counter(C_SYNC), events = counter(C_EVENT);
+  unsigned long stream_syncs = driver_stub("cuStreamSynchronize");
+  unsigned long ctx_syncs = driver_stub("cuCtxSynchronize");
+  unsigned long records = driver_stub("cuEventRecord");
+  CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+  CHECK_RC(cudaDeviceSynchronize(), cudaSuccess);
+  CHECK_EQ_U64(counter(C_SYNC) - syncs, 2);
+  cudaStream_t s = NULL;
+  REQUIRE_RC(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t e = NULL;
+  REQUIRE_RC(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  CHECK_RC(cudaEventRecord(e, NULL), cudaSuccess);
+  CHECK_RC(cudaStreamWaitEvent(s, e, 0), cudaSuccess);
+  CHECK_RC(cudaEventSynchronize(e), cudaSuccess);
+  CHECK_EQ_U64(counter(C_EVENT) - events, 2);
+  CHECK_EQ_U64(counter(C_SYNC) - syncs, 3);
+  CHECK_RC(cudaEventDestroy(e), cudaSuccess);
+  CHECK_RC(cudaStreamDestroy(s), cudaSuccess);
+  if (driver_stub_calls) {
+    CHECK_EQ_U64(driver_stub("cuStreamSynchronize") - stream_syncs, 1);
+    CHECK_EQ_U64(driver_stub("cuCtxSynchronize") - ctx_syncs, 1);
+    CHECK_EQ_U64(driver_stub("cuEventRecord") - records, 1);
+  }
+  /* A free tidepool refused at the runtime's level, and a call on a pool
+   * not tidepool's, both passed to the runtime, are not looked at again at
+   * the driver's. */
+  unsigned long long forwarded = counter(C_FORWARDED);
+  int local = 0;
+  CHECK(cudaFreeAsync(&local, NULL) != cudaSuccess);
+  (void)cudaGetLastError();
+  uint64_t v = 0;
+  CHECK(cudaMemPoolGetAttribute((cudaMemPool_t)(uintptr_t)0x1234000,
+                                cudaMemPoolAttrUsedMemCurrent,
+                                &v) != cudaSuccess);
+  (void)cudaGetLastError();
+  CHECK_EQ_U64(counter(C_FORWARDED) - forwarded, 2);
+  CHECK_EQ_U64(counter(C_DRIVER) - driver, 0);
+}
+
+/* RTLD_NEXT keeps meaning "after the caller" through the interposer's
+ * dlsym: from the program the interposer is next, from the runtime (after
+ * the interposer) nothing defines the runtime's names. Where the
+ * interposer's dlsym is its C fallback, "after the interposer". */
+static void test_rtld_next(void) {
+  CHECK(dlsym(RTLD_NEXT, "malloc") != NULL);
+  if (!TP_PRELOAD_EXACT_RTLD_NEXT) {
+    printf("   RTLD_NEXT is passed on from the interposer (C entry)\n");
+    return;
+  }
+  void *next = dlsym(RTLD_NEXT, "cudaMallocAsync");
+  CHECK(next != NULL);
+  CHECK_EQ_PTR(next, dlsym(RTLD_DEFAULT, "cudaMallocAsync"));
+  if (stub_next) {
+    CHECK(stub_next("cudaMallocAsync") == NULL);
+    CHECK(stub_next("malloc") != NULL);
+  }
+}
+
 /* TIDEPOOL_PRELOAD=0: everything reaches the runtime, and the interposer
  * answers nothing. */
 static void test_off(void) {
@@ -525,7 +621,7 @@ static void test_off(void) {
     CHECK_RC(cudaFreeAsync(p, NULL), cudaSuccess);
     CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
   }
-  for (int i = C_MALLOC; i <= C_FAILED; i++)
+  for (int i = C_MALLOC; i <= C_DRIVER; i++)
     CHECK_EQ_U64(counter(i), 0);
 }
 
@@ -585,7 +681,17 @@ static int load_diagnostics(void) {
   memcpy(&preload_pool_stats, &sym, sizeof sym);
   sym = dlsym(RTLD_DEFAULT, "cudart_stub_calls");
   memcpy(&stub_calls, &sym, sizeof sym);
+  sym = dlsym(RTLD_DEFAULT, "cudart_stub_next");
+  memcpy(&stub_next, &sym, sizeof sym);
   return preload_mode && preload_counter && preload_pool_stats;
+}
+
+/* The stand-in driver, which the runtime (stand-in or real) has opened by
+ * now. */
+static void load_driver_diagnostics(void) {
+  void *libcuda = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  void *sym = libcuda ? dlsym(libcuda, "cuda_stub_calls") : NULL;
+  memcpy(&driver_stub_calls, &sym, sizeof sym);
 }
 
 int main(int argc, char **argv) {
@@ -611,10 +717,12 @@ int main(int argc, char **argv) {
     printf("SKIP: the runtime sees no CUDA device\n");
     return SKIP_EXIT;
   }
+  load_driver_diagnostics();
   printf("test_preload: %s, runtime %s, %d device(s)\n", want,
          stub_calls ? "stand-in" : "real", devices);
   /* Nothing is decided before the first allocator call. */
   CHECK_EQ_INT(preload_mode(), MODE_UNDECIDED);
+  RUN_TEST(test_rtld_next);
   if (expected_mode == MODE_OFF) {
     RUN_TEST(test_off);
     return check_done();
@@ -630,6 +738,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_capture);
   RUN_TEST(test_ipc);
   RUN_TEST(test_devices);
+  RUN_TEST(test_once);
   if (stub_calls) {
     RUN_TEST(test_foreign_pool_stub);
   } else {

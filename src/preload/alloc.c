@@ -67,9 +67,12 @@ TP_PL_NEXT(cudaMemGetDefaultMemPool, mem_pool_fn)
 TP_PL_NEXT(cudaMemGetMemPool, mem_pool_fn)
 TP_PL_NEXT(cudaMemSetMemPool, mem_set_pool_fn)
 
-/* Calls the real `name` with `args`, or answers that the runtime lacks it. */
+/* Calls the real `name` with `args`, or answers that the runtime lacks it.
+ * The call is marked as on its way through the runtime, so that the
+ * driver-level layer lets the runtime's driver calls for it pass. */
 #define FORWARD(name, args)                                                    \
-  return next_##name() ? next_##name() args : TP_PL_NO_RUNTIME
+  return next_##name() ? TP_PL_THROUGH_RUNTIME(next_##name(), args)            \
+                       : TP_PL_NO_RUNTIME
 
 /* A call tidepool does not answer, counted as such. */
 #define FORWARD_COUNTED(name, args)                                            \
@@ -92,100 +95,15 @@ static cudaError_t answer(tp_error_t err, int counter) {
   return tp__pl_fail(err);
 }
 
-/* ---- translation ----------------------------------------------------------
- * Each returns false for a value the runtime's enum does not have, which
- * the caller answers with cudaErrorInvalidValue, as the runtime does. */
-
+/* The translations of preload.h, on the runtime's structs. */
 static bool location_in(const struct cudaMemLocation *in, tp_location_t *out) {
-  *out = (tp_location_t){TP_LOCATION_INVALID, in->id, 0};
-  switch (in->type) {
-  case cudaMemLocationTypeInvalid: out->type = TP_LOCATION_INVALID; break;
-  case cudaMemLocationTypeDevice: out->type = TP_LOCATION_DEVICE; break;
-  case cudaMemLocationTypeHost: out->type = TP_LOCATION_HOST; break;
-  case cudaMemLocationTypeHostNuma: out->type = TP_LOCATION_HOST_NUMA; break;
-  case cudaMemLocationTypeHostNumaCurrent:
-    out->type = TP_LOCATION_HOST_NUMA_CURRENT;
-    break;
-  default: return false;
-  }
-  return true;
+  return tp__pl_location_in((int)in->type, in->id, out);
 }
 
 static bool alloc_type_in(enum cudaMemAllocationType in,
                           tp_allocation_type_t *out) {
-  switch (in) {
-  case cudaMemAllocationTypeInvalid: *out = TP_ALLOCATION_INVALID; break;
-  case cudaMemAllocationTypePinned: *out = TP_ALLOCATION_PINNED; break;
-  case cudaMemAllocationTypeManaged: *out = TP_ALLOCATION_MANAGED; break;
-  default: return false;
-  }
-  return true;
+  return tp__pl_alloc_type_in((int)in, out);
 }
-
-/* Handle type bits; Windows handles have no meaning here. */
-static bool handle_types_in(unsigned in, unsigned *out) {
-  *out = 0;
-  if (in & cudaMemHandleTypePosixFileDescriptor)
-    *out |= TP_HANDLE_POSIX_FD;
-  if (in & cudaMemHandleTypeFabric)
-    *out |= TP_HANDLE_FABRIC;
-  return (in & ~(unsigned)(cudaMemHandleTypePosixFileDescriptor |
-                           cudaMemHandleTypeFabric)) == 0;
-}
-
-static bool access_in(enum cudaMemAccessFlags in, tp_access_flags_t *out) {
-  switch (in) {
-  case cudaMemAccessFlagsProtNone: *out = TP_ACCESS_NONE; break;
-  case cudaMemAccessFlagsProtRead: *out = TP_ACCESS_READ; break;
-  case cudaMemAccessFlagsProtReadWrite: *out = TP_ACCESS_READ_WRITE; break;
-  default: return false;
-  }
-  return true;
-}
-
-static enum cudaMemAccessFlags access_out(tp_access_flags_t in) {
-  switch (in) {
-  case TP_ACCESS_READ: return cudaMemAccessFlagsProtRead;
-  case TP_ACCESS_READ_WRITE: return cudaMemAccessFlagsProtReadWrite;
-  case TP_ACCESS_NONE: break;
-  }
-  return cudaMemAccessFlagsProtNone;
-}
-
-/* The runtime's attributes are the driver's first eight, with the same value
- * types (int for the reuse policies, uint64 for the rest). */
-static bool attr_in(enum cudaMemPoolAttr in, tp_pool_attr_t *out) {
-  switch (in) {
-  case cudaMemPoolReuseFollowEventDependencies:
-    *out = TP_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES;
-    break;
-  case cudaMemPoolReuseAllowOpportunistic:
-    *out = TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC;
-    break;
-  case cudaMemPoolReuseAllowInternalDependencies:
-    *out = TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
-    break;
-  case cudaMemPoolAttrReleaseThreshold:
-    *out = TP_POOL_ATTR_RELEASE_THRESHOLD;
-    break;
-  case cudaMemPoolAttrReservedMemCurrent:
-    *out = TP_POOL_ATTR_RESERVED_MEM_CURRENT;
-    break;
-  case cudaMemPoolAttrReservedMemHigh:
-    *out = TP_POOL_ATTR_RESERVED_MEM_HIGH;
-    break;
-  case cudaMemPoolAttrUsedMemCurrent:
-    *out = TP_POOL_ATTR_USED_MEM_CURRENT;
-    break;
-  case cudaMemPoolAttrUsedMemHigh: *out = TP_POOL_ATTR_USED_MEM_HIGH; break;
-  default: return false;
-  }
-  return true;
-}
-
-_Static_assert(sizeof(struct cudaMemPoolPtrExportData) ==
-                   sizeof(tp_pool_ptr_export_data_t),
-               "the export records differ in size");
 
 /* ---- allocation ---------------------------------------------------------- */
 
@@ -311,7 +229,7 @@ cudaMemPoolCreate(cudaMemPool_t *pool, const struct cudaMemPoolProps *props) {
   if (!alloc_type_in(props->allocType, &tp.alloc_type) ||
       !location_in(&props->location, &tp.location))
     return answer(TP_ERROR_INVALID_VALUE, TP_PL_COUNT_POOL);
-  if (!handle_types_in((unsigned)props->handleTypes, &tp.handle_types))
+  if (!tp__pl_handle_types_in((unsigned)props->handleTypes, &tp.handle_types))
     return answer(TP_ERROR_NOT_SUPPORTED, TP_PL_COUNT_POOL);
   tp.max_size = props->maxSize;
   tp.usage = props->usage;
@@ -334,7 +252,7 @@ TP_PL_EXPORT cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool,
                                                  void *value) {
   POOL_CALL(cudaMemPoolGetAttribute, pool, (pool, attr, value));
   tp_pool_attr_t a;
-  if (!attr_in(attr, &a))
+  if (!tp__pl_attr_in((int)attr, &a))
     return answer(TP_ERROR_INVALID_VALUE, TP_PL_COUNT_POOL);
   return answer(tp_pool_get_attribute((tp_pool_t)pool, a, value),
                 TP_PL_COUNT_POOL);
@@ -345,7 +263,7 @@ TP_PL_EXPORT cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool,
                                                  void *value) {
   POOL_CALL(cudaMemPoolSetAttribute, pool, (pool, attr, value));
   tp_pool_attr_t a;
-  if (!attr_in(attr, &a))
+  if (!tp__pl_attr_in((int)attr, &a))
     return answer(TP_ERROR_INVALID_VALUE, TP_PL_COUNT_POOL);
   return answer(tp_pool_set_attribute((tp_pool_t)pool, a, value),
                 TP_PL_COUNT_POOL);
@@ -368,7 +286,7 @@ TP_PL_EXPORT cudaError_t cudaMemPoolSetAccess(
   tp_error_t err = TP_SUCCESS;
   for (size_t i = 0; i < count && err == TP_SUCCESS; i++)
     if (!location_in(&list[i].location, &descs[i].location) ||
-        !access_in(list[i].flags, &descs[i].flags))
+        !tp__pl_access_in((int)list[i].flags, &descs[i].flags))
       err = TP_ERROR_INVALID_VALUE;
   if (err == TP_SUCCESS)
     err = tp_pool_set_access((tp_pool_t)pool, count ? descs : NULL, count);
@@ -387,7 +305,7 @@ cudaMemPoolGetAccess(enum cudaMemAccessFlags *flags, cudaMemPool_t pool,
   tp_access_flags_t got = TP_ACCESS_NONE;
   tp_error_t err = tp_pool_get_access(&got, (tp_pool_t)pool, &loc);
   if (err == TP_SUCCESS)
-    *flags = access_out(got);
+    *flags = (enum cudaMemAccessFlags)tp__pl_access_out(got);
   return answer(err, TP_PL_COUNT_POOL);
 }
 
@@ -400,22 +318,15 @@ TP_PL_EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t keep) {
  * A POSIX descriptor is exported through a pointer to an int, and imported
  * by value, cast to a pointer, as the driver takes it. */
 
-static tp_handle_type_t handle_type_in(enum cudaMemAllocationHandleType in) {
-  switch (in) {
-  case cudaMemHandleTypePosixFileDescriptor: return TP_HANDLE_POSIX_FD;
-  case cudaMemHandleTypeFabric: return TP_HANDLE_FABRIC;
-  default: return TP_HANDLE_NONE; /* refused by tidepool */
-  }
-}
-
 TP_PL_EXPORT cudaError_t cudaMemPoolExportToShareableHandle(
     void *handle, cudaMemPool_t pool, enum cudaMemAllocationHandleType type,
     unsigned int flags) {
   POOL_CALL(cudaMemPoolExportToShareableHandle, pool,
             (handle, pool, type, flags));
-  return answer(tp_pool_export_to_shareable_handle(handle, (tp_pool_t)pool,
-                                                   handle_type_in(type), flags),
-                TP_PL_COUNT_POOL);
+  return answer(
+      tp_pool_export_to_shareable_handle(
+          handle, (tp_pool_t)pool, tp__pl_handle_type_in((int)type), flags),
+      TP_PL_COUNT_POOL);
 }
 
 TP_PL_EXPORT cudaError_t cudaMemPoolImportFromShareableHandle(
@@ -429,7 +340,7 @@ TP_PL_EXPORT cudaError_t cudaMemPoolImportFromShareableHandle(
   /* Both take a posix descriptor by value. */
   tp_pool_t imported = NULL;
   tp_error_t err = tp_pool_import_from_shareable_handle(
-      &imported, handle, handle_type_in(type), flags);
+      &imported, handle, tp__pl_handle_type_in((int)type), flags);
   if (err == TP_SUCCESS) {
     tp__pl_pool_remember(imported);
     *pool = (cudaMemPool_t)imported;

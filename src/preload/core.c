@@ -49,12 +49,23 @@ void tp__pl_count(int which) {
   atomic_fetch_add_explicit(&counters[which], 1, memory_order_relaxed);
 }
 
+unsigned long long tp__pl_counter(int which) {
+  if (which < 0 || which >= TP_PL_NCOUNTERS)
+    return 0;
+  return atomic_load_explicit(&counters[which], memory_order_relaxed);
+}
+
+_Thread_local int tp__pl_runtime_depth;
+
 /* ---- the mode ------------------------------------------------------------ */
 
-static int requested = TP_PL_CUDA; /* from TIDEPOOL_PRELOAD, at load */
-static bool report_at_exit;        /* TIDEPOOL_PRELOAD_REPORT=1 */
+/* From TIDEPOOL_PRELOAD: TP_PL_UNDECIDED until read. Read at the first
+ * question, which may come before the library's constructor (a program's
+ * own constructor looking up the driver); reading twice gives the same. */
+static _Atomic int requested = TP_PL_UNDECIDED;
+static bool report_at_exit; /* TIDEPOOL_PRELOAD_REPORT=1 */
 static _Atomic int mode = TP_PL_UNDECIDED;
-static pthread_once_t decide_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t decide_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const char *mode_name(int m) {
   switch (m) {
@@ -69,7 +80,8 @@ static void report(void) {
   fprintf(stderr,
           "tidepool-preload: mode %s; answered %llu allocations, %llu frees, "
           "%llu pool calls (%llu failed); forwarded %llu allocator calls; "
-          "saw %llu synchronizations, %llu event records and waits\n",
+          "saw %llu synchronizations, %llu event records and waits; %llu "
+          "through the driver's entry points\n",
           mode_name(tp__pl_mode()),
           (unsigned long long)counters[TP_PL_COUNT_MALLOC],
           (unsigned long long)counters[TP_PL_COUNT_FREE],
@@ -77,63 +89,88 @@ static void report(void) {
           (unsigned long long)counters[TP_PL_COUNT_FAILED],
           (unsigned long long)counters[TP_PL_COUNT_FORWARDED],
           (unsigned long long)counters[TP_PL_COUNT_SYNC],
-          (unsigned long long)counters[TP_PL_COUNT_EVENT]);
+          (unsigned long long)counters[TP_PL_COUNT_EVENT],
+          (unsigned long long)counters[TP_PL_COUNT_DRIVER]);
+}
+
+static int read_request(void) {
+  int r = atomic_load_explicit(&requested, memory_order_acquire);
+  if (r != TP_PL_UNDECIDED)
+    return r;
+  const char *v = getenv("TIDEPOOL_PRELOAD");
+  if (!v || !*v || strcmp(v, "1") == 0 || strcmp(v, "cuda") == 0)
+    r = TP_PL_CUDA;
+  else if (strcmp(v, "0") == 0)
+    r = TP_PL_OFF;
+  else if (strcmp(v, "host") == 0)
+    r = TP_PL_HOST;
+  else
+    r = -1; /* unknown: off, said once by the constructor */
+  atomic_store_explicit(&requested, r, memory_order_release);
+  return r;
+}
+
+bool tp__pl_switched_off(void) {
+  int r = read_request();
+  return r == TP_PL_OFF || r < 0;
 }
 
 /* Reads the switches while the process is still single-threaded. For the
  * host mode it also picks tidepool's platform, which tidepool reads from
  * the environment at its first call; nothing else is changed. */
 __attribute__((constructor)) static void read_switches(void) {
-  const char *v = getenv("TIDEPOOL_PRELOAD");
-  if (!v || !*v || strcmp(v, "1") == 0 || strcmp(v, "cuda") == 0) {
-    requested = TP_PL_CUDA;
-  } else if (strcmp(v, "0") == 0) {
-    requested = TP_PL_OFF;
-  } else if (strcmp(v, "host") == 0) {
-    requested = TP_PL_HOST;
+  int r = read_request();
+  if (r == TP_PL_HOST)
     setenv("TIDEPOOL_PLATFORM", "host", 1);
-  } else {
+  if (r < 0)
     fprintf(stderr,
             "tidepool-preload: TIDEPOOL_PRELOAD=%s is not 0, 1, cuda or host; "
             "the interposer stays off\n",
-            v);
-    requested = TP_PL_OFF;
-  }
-  const char *r = getenv("TIDEPOOL_PRELOAD_REPORT");
-  report_at_exit = r && strcmp(r, "1") == 0;
+            getenv("TIDEPOOL_PRELOAD"));
+  const char *rep = getenv("TIDEPOOL_PRELOAD_REPORT");
+  report_at_exit = rep && strcmp(rep, "1") == 0;
   /* From the start, so that a program whose calls never reach the
-   * interposer (a runtime linked statically) says so too. */
+   * interposer says so too. */
   if (report_at_exit)
     atexit(report);
 }
 
-/* Whether the runtime sees a device. Asking must not leave an error behind
- * for the program to find: a failed cudaGetDeviceCount records one, which is
- * taken back unless an earlier one was waiting. */
-static bool runtime_has_device(void) {
+/* The runtime's answer to the mode decision (see tp__pl_probe_fn): whether
+ * it sees a device, and the calling thread's. Asking must not leave an
+ * error behind for the program to find: a failed cudaGetDeviceCount
+ * records one, which is taken back unless an earlier one was waiting. */
+static int runtime_probe(int *device) {
   get_device_count_fn count = next_cudaGetDeviceCount();
   get_error_fn peek = next_cudaPeekAtLastError();
   get_error_fn get = next_cudaGetLastError();
-  if (!count || !peek || !get)
-    return false;
+  get_device_fn get_device = next_cudaGetDevice();
+  if (!count || !peek || !get || !get_device)
+    return 0;
   cudaError_t before = peek();
   int n = 0;
   cudaError_t r = count(&n);
   if (r != cudaSuccess && before == cudaSuccess)
     (void)get();
-  return r == cudaSuccess && n > 0;
+  if (r != cudaSuccess || n <= 0)
+    return 0;
+  return get_device(device) == cudaSuccess;
 }
 
-static void decide(void) {
-  int m = requested;
-  if (m != TP_PL_OFF && !runtime_has_device())
+/* Decides the mode unless the probe cannot say yet. Starting tidepool makes
+ * device 0's context current on this thread; the probe's device is read
+ * before and made tidepool's after. */
+static void decide(tp__pl_probe_fn probe) {
+  int m = read_request();
+  if (m < 0)
     m = TP_PL_OFF;
-  /* Starting tidepool makes device 0's context current on this thread; the
-   * runtime's device is read before and given back after. */
-  get_device_fn get_device = next_cudaGetDevice();
   int device = 0;
-  if (m != TP_PL_OFF && (!get_device || get_device(&device) != cudaSuccess))
-    m = TP_PL_OFF;
+  if (m != TP_PL_OFF) {
+    int found = probe(&device);
+    if (found < 0)
+      return;
+    if (found == 0)
+      m = TP_PL_OFF;
+  }
   if (m != TP_PL_OFF) {
     const char *want = m == TP_PL_HOST ? "host" : "cuda";
     const char *got = tp_platform_name();
@@ -146,7 +183,7 @@ static void decide(void) {
     } else if (tp_set_device(device) != TP_SUCCESS) {
       fprintf(stderr,
               "tidepool-preload: tidepool cannot use device %d of the "
-              "runtime; the interposer stays off\n",
+              "program; the interposer stays off\n",
               device);
       m = TP_PL_OFF;
     }
@@ -160,17 +197,24 @@ int tp__pl_mode(void) {
   return atomic_load_explicit(&mode, memory_order_acquire);
 }
 
-bool tp__pl_active(void) {
+bool tp__pl_active_via(tp__pl_probe_fn probe) {
   int m = atomic_load_explicit(&mode, memory_order_acquire);
   if (TP_PL_UNDECIDED == m) {
-    pthread_once(&decide_once, decide);
+    pthread_mutex_lock(&decide_lock);
+    if (atomic_load_explicit(&mode, memory_order_relaxed) == TP_PL_UNDECIDED)
+      decide(probe);
+    pthread_mutex_unlock(&decide_lock);
     m = atomic_load_explicit(&mode, memory_order_acquire);
   }
   return m == TP_PL_CUDA || m == TP_PL_HOST;
 }
 
+bool tp__pl_active(void) {
+  return tp__pl_active_via(runtime_probe);
+}
+
 bool tp__pl_host_requested(void) {
-  return requested == TP_PL_HOST;
+  return read_request() == TP_PL_HOST;
 }
 
 /* ---- calling into tidepool ----------------------------------------------- */
@@ -471,46 +515,4 @@ void tp__pl_event_forget(cudaEvent_t event) {
     (void)tp_event_destroy(p->ours);
     free(p);
   }
-}
-
-/* ---- diagnostics -----------------------------------------------------------
- * Not CUDA's: for tests, benchmarks and the curious, under a version node of
- * their own (TIDEPOOL_PRELOAD_0). Reach them with dlsym(RTLD_DEFAULT, ...)
- * or ctypes.CDLL(None). */
-
-/* 0 undecided, 1 off, 2 cuda, 3 host. */
-TP_PL_EXPORT int tidepool_preload_mode(void) {
-  return tp__pl_mode();
-}
-
-/* A counter of the list in preload.h (0 allocations answered, 1 frees,
- * 2 pool calls, 3 allocator calls forwarded, 4 synchronizations seen,
- * 5 event records and waits seen, 6 failures answered); 0 for others. */
-TP_PL_EXPORT unsigned long long tidepool_preload_counter(int which) {
-  if (which < 0 || which >= TP_PL_NCOUNTERS)
-    return 0;
-  return atomic_load_explicit(&counters[which], memory_order_relaxed);
-}
-
-/* tidepool's own figures of the current pool of `device`, asked directly
- * rather than through the runtime's names: out[0] reserved, out[1] reserved
- * high, out[2] used, out[3] used high. Returns a tp_error_t; INVALID_VALUE
- * while tidepool does not answer. */
-TP_PL_EXPORT int tidepool_preload_pool_stats(int device,
-                                             unsigned long long out[4]) {
-  if (!out || !tp__pl_on())
-    return TP_ERROR_INVALID_VALUE;
-  static const tp_pool_attr_t attrs[4] = {
-      TP_POOL_ATTR_RESERVED_MEM_CURRENT, TP_POOL_ATTR_RESERVED_MEM_HIGH,
-      TP_POOL_ATTR_USED_MEM_CURRENT, TP_POOL_ATTR_USED_MEM_HIGH};
-  if (tp__pl_enter(false) != cudaSuccess)
-    return TP_ERROR_INVALID_DEVICE;
-  tp_pool_t pool = NULL;
-  tp_error_t err = tp_device_get_mem_pool(&pool, device);
-  for (int i = 0; err == TP_SUCCESS && i < 4; i++) {
-    uint64_t v = 0;
-    err = tp_pool_get_attribute(pool, attrs[i], &v);
-    out[i] = v;
-  }
-  return err;
 }

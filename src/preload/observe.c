@@ -34,8 +34,12 @@ TP_PL_NEXT(cudaStreamDestroy, stream_fn)
 TP_PL_NEXT(cudaLaunchHostFunc, host_func_fn)
 TP_PL_NEXT(cudaLaunchHostFunc_ptsz, host_func_fn)
 
-/* The real call's result, or that the runtime lacks it. */
-#define REAL(name, args) (next_##name() ? next_##name() args : TP_PL_NO_RUNTIME)
+/* The real call's result, or that the runtime lacks it; marked as on its
+ * way through the runtime (see preload.h), since this layer tells tidepool
+ * itself. */
+#define REAL(name, args)                                                       \
+  (next_##name() ? TP_PL_THROUGH_RUNTIME(next_##name(), args)                  \
+                 : TP_PL_NO_RUNTIME)
 
 /* ---- synchronizations -----------------------------------------------------
  * The runtime waits first and gives its own answer (with errors of earlier

@@ -1,7 +1,9 @@
 /* What the interposer's files share: the real runtime's functions, the mode
  * the process runs in, the way into tidepool (device, streams, errors), the
- * registry of pools and the pairs of events. Only tidepool's public header
- * and the CUDA toolkit's runtime headers are used here. */
+ * translation of the allocator's structs and enums, the registry of pools
+ * and the pairs of events, which the runtime-level layer (alloc.c,
+ * observe.c) and the driver-level one (driver*.c) both use. Only tidepool's
+ * public header and the CUDA toolkit's runtime headers are used here. */
 #ifndef TP_PRELOAD_H
 #define TP_PRELOAD_H
 
@@ -42,6 +44,29 @@ tp__pl_fn tp__pl_lookup(const char *name);
 /* What a wrapper answers when the runtime lacks the function it forwards. */
 #define TP_PL_NO_RUNTIME cudaErrorSharedObjectSymbolNotFound
 
+/* ---- calls on their way through the runtime --------------------------------
+ * A call the runtime-level layer sends on to the real runtime reaches the
+ * driver's entry points, which the driver-level layer also wraps: the
+ * runtime-level layer has already done for it whatever tidepool had to do
+ * (or found it none of tidepool's business), so while the depth is above 0
+ * the driver-level layer passes everything straight to the driver. Per
+ * thread: the runtime calls the driver on the caller's thread. */
+extern _Thread_local int tp__pl_runtime_depth;
+
+static inline void tp__pl_runtime_begin(void) {
+  tp__pl_runtime_depth++;
+}
+
+static inline cudaError_t tp__pl_runtime_end(cudaError_t r) {
+  tp__pl_runtime_depth--;
+  return r;
+}
+
+/* Calls the real runtime function `fn` (non-NULL) with `args`, marked as on
+ * its way through the runtime. */
+#define TP_PL_THROUGH_RUNTIME(fn, args)                                        \
+  (tp__pl_runtime_begin(), tp__pl_runtime_end((fn)args))
+
 /* ---- the mode ------------------------------------------------------------
  * Decided once, at the first allocator call, from TIDEPOOL_PRELOAD and what
  * the runtime and tidepool find. Until then, and when off, every call goes
@@ -63,10 +88,24 @@ static inline bool tp__pl_on(void) {
 /* Decides the mode if needed; true when tidepool answers. */
 bool tp__pl_active(void);
 
+/* The same for the driver-level layer, which asks the driver rather than
+ * the runtime whether there is a device: `probe` returns 1 when there is one
+ * (with the calling thread's device in *device), 0 when there is none (the
+ * interposer stays off), and -1 when the driver cannot say yet (not
+ * initialised): the mode then stays undecided, for a later call. */
+typedef int (*tp__pl_probe_fn)(int *device);
+bool tp__pl_active_via(tp__pl_probe_fn probe);
+
 /* Whether TIDEPOOL_PRELOAD=host asked for the host platform (tests). There
  * streams are tidepool's own, since the host platform cannot adopt the
  * runtime's. */
 bool tp__pl_host_requested(void);
+
+/* Whether TIDEPOOL_PRELOAD asked for everything to be left alone (0, or a
+ * value it does not know). Readable at any time, before the library's
+ * constructor too: the driver's entry points are looked up as early as a
+ * program likes. */
+bool tp__pl_switched_off(void);
 
 /* ---- calling into tidepool -----------------------------------------------
  * Makes tidepool's current device the runtime's current device of the
@@ -97,12 +136,32 @@ cudaError_t tp__pl_fail(tp_error_t err);
 /* The same for an error already in the runtime's terms. */
 cudaError_t tp__pl_fail_code(cudaError_t code);
 
+/* ---- translation ----------------------------------------------------------
+ * The runtime's enums have the driver's values (checked in translate.c), so
+ * both layers translate the same integers. Each returns false for a value
+ * the enum does not have, which the caller answers as invalid. */
+bool tp__pl_location_in(int type, int id, tp_location_t *out);
+bool tp__pl_alloc_type_in(int type, tp_allocation_type_t *out);
+/* Handle type bits of a pool's properties; Windows handles have no meaning
+ * here. */
+bool tp__pl_handle_types_in(unsigned bits, unsigned *out);
+/* One handle type of an export or import; TP_HANDLE_NONE for others, which
+ * tidepool refuses. */
+tp_handle_type_t tp__pl_handle_type_in(int type);
+bool tp__pl_access_in(int flags, tp_access_flags_t *out);
+int tp__pl_access_out(tp_access_flags_t flags);
+/* The pool attributes both APIs have: the first eight, with the same value
+ * types (int for the reuse policies, uint64 for the rest). */
+bool tp__pl_attr_in(int attr, tp_pool_attr_t *out);
+
 /* ---- pools ---------------------------------------------------------------
- * Every pool handle tidepool gave out through the interposer. Others (made
- * with the driver API, say) are the runtime's, and calls on them go there:
- * tidepool must never be handed a handle it did not make. Handles are never
- * forgotten; tidepool keeps destroyed ones as tombstones, so their addresses
- * are not reused. */
+ * Every pool handle tidepool gave out through the interposer, at either
+ * level: the runtime's cudaMemPool_t is the driver's CUmemoryPool, so one
+ * set serves both, and a handle is never translated, only looked up. Others
+ * (made with the driver API, say) are the runtime's, and calls on them go
+ * there: tidepool must never be handed a handle it did not make. Handles are
+ * never forgotten; tidepool keeps destroyed ones as tombstones, so their
+ * addresses are not reused. */
 void tp__pl_pool_remember(tp_pool_t pool);
 bool tp__pl_pool_known(tp_pool_t pool);
 
@@ -132,8 +191,12 @@ enum {
   TP_PL_COUNT_SYNC,      /* synchronizations passed on to tidepool */
   TP_PL_COUNT_EVENT,     /* event records and waits passed on to tidepool */
   TP_PL_COUNT_FAILED,    /* calls tidepool answered with an error */
+  TP_PL_COUNT_DRIVER,    /* of the calls above, those that reached tidepool
+                            through the driver's entry points (a runtime
+                            linked statically, or the driver API) */
   TP_PL_NCOUNTERS
 };
 void tp__pl_count(int which);
+unsigned long long tp__pl_counter(int which);
 
 #endif /* TP_PRELOAD_H */

@@ -1,0 +1,106 @@
+/* What the driver-level layer's files share: the description of a driver
+ * entry point the interposer wraps, the driver functions the layer itself
+ * calls, and the way into tidepool from a driver call (the calling thread's
+ * context, CUresult codes). A runtime linked statically (libcudart_static:
+ * CuPy, cuBLAS, programs built by nvcc) reaches the driver only through
+ * cuGetProcAddress, which hook.c hands out in tidepool's version. */
+#ifndef TP_PRELOAD_DRIVER_H
+#define TP_PRELOAD_DRIVER_H
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "preload.h"
+
+/* ---- wrapped entry points ------------------------------------------------
+ * One variant of one driver function: the name cuGetProcAddress takes, the
+ * name libcuda exports the variant under, the ABI version whose PFN type
+ * the wrapper has, and whether it is the per-thread default stream (_ptsz)
+ * variant. `real` is where the driver's own function is kept, filled before
+ * the wrapper is first handed out. A variant is told apart from the others
+ * of its name by the driver's pointer itself: cuGetProcAddress answers a
+ * name, a version and flags with one of them, and the wrapper handed out
+ * is the one whose real function that is. */
+typedef struct tp__pl_drv_entry {
+  const char *name;
+  const char *symbol;
+  int version;
+  bool per_thread;
+  bool host_only; /* handed out only with TIDEPOOL_PRELOAD=host */
+  tp__pl_fn wrapper;
+  _Atomic(tp__pl_fn) *real;
+} tp__pl_drv_entry;
+
+/* The entries of driver_alloc.c and driver_observe.c. */
+extern const tp__pl_drv_entry tp__pl_drv_alloc_entries[];
+extern const size_t tp__pl_drv_alloc_count;
+extern const tp__pl_drv_entry tp__pl_drv_observe_entries[];
+extern const size_t tp__pl_drv_observe_count;
+
+/* The function kept in `slot`, or NULL. */
+static inline tp__pl_fn tp__pl_drv_real(_Atomic(tp__pl_fn) *slot) {
+  return atomic_load_explicit(slot, memory_order_acquire);
+}
+
+/* What a wrapper answers when the driver's own function is missing (which
+ * cannot happen once the wrapper was handed out). */
+#define TP_PL_DRV_NO_DRIVER CUDA_ERROR_NOT_FOUND
+
+/* Calls the driver's function kept in `slot`, of PFN type `type`. */
+#define TP_PL_DRV_CALL(slot, type, args)                                       \
+  (tp__pl_drv_real(&(slot)) ? ((type)tp__pl_drv_real(&(slot)))args             \
+                            : TP_PL_DRV_NO_DRIVER)
+
+/* ---- the driver's functions the layer calls itself ------------------------
+ * Fetched once through the driver's cuGetProcAddress, before any wrapper
+ * is handed out. Returns false where the driver lacks one of them (the
+ * layer then hands out nothing). */
+bool tp__pl_drv_load(PFN_cuGetProcAddress_v12000 get_proc);
+bool tp__pl_drv_loaded(void);
+
+/* The driver's function `name` at ABI `version`, legacy or per-thread. */
+tp__pl_fn tp__pl_drv_fetch(PFN_cuGetProcAddress_v12000 get_proc,
+                           const char *name, int version, bool per_thread);
+
+/* ---- calling into tidepool -------------------------------------------------
+ * Where a driver call goes. */
+enum {
+  TP_PL_DRV_PASS,   /* to the driver, unremarked: tidepool is off or not yet
+                       on, or the call came through the runtime-level layer */
+  TP_PL_DRV_OTHER,  /* to the driver, counted as forwarded: no context is
+                       current, or one other than its device's primary
+                       context (tidepool's pools live in primary contexts) */
+  TP_PL_DRV_OURS,   /* tidepool answers; its device is the context's */
+  TP_PL_DRV_FAILED, /* tidepool could not follow the context: *err */
+};
+
+/* Decides where a call goes. `decide`: the mode may be decided now (calls
+ * that allocate or make pools); calls that only observe leave an undecided
+ * mode as it is, having nothing to tell tidepool yet. */
+int tp__pl_drv_enter(bool decide, CUresult *err);
+
+/* Whether work on `stream` must go to the driver because it is being
+ * captured (or the driver cannot say); see tp__pl_capturing. */
+bool tp__pl_drv_capturing(CUstream stream, bool per_thread);
+
+/* The ordinal of a CUdevice, or -1; and the reverse. */
+int tp__pl_drv_ordinal(CUdevice dev);
+bool tp__pl_drv_device(int ordinal, CUdevice *dev);
+
+/* The driver's code for a tidepool error. */
+CUresult tp__pl_drv_error(tp_error_t err);
+
+/* tidepool's answer as the driver's, counted under `counter` and as a
+ * driver-level call (and as failed where it failed). */
+CUresult tp__pl_drv_answer(tp_error_t err, int counter);
+
+/* Counts a call seen or forwarded at the driver level under `counter`. */
+void tp__pl_drv_count(int counter);
+
+/* The calling thread's current context, kept across work that may change
+ * it (tidepool's first call on a thread makes device 0's primary context
+ * current), and put back. */
+CUcontext tp__pl_drv_ctx_save(void);
+void tp__pl_drv_ctx_restore(CUcontext ctx);
+
+#endif /* TP_PRELOAD_DRIVER_H */

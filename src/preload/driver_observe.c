@@ -1,0 +1,281 @@
+/* Driver calls that go to the driver and are also told to tidepool, as
+ * observe.c does for the runtime's: synchronizations (frees complete,
+ * memory falls to the release threshold), event records and waits (stream
+ * order across streams; the pairs of events are the ones observe.c keeps,
+ * since a cudaEvent_t is a CUevent), and event destruction. With
+ * TIDEPOOL_PRELOAD=host, streams and host functions are tidepool's own. */
+#include "driver.h"
+
+static _Atomic(tp__pl_fn) r_stream_sync, r_stream_sync_ptsz, r_ctx_sync,
+    r_ctx_sync_v2, r_event_sync, r_record, r_record_ptsz, r_record_flags,
+    r_record_flags_ptsz, r_wait, r_wait_ptsz, r_event_destroy, r_stream_create,
+    r_stream_create_prio, r_stream_destroy, r_host_func, r_host_func_ptsz;
+
+typedef PFN_cuStreamSynchronize_v2000 stream_fn;
+typedef PFN_cuEventRecord_v2000 record_fn;
+typedef PFN_cuEventRecordWithFlags_v11010 record_flags_fn;
+typedef PFN_cuStreamWaitEvent_v3020 wait_fn;
+typedef PFN_cuLaunchHostFunc_v10000 host_func_fn;
+
+/* Whether tidepool is to be told of a call that only observes. */
+static bool observing(void) {
+  CUresult ignored = CUDA_SUCCESS;
+  return tp__pl_drv_enter(false, &ignored) == TP_PL_DRV_OURS;
+}
+
+/* ---- synchronizations -----------------------------------------------------
+ * The driver waits first and gives its own answer; tidepool's synchronize
+ * then finds the work done at once. */
+
+static CUresult stream_synchronize(CUstream stream, bool per_thread,
+                                   CUresult r) {
+  if (r != CUDA_SUCCESS || !observing())
+    return r;
+  (void)tp_stream_synchronize(tp__pl_stream(stream, per_thread));
+  tp__pl_drv_count(TP_PL_COUNT_SYNC);
+  return r;
+}
+
+static CUresult stream_sync(CUstream stream) {
+  return stream_synchronize(stream, false,
+                            TP_PL_DRV_CALL(r_stream_sync, stream_fn, (stream)));
+}
+
+static CUresult stream_sync_ptsz(CUstream stream) {
+  return stream_synchronize(
+      stream, true, TP_PL_DRV_CALL(r_stream_sync_ptsz, stream_fn, (stream)));
+}
+
+static CUresult device_synchronized(CUresult r) {
+  if (r != CUDA_SUCCESS || !observing())
+    return r;
+  (void)tp_device_synchronize();
+  tp__pl_drv_count(TP_PL_COUNT_SYNC);
+  return r;
+}
+
+static CUresult ctx_sync(void) {
+  return device_synchronized(
+      TP_PL_DRV_CALL(r_ctx_sync, PFN_cuCtxSynchronize_v2000, ()));
+}
+
+/* CUDA 13's form names its context; only the calling thread's current one
+ * (or NULL, which means it) is followed, the others are left to the driver
+ * and tidepool learns of their work later. */
+static CUresult ctx_sync_v2(CUcontext ctx) {
+  CUresult r =
+      TP_PL_DRV_CALL(r_ctx_sync_v2, PFN_cuCtxSynchronize_v13000, (ctx));
+  if (ctx && ctx != tp__pl_drv_ctx_save())
+    return r;
+  return device_synchronized(r);
+}
+
+static CUresult event_sync(CUevent event) {
+  CUresult r =
+      TP_PL_DRV_CALL(r_event_sync, PFN_cuEventSynchronize_v2000, (event));
+  if (r != CUDA_SUCCESS)
+    return r;
+  tp_event_t ours = tp__pl_event_find((cudaEvent_t)event);
+  if (ours && observing()) {
+    (void)tp_event_synchronize(ours);
+    tp__pl_drv_count(TP_PL_COUNT_SYNC);
+  }
+  return r;
+}
+
+/* ---- events ----------------------------------------------------------------
+ * tidepool's event is recorded before the driver's, so that it never
+ * covers more of the stream than the driver's does (see observe.c). */
+
+static bool record_before(CUevent event, CUstream stream, bool per_thread) {
+  if (!observing() || tp__pl_drv_capturing(stream, per_thread))
+    return false;
+  tp_event_t ours = tp__pl_event_pair((cudaEvent_t)event);
+  if (!ours ||
+      tp_event_record(ours, tp__pl_stream(stream, per_thread)) != TP_SUCCESS)
+    return false;
+  tp__pl_drv_count(TP_PL_COUNT_EVENT);
+  return true;
+}
+
+static CUresult record_after(CUevent event, bool recorded, CUresult r) {
+  /* A record that came through the runtime-level layer was paired there. */
+  if (tp__pl_runtime_depth == 0 && tp__pl_on())
+    tp__pl_event_mark((cudaEvent_t)event, recorded && r == CUDA_SUCCESS);
+  return r;
+}
+
+static CUresult event_record(CUevent event, CUstream stream) {
+  bool recorded = record_before(event, stream, false);
+  return record_after(event, recorded,
+                      TP_PL_DRV_CALL(r_record, record_fn, (event, stream)));
+}
+
+static CUresult event_record_ptsz(CUevent event, CUstream stream) {
+  bool recorded = record_before(event, stream, true);
+  return record_after(
+      event, recorded,
+      TP_PL_DRV_CALL(r_record_ptsz, record_fn, (event, stream)));
+}
+
+static CUresult event_record_flags(CUevent event, CUstream stream,
+                                   unsigned flags) {
+  bool recorded = record_before(event, stream, false);
+  return record_after(
+      event, recorded,
+      TP_PL_DRV_CALL(r_record_flags, record_flags_fn, (event, stream, flags)));
+}
+
+static CUresult event_record_flags_ptsz(CUevent event, CUstream stream,
+                                        unsigned flags) {
+  bool recorded = record_before(event, stream, true);
+  return record_after(event, recorded,
+                      TP_PL_DRV_CALL(r_record_flags_ptsz, record_flags_fn,
+                                     (event, stream, flags)));
+}
+
+static CUresult wait_after(CUstream stream, CUevent event, bool per_thread,
+                           CUresult r) {
+  if (r != CUDA_SUCCESS)
+    return r;
+  tp_event_t ours = tp__pl_event_find((cudaEvent_t)event);
+  if (!ours || !observing() || tp__pl_drv_capturing(stream, per_thread))
+    return r;
+  (void)tp_stream_wait_event(tp__pl_stream(stream, per_thread), ours, 0);
+  tp__pl_drv_count(TP_PL_COUNT_EVENT);
+  return r;
+}
+
+static CUresult stream_wait(CUstream stream, CUevent event, unsigned flags) {
+  return wait_after(stream, event, false,
+                    TP_PL_DRV_CALL(r_wait, wait_fn, (stream, event, flags)));
+}
+
+static CUresult stream_wait_ptsz(CUstream stream, CUevent event,
+                                 unsigned flags) {
+  return wait_after(
+      stream, event, true,
+      TP_PL_DRV_CALL(r_wait_ptsz, wait_fn, (stream, event, flags)));
+}
+
+static CUresult event_destroy(CUevent event) {
+  if (tp__pl_runtime_depth == 0 && tp__pl_on())
+    tp__pl_event_forget((cudaEvent_t)event);
+  return TP_PL_DRV_CALL(r_event_destroy, PFN_cuEventDestroy_v4000, (event));
+}
+
+/* ---- streams of the host mode ----------------------------------------------
+ * As in observe.c: with TIDEPOOL_PRELOAD=host tidepool makes the streams
+ * and runs their host functions. These entries are handed out only then. */
+
+/* Whether the host mode answers a stream call. */
+static bool host_answers(CUresult *err) {
+  *err = CUDA_SUCCESS;
+  return tp__pl_host_requested() &&
+         tp__pl_drv_enter(true, err) == TP_PL_DRV_OURS;
+}
+
+static CUresult host_stream_create(CUstream *stream, unsigned flags) {
+  if (!stream || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+    return tp__pl_drv_error(TP_ERROR_INVALID_VALUE);
+  tp_stream_t made = NULL;
+  tp_error_t err = tp_stream_create(
+      &made, (flags & CU_STREAM_NON_BLOCKING) ? TP_STREAM_NON_BLOCKING : 0);
+  if (err == TP_SUCCESS)
+    *stream = (CUstream)made;
+  return tp__pl_drv_error(err);
+}
+
+static CUresult stream_create(CUstream *stream, unsigned flags) {
+  CUresult err;
+  if (host_answers(&err))
+    return host_stream_create(stream, flags);
+  return err != CUDA_SUCCESS
+             ? err
+             : TP_PL_DRV_CALL(r_stream_create, PFN_cuStreamCreate_v2000,
+                              (stream, flags));
+}
+
+static CUresult stream_create_prio(CUstream *stream, unsigned flags,
+                                   int priority) {
+  CUresult err;
+  if (host_answers(&err))
+    return host_stream_create(stream, flags);
+  return err != CUDA_SUCCESS
+             ? err
+             : TP_PL_DRV_CALL(r_stream_create_prio,
+                              PFN_cuStreamCreateWithPriority_v5050,
+                              (stream, flags, priority));
+}
+
+static CUresult stream_destroy(CUstream stream) {
+  CUresult err;
+  if (host_answers(&err))
+    return tp__pl_drv_error(tp_stream_destroy((tp_stream_t)stream));
+  return err != CUDA_SUCCESS
+             ? err
+             : TP_PL_DRV_CALL(r_stream_destroy, PFN_cuStreamDestroy_v4000,
+                              (stream));
+}
+
+static CUresult host_launch(_Atomic(tp__pl_fn) *slot, CUstream stream,
+                            CUhostFn fn, void *arg, bool per_thread) {
+  CUresult err;
+  if (host_answers(&err))
+    return tp__pl_drv_error(
+        tp_launch_host_func(tp__pl_stream(stream, per_thread), fn, arg));
+  return err != CUDA_SUCCESS
+             ? err
+             : TP_PL_DRV_CALL(*slot, host_func_fn, (stream, fn, arg));
+}
+
+static CUresult launch_host_func(CUstream stream, CUhostFn fn, void *arg) {
+  return host_launch(&r_host_func, stream, fn, arg, false);
+}
+
+static CUresult launch_host_func_ptsz(CUstream stream, CUhostFn fn, void *arg) {
+  return host_launch(&r_host_func_ptsz, stream, fn, arg, true);
+}
+
+/* ---- the entries -------------------------------------------------------- */
+
+#define FN(f) ((tp__pl_fn)(f))
+
+const tp__pl_drv_entry tp__pl_drv_observe_entries[] = {
+    {"cuStreamSynchronize", "cuStreamSynchronize", 2000, false, false,
+     FN(stream_sync), &r_stream_sync},
+    {"cuStreamSynchronize", "cuStreamSynchronize_ptsz", 7000, true, false,
+     FN(stream_sync_ptsz), &r_stream_sync_ptsz},
+    {"cuCtxSynchronize", "cuCtxSynchronize", 2000, false, false, FN(ctx_sync),
+     &r_ctx_sync},
+    {"cuCtxSynchronize", "cuCtxSynchronize_v2", 13000, false, false,
+     FN(ctx_sync_v2), &r_ctx_sync_v2},
+    {"cuEventSynchronize", "cuEventSynchronize", 2000, false, false,
+     FN(event_sync), &r_event_sync},
+    {"cuEventRecord", "cuEventRecord", 2000, false, false, FN(event_record),
+     &r_record},
+    {"cuEventRecord", "cuEventRecord_ptsz", 7000, true, false,
+     FN(event_record_ptsz), &r_record_ptsz},
+    {"cuEventRecordWithFlags", "cuEventRecordWithFlags", 11010, false, false,
+     FN(event_record_flags), &r_record_flags},
+    {"cuEventRecordWithFlags", "cuEventRecordWithFlags_ptsz", 11010, true,
+     false, FN(event_record_flags_ptsz), &r_record_flags_ptsz},
+    {"cuStreamWaitEvent", "cuStreamWaitEvent", 3020, false, false,
+     FN(stream_wait), &r_wait},
+    {"cuStreamWaitEvent", "cuStreamWaitEvent_ptsz", 7000, true, false,
+     FN(stream_wait_ptsz), &r_wait_ptsz},
+    {"cuEventDestroy", "cuEventDestroy_v2", 4000, false, false,
+     FN(event_destroy), &r_event_destroy},
+    {"cuStreamCreate", "cuStreamCreate", 2000, false, true, FN(stream_create),
+     &r_stream_create},
+    {"cuStreamCreateWithPriority", "cuStreamCreateWithPriority", 5050, false,
+     true, FN(stream_create_prio), &r_stream_create_prio},
+    {"cuStreamDestroy", "cuStreamDestroy_v2", 4000, false, true,
+     FN(stream_destroy), &r_stream_destroy},
+    {"cuLaunchHostFunc", "cuLaunchHostFunc", 10000, false, true,
+     FN(launch_host_func), &r_host_func},
+    {"cuLaunchHostFunc", "cuLaunchHostFunc_ptsz", 10000, true, true,
+     FN(launch_host_func_ptsz), &r_host_func_ptsz},
+};
+const size_t tp__pl_drv_observe_count =
+    sizeof tp__pl_drv_observe_entries / sizeof tp__pl_drv_observe_entries[0];
