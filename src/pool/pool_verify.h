@@ -1,8 +1,10 @@
-/* The pool invariant walker as tests and tools call it. Not public API. */
+/* The pool invariant walker and the breakdown of a pool's reserved bytes,
+ * as tests and tools call them. Not public API. */
 #ifndef TP_POOL_VERIFY_H
 #define TP_POOL_VERIFY_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "tidepool.h"
 
@@ -13,5 +15,10 @@
  * free of this pool is in flight). Returns 0 when consistent, else nonzero
  * with a reason in why. */
 int tp__pool_verify(tp_pool_t pool, char *why, size_t why_len);
+
+/* Where a pool's reserved bytes went, for tuning: free completed, free
+ * pending, cached large, rounding of large, slab bytes, rounding in slabs,
+ * free slab blocks, small blocks held by caches or pending. */
+void tp__pool_breakdown(tp_pool_t pool, uint64_t out[8]);
 
 #endif /* TP_POOL_VERIFY_H */

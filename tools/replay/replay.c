@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "lag.h"
+#include "pool/pool_verify.h"
 #include "replay.h"
 #include "tidepool.h"
 #include "trace.h"
@@ -25,11 +26,6 @@ static uint64_t attr64(tp_pool_t pool, tp_pool_attr_t a) {
   (void)tp_pool_get_attribute(pool, a, &v);
   return v;
 }
-
-/* Where a pool's reserved bytes went, for tuning: free completed, free
- * pending, cached large, rounding of large, slab bytes, rounding in slabs,
- * free slab blocks, small blocks held by caches or pending. */
-void tp__pool_breakdown(tp_pool_t pool, uint64_t out[8]);
 
 static void progress(const replay_options *o, const trace *t, size_t i,
                      bool done) {
