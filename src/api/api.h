@@ -22,9 +22,20 @@ static inline void tp__work_end(tp__stream *s) {
 }
 
 /* Stream capture's hooks (graph.c) in the allocator and event entry points.
- * Whether work on s goes to a capture: s captures (or its capture was
+ *
+ * Whether no capture can be under way: where the platform sees every
+ * capture, a count it keeps, read on every allocation and free before any
+ * question is asked. */
+static inline bool tp__no_capture(void) {
+  const _Atomic uint32_t *n = tp__platform->captures_active;
+  return n && !atomic_load_explicit(n, memory_order_acquire);
+}
+/* Whether work on s goes to a capture: s captures (or its capture was
  * invalidated), or s is a legacy stream that a capture forbids. */
-bool tp__graph_capturing(tp__stream *s);
+bool tp__graph_capturing_slow(tp__stream *s);
+static inline bool tp__graph_capturing(tp__stream *s) {
+  return !tp__no_capture() && tp__graph_capturing_slow(s);
+}
 /* An allocation on such a stream, from `pool`'s kind of memory. */
 tp_error_t tp__graph_malloc(void **ptr, size_t size, tp_pool_t pool,
                             tp__stream *s);

@@ -109,7 +109,7 @@ static tp_error_t status_of(tp__stream *s, tp_capture_status_t *status,
   return err;
 }
 
-bool tp__graph_capturing(tp__stream *s) {
+bool tp__graph_capturing_slow(tp__stream *s) {
   tp_capture_status_t status;
   return tp__platform->capture_status(s->ps, &status, NULL) != TP_SUCCESS ||
          status != TP_CAPTURE_STATUS_NONE;

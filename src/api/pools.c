@@ -377,8 +377,14 @@ TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
   return TP_GUARDED(malloc_from(ptr, size, pool, stream));
 }
 
-/* A free of a graph's allocation, or during a capture, is the graph's. */
+/* A free of a graph's allocation, or during a capture, is the graph's; with
+ * no capture anywhere, a pointer of a pool is the pool's at once. */
 static tp_error_t free_on(void *ptr, tp__stream *s) {
+  if (TP_LIKELY(tp__no_capture())) {
+    tp__pool *p = tp__registry_find((uintptr_t)ptr);
+    if (TP_LIKELY(p != NULL))
+      return tp__pool_free_in(p, ptr, s);
+  }
   tp_error_t err;
   if (tp__graph_free(ptr, s, &err))
     return err;

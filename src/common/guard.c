@@ -11,13 +11,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-/* A thread's record, on a cache line of its own: only its thread writes it,
- * so that entering the guard touches nothing another thread writes. */
-typedef struct rec {
-  _Alignas(64) _Atomic uint64_t epoch; /* 0: outside the library */
-  _Atomic bool taken;
-  struct rec *next;
-} rec;
+typedef tp__guard_rec rec;
 
 typedef struct retired {
   void *obj;
@@ -26,13 +20,13 @@ typedef struct retired {
   struct retired *next;
 } retired;
 
-static _Atomic uint64_t global_epoch = 1;
+_Atomic uint64_t tp__guard_epoch = 1;
 static _Atomic(rec *) recs;
 static tp__mutex limbo_lock = TP_MUTEX_INIT(TP_RANK_LIMBO);
 static retired *limbo;
 /* How many wait in limbo, and the epoch of the newest: read by every
  * outermost exit, written rarely. */
-static _Atomic uint32_t nlimbo;
+_Atomic uint32_t tp__guard_limbo;
 static _Atomic uint64_t newest_retired;
 
 /* With membarrier, the reclaimer forces a full barrier on every running
@@ -41,10 +35,9 @@ static _Atomic uint64_t newest_retired;
  * reader fences. */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_key_t key;
-static bool expedited;
+bool tp__guard_expedited;
 
-static _Thread_local rec *me;
-static _Thread_local unsigned depth;
+_Thread_local tp__guard_tls tp__guard_me;
 
 static void release_rec(void *r) {
   atomic_store_explicit(&((rec *)r)->taken, false, memory_order_release);
@@ -52,8 +45,9 @@ static void release_rec(void *r) {
 
 static void init_once(void) {
   (void)pthread_key_create(&key, release_rec);
-  expedited = syscall(__NR_membarrier,
-                      MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+  tp__guard_expedited =
+      syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0,
+              0) == 0;
 }
 
 /* A record for the calling thread: a free one from a thread that ended, or
@@ -86,47 +80,40 @@ static rec *acquire_rec(void) {
 /* Threads without a record (memory was short) count here instead; the
  * reclaimer frees nothing while any is inside. */
 static _Atomic uint64_t unrecorded;
-static _Thread_local bool in_unrecorded;
 
-void tp__guard_enter(void) {
-  if (depth++ > 0)
-    return;
-  if (TP_UNLIKELY(!me) && !(me = acquire_rec())) {
+/* The outermost entry of a thread without a record yet. */
+void tp__guard_enter_slow(tp__guard_tls *g) {
+  if (!(g->rec = acquire_rec())) {
     atomic_fetch_add(&unrecorded, 1);
-    in_unrecorded = true;
     return;
   }
   atomic_store_explicit(
-      &me->epoch, atomic_load_explicit(&global_epoch, memory_order_acquire),
+      &g->rec->epoch,
+      atomic_load_explicit(&tp__guard_epoch, memory_order_acquire),
       memory_order_relaxed);
-  if (expedited)
+  if (tp__guard_expedited)
     atomic_signal_fence(memory_order_seq_cst);
   else
     atomic_thread_fence(memory_order_seq_cst);
 }
 
-void tp__guard_exit(void) {
-  if (--depth > 0)
-    return;
-  if (TP_UNLIKELY(in_unrecorded)) {
-    in_unrecorded = false;
+/* The outermost exit of a thread without a record, or of one while objects
+ * wait in limbo: a thread that was inside when an object was retired (the
+ * retiring thread among them) may have been what held it back, so leaving
+ * is the moment to look again. Threads that entered later need not. */
+void tp__guard_exit_slow(tp__guard_tls *g, uint64_t entered) {
+  if (!g->rec) {
     atomic_fetch_sub(&unrecorded, 1);
     return;
   }
-  uint64_t entered = atomic_load_explicit(&me->epoch, memory_order_relaxed);
-  atomic_store_explicit(&me->epoch, 0, memory_order_release);
-  /* A thread that was inside when an object was retired (the retiring
-   * thread among them) may have been what held it back: leaving is then
-   * the moment to look again. Threads that entered later need not. */
-  if (TP_UNLIKELY(atomic_load_explicit(&nlimbo, memory_order_relaxed)) &&
-      entered < atomic_load_explicit(&newest_retired, memory_order_relaxed))
+  if (entered < atomic_load_explicit(&newest_retired, memory_order_relaxed))
     tp__guard_collect();
 }
 
 /* The oldest epoch a thread inside the library entered at (UINT64_MAX when
  * none is inside), after every thread's store of its epoch is visible. */
 static uint64_t oldest_inside(void) {
-  if (expedited)
+  if (tp__guard_expedited)
     (void)syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
   else
     atomic_thread_fence(memory_order_seq_cst);
@@ -159,7 +146,7 @@ void tp__guard_collect(void) {
     *pp = t->next;
     t->next = done;
     done = t;
-    atomic_fetch_sub_explicit(&nlimbo, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&tp__guard_limbo, 1, memory_order_relaxed);
   }
   tp__mutex_unlock(&limbo_lock);
   while (done) {
@@ -175,7 +162,7 @@ void tp__guard_retire(void *obj, void (*fn)(void *)) {
   retired *t = malloc(sizeof *t);
   /* A thread entering from now on sees the object unpublished; those that
    * entered at an epoch before this one may still hold it. */
-  uint64_t e = atomic_fetch_add(&global_epoch, 1) + 1;
+  uint64_t e = atomic_fetch_add(&tp__guard_epoch, 1) + 1;
   if (!t) {
     /* No memory to remember the object: it stays allocated, a small leak
      * rather than a use after free. */
@@ -185,7 +172,7 @@ void tp__guard_retire(void *obj, void (*fn)(void *)) {
   tp__mutex_lock(&limbo_lock);
   t->next = limbo;
   limbo = t;
-  atomic_fetch_add_explicit(&nlimbo, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&tp__guard_limbo, 1, memory_order_relaxed);
   tp__atomic_max(&newest_retired, e);
   tp__mutex_unlock(&limbo_lock);
   tp__guard_collect();

@@ -7,11 +7,61 @@
 
 #include "common/common.h"
 
+/* A thread's record, on a cache line of its own: only its thread writes
+ * it, so that entering the guard touches nothing another thread writes. */
+typedef struct tp__guard_rec {
+  _Alignas(64) _Atomic uint64_t epoch; /* 0: outside the library */
+  _Atomic bool taken;
+  struct tp__guard_rec *next;
+} tp__guard_rec;
+
+/* The calling thread's view: its record (NULL until its first entry, or
+ * when memory was short) and how deep it is inside. */
+typedef struct tp__guard_tls {
+  tp__guard_rec *rec;
+  unsigned depth;
+} tp__guard_tls;
+extern _Thread_local tp__guard_tls tp__guard_me;
+extern _Atomic uint64_t tp__guard_epoch;
+extern bool tp__guard_expedited;
+extern _Atomic uint32_t tp__guard_limbo;
+void tp__guard_enter_slow(tp__guard_tls *g);
+void tp__guard_exit_slow(tp__guard_tls *g, uint64_t entered);
+
 /* Marks the calling thread as inside the library; calls nest. Cheap: a
  * store to the thread's own record and, where the kernel offers
  * membarrier, no fence (the reclaimer pays for the ordering instead). */
-void tp__guard_enter(void);
-void tp__guard_exit(void);
+static inline void tp__guard_enter(void) {
+  tp__guard_tls *g = &tp__guard_me;
+  if (g->depth++ > 0)
+    return;
+  if (TP_UNLIKELY(!g->rec)) {
+    tp__guard_enter_slow(g);
+    return;
+  }
+  atomic_store_explicit(
+      &g->rec->epoch,
+      atomic_load_explicit(&tp__guard_epoch, memory_order_acquire),
+      memory_order_relaxed);
+  if (TP_LIKELY(tp__guard_expedited))
+    atomic_signal_fence(memory_order_seq_cst);
+  else
+    atomic_thread_fence(memory_order_seq_cst);
+}
+
+static inline void tp__guard_exit(void) {
+  tp__guard_tls *g = &tp__guard_me;
+  if (--g->depth > 0)
+    return;
+  if (TP_UNLIKELY(!g->rec)) {
+    tp__guard_exit_slow(g, 0);
+    return;
+  }
+  uint64_t entered = atomic_load_explicit(&g->rec->epoch, memory_order_relaxed);
+  atomic_store_explicit(&g->rec->epoch, 0, memory_order_release);
+  if (TP_UNLIKELY(atomic_load_explicit(&tp__guard_limbo, memory_order_relaxed)))
+    tp__guard_exit_slow(g, entered);
+}
 
 /* Frees `obj` with `fn` once every thread inside the library when this is
  * called has left it. The caller has already made `obj` unreachable. */

@@ -177,6 +177,12 @@ typedef struct tp__platform_ops {
    * until capture_attach's release; 0 where tidepool sees every exec
    * (host), and maps at instantiation. */
   int graph_maps_at_capture;
+  /* Where the platform sees every capture begin and end (host), the number
+   * of captures under way, read before each allocation and free so that
+   * none asks capture_status while nothing captures; NULL where a capture
+   * may begin unseen (cuda: the application's own cuStreamBeginCapture),
+   * and capture_status is asked every time. */
+  const _Atomic uint32_t *captures_active;
   tp_error_t (*capture_begin)(tp__pstream *ps, tp_capture_mode_t mode);
   /* Ends the capture begun on ps; *graph is NULL on failure. */
   tp_error_t (*capture_end)(tp__pstream *ps, tp__pgraph **graph);

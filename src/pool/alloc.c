@@ -111,9 +111,14 @@ static tp_error_t free_large(tp__pool *p, tp__block *b,
 }
 
 tp_error_t tp__pool_free(void *ptr, tp__stream *s) {
+  tp__pool *p = tp__registry_find((uintptr_t)ptr);
+  TP_RETURN_IF(!p, TP_ERROR_INVALID_VALUE);
+  return tp__pool_free_in(p, ptr, s);
+}
+
+tp_error_t tp__pool_free_in(tp__pool *p, void *ptr, tp__stream *s) {
   uintptr_t addr = (uintptr_t)ptr;
-  tp__pool *p = tp__registry_find(addr);
-  TP_RETURN_IF(!p || addr % TP_GRANULE, TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(addr % TP_GRANULE, TP_ERROR_INVALID_VALUE);
   /* A pool another process shares may consume the free itself: an
    * importer gives up its hold, an exporter keeps a block an importer
    * still holds (and frees it with this free's tag once released). */

@@ -73,7 +73,7 @@ struct capture {
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static capture *active;
-static _Atomic uint32_t nactive;
+_Atomic uint32_t tp__host_captures_active;
 static _Atomic uint32_t blocking_members[TP__HOST_MAX_DEVICES];
 static _Atomic uint64_t next_id = 1;
 
@@ -218,7 +218,7 @@ static tp__pgraph *capture_finish(capture *c) {
     active = c->next;
   if (c->next)
     c->next->prev = c->prev;
-  atomic_fetch_sub(&nactive, 1);
+  atomic_fetch_sub(&tp__host_captures_active, 1);
   c->ended = true;
   tp__pgraph *g = c->graph;
   c->graph = NULL;
@@ -304,7 +304,7 @@ tp_error_t tp__host_capture_begin(tp__pstream *ps, tp_capture_mode_t mode) {
     if (active)
       active->prev = c;
     active = c;
-    atomic_fetch_add(&nactive, 1);
+    atomic_fetch_add(&tp__host_captures_active, 1);
   }
   pthread_mutex_unlock(&mu);
   if (err != TP_SUCCESS) {
@@ -350,7 +350,8 @@ tp_error_t tp__host_capture_status(tp__pstream *ps, tp_capture_status_t *status,
     *id = 0;
   /* Asked on every allocation and free: with no capture anywhere, nothing
    * else needs looking at. */
-  if (TP_LIKELY(!atomic_load_explicit(&nactive, memory_order_acquire)))
+  if (TP_LIKELY(!atomic_load_explicit(&tp__host_captures_active,
+                                      memory_order_acquire)))
     return TP_SUCCESS;
   if (TP_LIKELY(!member_of(ps))) {
     int device;
@@ -425,7 +426,8 @@ tp_error_t tp__host_capture_refuse(tp__pstream *ps) {
 /* CUDA's modes: a capture in global mode forbids unsafe calls on every
  * thread, one in thread-local mode on its own thread, a relaxed one none. */
 tp_error_t tp__host_capture_check_sync(void) {
-  if (TP_LIKELY(!atomic_load_explicit(&nactive, memory_order_acquire)))
+  if (TP_LIKELY(!atomic_load_explicit(&tp__host_captures_active,
+                                      memory_order_acquire)))
     return TP_SUCCESS;
   bool refused = false;
   pthread_t self = pthread_self();

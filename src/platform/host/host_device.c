@@ -241,6 +241,7 @@ const tp__platform_ops tp__host_platform = {
     .chunk_import = tp__host_chunk_import,
     .device_uuid = host_device_uuid,
     .graph_maps_at_capture = 0,
+    .captures_active = &tp__host_captures_active,
     .capture_begin = tp__host_capture_begin,
     .capture_end = tp__host_capture_end,
     .capture_status = tp__host_capture_status,

@@ -202,4 +202,7 @@ tp_error_t tp__host_exec_submit(tp__pstream *ps, tp__pexec *exec,
 bool tp__host_mem_run(int device, void *dst, const void *src, int value,
                       size_t size);
 
+/* Captures under way on the host platform (host_capture.c). */
+extern _Atomic uint32_t tp__host_captures_active;
+
 #endif /* TP_HOST_INTERNAL_H */
