@@ -166,13 +166,17 @@ typedef struct tp_pool_props {
 
 typedef enum tp_pool_attr {
   /* The seed's attributes, same meaning and value types. */
-  TP_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1,   /* int, read-write */
-  TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC = 2,         /* int, read-write */
-  TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3, /* int, read-write */
-  TP_POOL_ATTR_RELEASE_THRESHOLD = 4,                 /* uint64_t, rw */
-  TP_POOL_ATTR_RESERVED_MEM_CURRENT = 5,              /* uint64_t, read-only */
-  TP_POOL_ATTR_RESERVED_MEM_HIGH = 6, /* uint64_t, reset to 0 only */
-  TP_POOL_ATTR_USED_MEM_CURRENT = 7,  /* uint64_t, read-only */
+  TP_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1, /* int, read-write */
+  TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC = 2,       /* int, read-write */
+  /* int, read-write. The allocating stream is made to wait for the freeing
+   * stream's work up to the moment of the allocation, not only up to the
+   * free (tidepool dates frees lazily, see docs/design.md): a program whose
+   * freeing stream later waits for the allocating stream turns it off. */
+  TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3,
+  TP_POOL_ATTR_RELEASE_THRESHOLD = 4,    /* uint64_t, rw */
+  TP_POOL_ATTR_RESERVED_MEM_CURRENT = 5, /* uint64_t, read-only */
+  TP_POOL_ATTR_RESERVED_MEM_HIGH = 6,    /* uint64_t, reset to 0 only */
+  TP_POOL_ATTR_USED_MEM_CURRENT = 7,     /* uint64_t, read-only */
   /* uint64_t, reset to 0 only. Never below the current figure when read.
    * Exact when one stream, or one thread, does all the allocating (any
    * number of threads on one stream, any number of streams from one

@@ -146,10 +146,10 @@ static tp_error_t stream_wait_event(tp_stream_t stream, tp_event_t event) {
   tp_error_t err;
   if (tp__graph_on_wait(s, event, e, &err))
     return err;
-  tp__work_begin(s);
-  err = tp__event_wait(s, e);
-  tp__work_end(s);
-  return err;
+  /* Not counted as work of the legacy stream: a wait for an event that
+   * already completed queues nothing, and so orders no blocking stream's
+   * work (the fuzzer's legacy-wait-counts). */
+  return tp__event_wait(s, e);
 }
 
 TP_API tp_error_t tp_stream_wait_event(tp_stream_t stream, tp_event_t event,

@@ -328,8 +328,7 @@ tp__block *tp__heap_take_run(tp__heap *h, const tp__taker *t, size_t size) {
  */
 
 static void settle_tag(tp__block *b, bool poll) {
-  if (b->tag.stream &&
-      (tp__stream_done(&b->tag) || (poll && tp__stream_poll(&b->tag))))
+  if (b->tag.stream && tp__stream_settles(&b->tag, poll))
     tp__tag_clear(&b->tag);
 }
 

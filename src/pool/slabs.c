@@ -217,7 +217,7 @@ void tp__slabs_settle(tp__slabs *ss, bool poll, bool release_empty) {
   for (unsigned cls = 0; cls < TP_NCLASSES; cls++) {
     for (uint32_t i = 0; i < ss->npending[cls];) {
       tp__pending *e = &ss->pending[cls][i];
-      if (!tp__stream_done(&e->tag) && !(poll && tp__stream_poll(&e->tag))) {
+      if (!tp__stream_settles(&e->tag, poll)) {
         i++;
         continue;
       }

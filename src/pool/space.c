@@ -242,7 +242,7 @@ tp_error_t tp__space_detach(tp__space *sp, size_t c0, size_t c1, tp__phys *phys,
 void tp__space_settle_ghosts(tp__space *sp, bool poll) {
   for (uint32_t i = 0; i < sp->nghosts;) {
     tp__ghost *g = &sp->ghosts[i];
-    if (!tp__stream_done(&g->tag) && !(poll && tp__stream_poll(&g->tag))) {
+    if (!tp__stream_settles(&g->tag, poll)) {
       i++;
       continue;
     }

@@ -335,6 +335,11 @@ static tp__marker *marker_covering(tp__stream *s, uint64_t epoch) {
   for (uint32_t i = 0; i < s->nmarkers; i++)
     if (s->markers[i]->epoch >= epoch)
       return s->markers[i];
+  /* Recorded when first needed, behind whatever the stream queued since the
+   * free: a stream made to wait for the free waits for that work too, and on
+   * the legacy stream the marker is itself legacy work that the device's
+   * blocking streams then wait for (docs/design.md, "Markers"). Recording
+   * one at every free would put a driver call on the free path. */
   if (atomic_load_explicit(&s->destroyed, memory_order_relaxed))
     return NULL;
   return marker_record(s);
@@ -590,8 +595,12 @@ tp_error_t tp__event_record(tp__event *e, tp__stream *s) {
     ok = ok && clock_raise(&c, TP_CLOCK_LEGACY | (uint64_t)s->device,
                            legacy_seq_settled(s->device));
   } else if (s->legacy) {
+    /* The record is itself legacy operation n, which follows the frees of
+     * blocking streams issued before it began: those with lseq < n (one
+     * more claimed a free issued just after, the fuzzer's
+     * legacy-event-clock). */
     ok = clock_raise(&c, TP_CLOCK_LEGACY | (uint64_t)s->device,
-                     tp__legacy_seq(s->device) + 1);
+                     tp__legacy_seq(s->device));
   }
   tp__spin_lock(&s->lock);
   uint64_t epoch =

@@ -121,6 +121,15 @@ static inline bool tp__stream_may_use(tp__stream *a, const tp__tag *t,
 /* The stream's queued work has completed (after a synchronize). */
 void tp__stream_mark_done(tp__stream *s, uint64_t epoch);
 uint64_t tp__stream_advance(tp__stream *s);
+/* Whether the tagged free has completed, polling its stream's markers when
+ * `poll` or when the stream was destroyed (nothing else would ask: its last
+ * marker covers every free issued on it). */
+static inline bool tp__stream_settles(const tp__tag *t, bool poll) {
+  return tp__stream_done(t) ||
+         ((poll ||
+           atomic_load_explicit(&t->stream->destroyed, memory_order_relaxed)) &&
+          tp__stream_poll(t));
+}
 /* Drops a tag and the reference it holds on its stream. */
 static inline void tp__tag_clear(tp__tag *t) {
   if (t->stream)
