@@ -164,6 +164,9 @@ def child(args):
 
     losses, times, shapes = [], [], []
     dev_peak = 0
+    # Chunks mapped and unmapped by tidepool's pool at each step's end: what
+    # a step spends on VMM calls once the pool has grown.
+    vmm = []
     for _ in range(cfg["steps"]):
         b, t = pick.choice(cfg["shapes"])
         idx = torch.randint(vocab, (b, t + 1), generator=data)
@@ -186,6 +189,9 @@ def child(args):
         if on_gpu:
             free, total = torch.cuda.mem_get_info()
             dev_peak = max(dev_peak, total - free - base_used)
+        if args.child == "tidepool":
+            m = tidepool_torch.chunk_maps()
+            vmm.append([m["maps"], m["unmaps"]])
 
     result = {
         "allocator": args.child,
@@ -206,6 +212,7 @@ def child(args):
             result["peak_reserved"] = st["reserved_peak"]
             result["peak_allocated"] = st["used_peak"]
             result["tidepool_lib"] = tidepool_torch.library_path()
+            result["vmm_per_step"] = vmm
         else:
             result["peak_reserved"] = torch.cuda.max_memory_reserved()
             result["peak_allocated"] = torch.cuda.max_memory_allocated()
@@ -338,8 +345,15 @@ def parent(args):
             if "peak_reserved" in r:
                 mem = (f", reserved {r['peak_reserved'] / MiB:.0f} MiB / allocated "
                        f"{r['peak_allocated'] / MiB:.0f} MiB")
+            vmm = ""
+            if r.get("vmm_per_step") and len(r["vmm_per_step"]) > warmup:
+                # Chunk maps and unmaps over the steps after the warm-up.
+                first, last = r["vmm_per_step"][warmup - 1], r["vmm_per_step"][-1]
+                k = len(r["vmm_per_step"]) - warmup
+                vmm = (f", chunk maps/unmaps per step after warm-up "
+                       f"{(last[0] - first[0]) / k:.1f}/{(last[1] - first[1]) / k:.1f}")
             print(f"[round {rnd + 1}/{rounds}] {n}: median step {med:.2f} ms{mem}, "
-                  f"backend {r.get('backend', '-')}, {r['wall_s']:.0f} s", flush=True)
+                  f"backend {r.get('backend', '-')}, {r['wall_s']:.0f} s{vmm}", flush=True)
 
     # Losses: every run against the first run of the first allocator.
     ref_name = next((n for n in names if runs[n]), None)

@@ -187,6 +187,25 @@ def stats(device=None):
     return dict(zip(keys, (int(v) for v in out)))
 
 
+def chunk_maps(device=None):
+    """How many chunks the device's current pool has mapped and unmapped
+    since it was made (TP_POOL_ATTR_CHUNK_MAPS and _UNMAPS): each costs
+    driver calls (tens of microseconds on a GPU), so their growth over a
+    training step is what the pool spends on moving and growing memory."""
+    lib = _load()
+    dev = _device_index(device)
+    pool = ctypes.c_void_p()
+    _check(lib.tp_device_get_mem_pool(ctypes.byref(pool), dev),
+           f"tp_device_get_mem_pool(device {dev})")
+    out = []
+    for attr in (101, 102):  # TP_POOL_ATTR_CHUNK_MAPS, _UNMAPS
+        v = ctypes.c_uint64()
+        _check(lib.tp_pool_get_attribute(pool, attr, ctypes.byref(v)),
+               f"tp_pool_get_attribute({attr})")
+        out.append(int(v.value))
+    return {"maps": out[0], "unmaps": out[1]}
+
+
 def reset_peaks(device=None):
     """Resets both peaks of the device's pool to the current figures."""
     lib = _load()
