@@ -346,7 +346,7 @@ def parent(args):
                 mem = (f", reserved {r['peak_reserved'] / MiB:.0f} MiB / allocated "
                        f"{r['peak_allocated'] / MiB:.0f} MiB")
             vmm = ""
-            if r.get("vmm_per_step") and len(r["vmm_per_step"]) > warmup:
+            if warmup > 0 and len(r.get("vmm_per_step") or []) > warmup:
                 # Chunk maps and unmaps over the steps after the warm-up.
                 first, last = r["vmm_per_step"][warmup - 1], r["vmm_per_step"][-1]
                 k = len(r["vmm_per_step"]) - warmup
