@@ -48,10 +48,14 @@ struct lag_model {
   uint64_t quiet; /* precise: the platform's count after our last push */
 };
 
-static const gate_memops *testing_memops;
+static struct {
+  const gate_memops *memops;
+  bool conservative;
+} testing;
 
-void lag_testing_memops(const struct gate_memops *memops) {
-  testing_memops = memops;
+void lag_testing(const struct gate_memops *memops, bool conservative) {
+  testing.memops = memops;
+  testing.conservative = conservative;
 }
 
 static uint64_t platform_ops(void) {
@@ -116,9 +120,9 @@ int lag_start(lag_model **out, unsigned lag, tp_stream_t *streams,
   const char *platform = tp_platform_name();
   bool on_host = platform && strcmp(platform, "host") == 0;
   const gate_memops *memops = on_host ? NULL : &gate_memops_cuda;
-  if (testing_memops) {
-    memops = testing_memops;
-    precise = false;
+  if (testing.memops || testing.conservative) {
+    memops = testing.memops;
+    precise = precise && !testing.conservative;
   }
   if (precise && !on_host) {
     snprintf(err, errlen, "lag model: precise needs the host platform");
@@ -189,14 +193,16 @@ int lag_before(lag_model *m, uint64_t k, char *err, size_t errlen) {
       open_gate(m, l, g);
     }
   }
-  /* The conservative model raises an allocation's gate (lag_after) without
-   * knowing what lies behind it: that gate must hold this operation's work
-   * only, not work of earlier operations that another stream's wait may
-   * count on opening in time. So each stream gets a gate of its own for
-   * this operation, opening when its tail would. */
-  for (uint16_t s = 0; !m->precise && m->n > 1 && s < m->n; s++) {
+  /* An operation's stream wait raises the gate in front of it (lag_after),
+   * which must then hold that operation's work only: raising work of
+   * earlier operations (markers recorded on this stream for another's
+   * sake) could hold back what another stream's wait counts on. So with
+   * several streams each stream that has work behind its last gate gets a
+   * gate of its own for this operation, opening when that gate does. */
+  for (uint16_t s = 0; m->n > 1 && s < m->n; s++) {
     lane *l = &m->lanes[s];
-    if (!l->fresh && push_gate(m, l, l->tail->open_at, err, errlen) != 0)
+    if (!l->fresh && l->tail->dirty &&
+        push_gate(m, l, l->tail->open_at, err, errlen) != 0)
       return -1;
   }
   for (uint16_t s = 0; any && s < m->n; s++)
@@ -212,17 +218,25 @@ int lag_after(lag_model *m, uint64_t k, uint16_t s, bool alloc, char *err,
   for (uint16_t i = 0; i < m->n; i++)
     m->lanes[i].fresh = false;
   note_pool_work(m);
-  /* A stream wait the pool queued on this stream (an internal dependency
-   * on another stream's free) runs only after that stream's work: hold
-   * this stream's last gate until every other stream's last gate opens, so
-   * that the wait never blocks a stream the replay waits on. */
-  bool waited = m->precise
-                    ? tp__host_stream_submitted(l->stream, 0) != l->submitted
-                    : alloc && m->n > 1;
-  if (waited)
-    for (uint16_t i = 0; i < m->n; i++)
-      if (m->lanes[i].tail->open_at > l->tail->open_at)
-        l->tail->open_at = m->lanes[i].tail->open_at;
+  /* A stream wait the pool queued (an internal dependency on another
+   * stream's free) runs only after that stream's work: hold the gate in
+   * front of it, which holds this operation's work only (lag_before), until
+   * every stream's last gate opens, so that the wait never blocks a stream
+   * the replay waits on. The precise model sees which streams got work
+   * queued; the conservative one assumes an allocation queued a wait on
+   * its own stream, where CUDA's pool and tidepool's put them. */
+  uint64_t last = 0;
+  for (uint16_t i = 0; i < m->n; i++)
+    if (m->lanes[i].tail->open_at > last)
+      last = m->lanes[i].tail->open_at;
+  for (uint16_t i = 0; i < m->n; i++) {
+    lane *w = &m->lanes[i];
+    bool waited = m->precise
+                      ? tp__host_stream_submitted(w->stream, 0) != w->submitted
+                      : i == s && alloc && m->n > 1;
+    if (waited && w->tail->open_at < last)
+      w->tail->open_at = last;
+  }
   uint64_t due = k + m->lag + 1;
   if (!l->tail->dirty) {
     if (l->tail->open_at < due)

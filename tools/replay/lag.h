@@ -23,17 +23,24 @@ typedef struct lag_model lag_model;
  * the gates are host functions, on cuda stream memory operations (no
  * driver thread is held, so held streams never hold each other).
  *
+ * With several streams, each operation's work on each stream lies behind
+ * a gate of its own, so that holding an allocation's stream wait (until
+ * every stream's earlier work is due, the wait never blocking a stream the
+ * replay waits on) holds back nothing that another stream's wait counts
+ * on.
+ *
  * `precise`: the host platform's hooks tell whether an operation of the
- * pool queued work on a stream. Without them (cuda, and the driver's pool)
- * the model assumes that every operation may have queued or recorded work
- * on every stream and that every allocation on one of several streams may
- * have queued a wait on the others: it waits for every stream at every
- * gate it opens and holds each operation's work behind a gate of its own,
- * so that the completions stay as deterministic, at more round trips. The
- * completions are those of the precise model but where an allocation that
- * queued no wait records work on its own stream that the pool later polls
- * (the conservative model then holds that work as long as any stream's);
- * test_replay_lag checks that both give the same figures. */
+ * pool queued work on a stream. Without them (cuda, and the driver's pool,
+ * whose work is out of sight) the model is conservative: it assumes that
+ * every operation may have queued or recorded work on every stream, and
+ * that every allocation on one of several streams may have queued a wait
+ * on its own stream, so it waits for every stream at every gate it opens
+ * (more round trips, as deterministic) and holds every such allocation's
+ * work. On one stream the completions are the precise model's. On
+ * several, an allocation's own work is held longer where it queued no
+ * wait; the figures differ where that work is something the pool polls
+ * later (tidepool records a free's marker lazily, when an operation first
+ * asks whether the free is done). test_replay_lag checks both. */
 int lag_start(lag_model **out, unsigned lag, tp_stream_t *streams,
               uint16_t nstreams, bool precise, char *err, size_t errlen);
 /* Before the replay issues its operation k (counting from 0): opens the
@@ -47,10 +54,10 @@ int lag_after(lag_model *m, uint64_t k, uint16_t s, bool alloc, char *err,
 int lag_stop(lag_model *m, char *err, size_t errlen);
 
 /* For tests: from now on lag_start builds memory-operation gates over
- * `memops` (a struct gate_memops of gates.h) with the conservative model,
- * as on cuda, whatever the platform and `precise`; NULL restores the
- * platform's own. Not thread-safe. */
+ * `memops` (a struct gate_memops of gates.h; NULL: host functions), with
+ * the conservative model where `conservative`, whatever the platform;
+ * (NULL, false) restores the platform's own. Not thread-safe. */
 struct gate_memops;
-void lag_testing_memops(const struct gate_memops *memops);
+void lag_testing(const struct gate_memops *memops, bool conservative);
 
 #endif /* TP_REPLAY_LAG_H */
