@@ -157,9 +157,10 @@ static void test_completes_after_n(void) {
   tp_event_t ev;
   REQUIRE_OK_EXIT(tp_event_create(&ev));
   static const unsigned lags[] = {1, 2, 5, 17};
-  for (size_t li = 0; li < NKINDS * sizeof lags / sizeof lags[0]; li++) {
-    unsigned n = lags[li % 4];
-    int kind = (int)(li / 4);
+  const size_t nlags = sizeof lags / sizeof lags[0];
+  for (size_t li = 0; li < NKINDS * nlags; li++) {
+    unsigned n = lags[li % nlags];
+    int kind = (int)(li / nlags);
     lag_testing(kinds[kind], kind > 0);
     char err[300], label[64];
     snprintf(label, sizeof label, "%s, lag %u", kind_names[kind], n);
