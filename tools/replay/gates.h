@@ -39,7 +39,10 @@ typedef struct gate_memops {
 
 /* The CUDA driver's: cuStreamWriteValue32 and cuStreamWaitValue32 on
  * memory of cuMemHostAlloc mapped for the device, in device 0's primary
- * context (the one tidepool's cuda platform and the replay's streams use). */
+ * context (the one tidepool's cuda platform and the replay's streams use).
+ * Streams that share a hardware queue (more of them than
+ * CUDA_DEVICE_MAX_CONNECTIONS, 8 by default) would hold each other's work
+ * behind a wait; bench/gpu_replay.sh allows 32. */
 extern const gate_memops gate_memops_cuda;
 
 typedef struct gates gates;
