@@ -99,8 +99,11 @@ int replay_driver(const replay_options *o, const trace *t, tp_stream_t *streams,
   if (!ptrs)
     snprintf(err, len, "%s: out of memory", t->path);
   /* The same model of a device running behind as the tidepool replay had,
-   * on the same streams; the driver's pool learns of completions through
-   * its own events, which the gates hold as they hold tidepool's. */
+   * on the same streams, with the same gates (stream memory operations);
+   * the driver's pool learns of completions through its own events, which
+   * the gates hold as they hold tidepool's. The model is the conservative
+   * one (lag.h), as tidepool's is on cuda: what the driver queues is out of
+   * sight, so both pools run under the same schedule. */
   lag_model *lag = NULL;
   char why[300];
   if (ret == 0 && o->lag > 0 &&

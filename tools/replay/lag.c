@@ -1,21 +1,20 @@
-/* The lag model's gates. Each replay stream (a lane) always ends with a
- * closed gate, so that an event the pool records is a position behind a
- * gate, never the moving end of a stream a worker is still running. A gate
- * that nothing was queued or recorded behind ("clean") may open without a
- * wait, or be pushed later instead of adding a new one; a gate with
- * something behind it ("dirty") is opened and then waited past, until the
- * stream's worker has entered the next gate. The pool's events are
- * positions on the platform's streams, so what they report only changes
- * while the replay waits, and every run sees the same completions. */
+/* The lag model's schedule: which gate holds which work, and when each gate
+ * opens. Each replay stream (a lane) always ends with a closed gate, so
+ * that an event the pool records is a position behind a gate, never the
+ * moving end of a stream that is still running. A gate that nothing was
+ * queued or recorded behind ("clean") may open without a wait, or be pushed
+ * later instead of adding a new one; a gate with something behind it
+ * ("dirty") is opened and then waited past, until the stream has reached
+ * the next gate. The pool's events are positions on the platform's
+ * streams, so what they report only changes while the replay waits, and
+ * every run sees the same completions. */
 #include "lag.h"
 
-#include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "gates.h"
 #include "platform/host/host_testing.h"
 
 /* How long a stream may take to reach its next gate before the replay gives
@@ -23,92 +22,71 @@
  * more than microseconds. */
 #define STALL_SECONDS 60
 
-typedef struct lane lane;
-
 typedef struct gate {
   struct gate *next;
-  lane *lane;
+  uint64_t seq;     /* its number on its stream (gates.h) */
   uint64_t open_at; /* the operation before which it opens */
   bool dirty;       /* something was queued or recorded right behind it */
-  bool open, entered, left; /* under the lane's mutex */
 } gate;
 
-struct lane {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  tp_stream_t stream;
+typedef struct lane {
   uint16_t id;
-  gate *head, *tail;   /* closed gates, in the stream's order */
-  gate *opened, *last; /* opened gates whose host function may still run */
-  gate *spare;         /* gates to reuse */
-  uint64_t submitted;  /* precise: the stream's position after our pushes */
-  bool wait;           /* lag_before: a dirty gate was opened */
-};
+  tp_stream_t stream;
+  gate *head, *tail;  /* closed gates, in the stream's order */
+  uint64_t submitted; /* precise: the stream's position after our pushes */
+  bool wait;          /* lag_before: a dirty gate was opened */
+  bool fresh; /* the tail came after the last operation: nothing behind it */
+} lane;
 
 struct lag_model {
   unsigned lag;
   bool precise;
   uint16_t n;
   lane *lanes;
+  gate *spare; /* gate records to reuse */
+  gates *gates;
   uint64_t quiet; /* precise: the platform's count after our last push */
 };
 
-static void gate_fn(void *arg) {
-  gate *g = arg;
-  lane *l = g->lane;
-  pthread_mutex_lock(&l->mu);
-  g->entered = true;
-  pthread_cond_broadcast(&l->cv);
-  while (!g->open)
-    pthread_cond_wait(&l->cv, &l->mu);
-  g->left = true;
-  pthread_cond_broadcast(&l->cv);
-  pthread_mutex_unlock(&l->mu);
+static struct {
+  const gate_memops *memops;
+  bool conservative;
+} testing;
+
+void lag_testing(const struct gate_memops *memops, bool conservative) {
+  testing.memops = memops;
+  testing.conservative = conservative;
 }
 
 static uint64_t platform_ops(void) {
   return tp__host_fault_ops(TP__HOST_FAULT_STREAM);
 }
 
-/* Moves opened gates that their worker has left to the spare list; lane
- * mutex held. Workers leave gates in order. */
-static void reclaim(lane *l) {
-  while (l->opened && l->opened->left) {
-    gate *g = l->opened;
-    l->opened = g->next;
-    if (!l->opened)
-      l->last = NULL;
-    g->next = l->spare;
-    l->spare = g;
-  }
-}
-
 /* Queues a new closed gate at the end of the lane's stream. */
 static int push_gate(lag_model *m, lane *l, uint64_t open_at, char *err,
                      size_t len) {
-  pthread_mutex_lock(&l->mu);
-  reclaim(l);
-  gate *g = l->spare;
+  gate *g = m->spare;
   if (g)
-    l->spare = g->next;
-  pthread_mutex_unlock(&l->mu);
-  if (!g && !(g = malloc(sizeof *g))) {
+    m->spare = g->next;
+  else if (!(g = malloc(sizeof *g))) {
     snprintf(err, len, "lag model: out of memory");
     return -1;
   }
-  *g = (gate){.lane = l, .open_at = open_at};
-  tp_error_t e = tp_launch_host_func(l->stream, gate_fn, g);
-  if (e != TP_SUCCESS) {
-    free(g);
-    snprintf(err, len, "lag model: tp_launch_host_func on stream %u: %s", l->id,
-             tp_error_name(e));
+  char why[300];
+  uint64_t seq;
+  if (gates_push(m->gates, l->id, &seq, why, sizeof why) != 0) {
+    g->next = m->spare;
+    m->spare = g;
+    snprintf(err, len, "lag model: %s", why);
     return -1;
   }
+  *g = (gate){.seq = seq, .open_at = open_at};
   if (l->tail)
     l->tail->next = g;
   else
     l->head = g;
   l->tail = g;
+  l->fresh = true;
   if (m->precise) {
     l->submitted = tp__host_stream_submitted(l->stream, 0);
     m->quiet = platform_ops();
@@ -116,59 +94,51 @@ static int push_gate(lag_model *m, lane *l, uint64_t open_at, char *err,
   return 0;
 }
 
-static void open_gate(lane *l, gate *g) {
+static void open_gate(lag_model *m, lane *l, gate *g) {
   l->head = g->next;
   if (!l->head)
     l->tail = NULL;
-  g->next = NULL;
-  pthread_mutex_lock(&l->mu);
-  g->open = true;
-  pthread_cond_broadcast(&l->cv);
-  if (l->last)
-    l->last->next = g;
-  else
-    l->opened = g;
-  l->last = g;
-  pthread_mutex_unlock(&l->mu);
+  gates_open(m->gates, l->id, g->seq);
+  g->next = m->spare;
+  m->spare = g;
 }
 
-/* Waits until the lane's worker has entered gate g (or left it, when all is
- * to be left). */
-static int wait_gate(lane *l, gate *g, bool left, char *err, size_t len) {
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += STALL_SECONDS;
-  int rc = 0;
-  pthread_mutex_lock(&l->mu);
-  while (rc == 0 && !(left ? g->left : g->entered))
-    rc = pthread_cond_timedwait(&l->cv, &l->mu, &until);
-  bool done = left ? g->left : g->entered;
-  pthread_mutex_unlock(&l->mu);
-  if (done)
+/* Waits until the lane's stream has reached gate g. */
+static int wait_gate(lag_model *m, lane *l, gate *g, char *err, size_t len) {
+  if (gates_reached(m->gates, l->id, g->seq, STALL_SECONDS) == 0)
     return 0;
   snprintf(err, len,
-           "lag model: stream %u did not reach its next gate in %d s (%s); "
-           "did the pool wait on the host for work the model holds back?",
-           l->id, STALL_SECONDS, rc == ETIMEDOUT ? "timed out" : strerror(rc));
+           "lag model: stream %u did not reach its next gate in %d s; did "
+           "the pool wait on the host for work the model holds back?",
+           l->id, STALL_SECONDS);
   return -1;
 }
 
 int lag_start(lag_model **out, unsigned lag, tp_stream_t *streams,
               uint16_t nstreams, bool precise, char *err, size_t errlen) {
   *out = NULL;
-  if (!precise && nstreams > 1) {
-    snprintf(err, errlen,
-             "--lag with several streams needs the host platform (this "
-             "trace has %u streams)",
-             nstreams);
+  const char *platform = tp_platform_name();
+  bool on_host = platform && strcmp(platform, "host") == 0;
+  const gate_memops *memops = on_host ? NULL : &gate_memops_cuda;
+  if (testing.memops || testing.conservative) {
+    memops = testing.memops;
+    precise = precise && !testing.conservative;
+  }
+  if (precise && !on_host) {
+    snprintf(err, errlen, "lag model: precise needs the host platform");
     return -1;
   }
   lag_model *m = calloc(1, sizeof *m);
   lane *lanes = calloc(nstreams ? nstreams : 1, sizeof *lanes);
-  if (!m || !lanes) {
+  char why[300];
+  if (!m || !lanes ||
+      gates_start(&m->gates, streams, nstreams, memops, why, sizeof why) != 0) {
+    if (m && lanes)
+      snprintf(err, errlen, "lag model: %s", why);
+    else
+      snprintf(err, errlen, "lag model: out of memory");
     free(m);
     free(lanes);
-    snprintf(err, errlen, "lag model: out of memory");
     return -1;
   }
   m->lag = lag;
@@ -178,8 +148,6 @@ int lag_start(lag_model **out, unsigned lag, tp_stream_t *streams,
   for (uint16_t s = 0; s < nstreams; s++) {
     lanes[s].stream = streams[s];
     lanes[s].id = s;
-    pthread_mutex_init(&lanes[s].mu, NULL);
-    pthread_cond_init(&lanes[s].cv, NULL);
   }
   *out = m;
   /* Every stream starts held, so that nothing the pool queues or records
@@ -222,12 +190,24 @@ int lag_before(lag_model *m, uint64_t k, char *err, size_t errlen) {
       }
       l->wait |= g->dirty;
       any |= g->dirty;
-      open_gate(l, g);
+      open_gate(m, l, g);
     }
+  }
+  /* An operation's stream wait raises the gate in front of it (lag_after),
+   * which must then hold that operation's work only: raising work of
+   * earlier operations (markers recorded on this stream for another's
+   * sake) could hold back what another stream's wait counts on. So with
+   * several streams each stream that has work behind its last gate gets a
+   * gate of its own for this operation, opening when that gate does. */
+  for (uint16_t s = 0; m->n > 1 && s < m->n; s++) {
+    lane *l = &m->lanes[s];
+    if (!l->fresh && l->tail->dirty &&
+        push_gate(m, l, l->tail->open_at, err, errlen) != 0)
+      return -1;
   }
   for (uint16_t s = 0; any && s < m->n; s++)
     if (m->lanes[s].wait &&
-        wait_gate(&m->lanes[s], m->lanes[s].head, false, err, errlen) != 0)
+        wait_gate(m, &m->lanes[s], m->lanes[s].head, err, errlen) != 0)
       return -1;
   return 0;
 }
@@ -235,18 +215,28 @@ int lag_before(lag_model *m, uint64_t k, char *err, size_t errlen) {
 int lag_after(lag_model *m, uint64_t k, uint16_t s, bool alloc, char *err,
               size_t errlen) {
   lane *l = &m->lanes[s];
+  for (uint16_t i = 0; i < m->n; i++)
+    m->lanes[i].fresh = false;
   note_pool_work(m);
-  /* A stream wait the pool queued on this stream (an internal dependency
-   * on another stream's free) runs only after that stream's work: hold
-   * this stream's last gate until every other stream's last gate opens, so
-   * that the wait never blocks a stream the replay waits on. */
-  bool waited = m->precise
-                    ? tp__host_stream_submitted(l->stream, 0) != l->submitted
-                    : alloc && m->n > 1;
-  if (waited)
-    for (uint16_t i = 0; i < m->n; i++)
-      if (m->lanes[i].tail->open_at > l->tail->open_at)
-        l->tail->open_at = m->lanes[i].tail->open_at;
+  /* A stream wait the pool queued (an internal dependency on another
+   * stream's free) runs only after that stream's work: hold the gate in
+   * front of it, which holds this operation's work only (lag_before), until
+   * every stream's last gate opens, so that the wait never blocks a stream
+   * the replay waits on. The precise model sees which streams got work
+   * queued; the conservative one assumes an allocation queued a wait on
+   * its own stream, where CUDA's pool and tidepool's put them. */
+  uint64_t last = 0;
+  for (uint16_t i = 0; i < m->n; i++)
+    if (m->lanes[i].tail->open_at > last)
+      last = m->lanes[i].tail->open_at;
+  for (uint16_t i = 0; i < m->n; i++) {
+    lane *w = &m->lanes[i];
+    bool waited = m->precise
+                      ? tp__host_stream_submitted(w->stream, 0) != w->submitted
+                      : i == s && alloc && m->n > 1;
+    if (waited && w->tail->open_at < last)
+      w->tail->open_at = last;
+  }
   uint64_t due = k + m->lag + 1;
   if (!l->tail->dirty) {
     if (l->tail->open_at < due)
@@ -259,33 +249,25 @@ int lag_after(lag_model *m, uint64_t k, uint16_t s, bool alloc, char *err,
 int lag_stop(lag_model *m, char *err, size_t errlen) {
   if (!m)
     return 0;
-  int rc = 0;
-  char why[300];
-  for (uint16_t s = 0; s < m->n; s++) {
-    lane *l = &m->lanes[s];
-    gate *last = l->tail;
-    while (l->head)
-      open_gate(l, l->head);
-    if (last && wait_gate(l, last, true, why, sizeof why) != 0 && rc == 0) {
-      snprintf(err, errlen, "%s", why);
-      rc = -1;
-    }
-  }
+  for (uint16_t s = 0; s < m->n; s++)
+    while (m->lanes[s].head)
+      open_gate(m, &m->lanes[s], m->lanes[s].head);
+  uint16_t stuck = 0;
+  char why[300] = "";
+  int rc = gates_stop(m->gates, STALL_SECONDS, &stuck, why, sizeof why);
+  if (rc == GATES_STALLED)
+    snprintf(err, errlen,
+             "lag model: stream %u did not get past its last gate in %d s",
+             stuck, STALL_SECONDS);
+  else if (rc != 0)
+    snprintf(err, errlen, "lag model: %s", why);
   /* After a stall a gate may still be running: then nothing is freed under
-   * its worker; the process is about to report the failure. */
+   * it; the process is about to report the failure. */
   if (rc != 0)
-    return rc;
-  for (uint16_t s = 0; s < m->n; s++) {
-    lane *l = &m->lanes[s];
-    pthread_mutex_lock(&l->mu);
-    reclaim(l);
-    pthread_mutex_unlock(&l->mu);
-    for (gate *g = l->spare, *next; g; g = next) {
-      next = g->next;
-      free(g);
-    }
-    pthread_cond_destroy(&l->cv);
-    pthread_mutex_destroy(&l->mu);
+    return -1;
+  for (gate *g = m->spare, *next; g; g = next) {
+    next = g->next;
+    free(g);
   }
   free(m->lanes);
   free(m);
