@@ -46,6 +46,10 @@ ALLOCATORS = {
     "expandable": "expandable_segments:True",
     "cudaMallocAsync": "backend:cudaMallocAsync",
     "tidepool": None,
+    # tidepool with no code change: the cudaMallocAsync backend, answered by
+    # tidepool through the interposer (tidepool-run); needs TIDEPOOL_PRELOAD_LIB
+    # (libtidepool_preload.so), so it runs only when asked for.
+    "tidepool-run": "backend:cudaMallocAsync",
 }
 # What torch.cuda.get_allocator_backend() must answer in each child.
 BACKENDS = {
@@ -53,6 +57,7 @@ BACKENDS = {
     "expandable": "native",
     "cudaMallocAsync": "cudaMallocAsync",
     "tidepool": "pluggable",
+    "tidepool-run": "cudaMallocAsync",
 }
 
 # (batch, sequence) shapes; each step draws one with a seeded generator.
@@ -242,6 +247,12 @@ def run_child(name, cfg, args):
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     if args.lib:
         env["TIDEPOOL_LIB"] = os.path.abspath(args.lib)
+    if name == "tidepool-run":
+        lib = os.environ.get("TIDEPOOL_PRELOAD_LIB")
+        if not lib or not os.path.exists(lib):
+            return None, "tidepool-run needs TIDEPOOL_PRELOAD_LIB (libtidepool_preload.so)"
+        env["LD_PRELOAD"] = os.path.abspath(lib) + (
+            ":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name,
            "--config", json.dumps(cfg)]
     t0 = time.time()
@@ -313,7 +324,8 @@ def parent(args):
         if getattr(args, k):
             cfg[k] = getattr(args, k)
     warmup = min(args.warmup, cfg["steps"] // 2)
-    names = args.allocators.split(",") if args.allocators else list(ALLOCATORS)
+    names = (args.allocators.split(",") if args.allocators
+             else [n for n in ALLOCATORS if n != "tidepool-run"])
     for n in names:
         if n not in ALLOCATORS:
             sys.exit(f"unknown allocator {n!r}; known: {', '.join(ALLOCATORS)}")
