@@ -52,23 +52,45 @@ tp_error_t tp__cu_capture_begin(tp__pstream *ps, tp_capture_mode_t mode) {
                   tp__cu.cuStreamBeginCapture(s_, (CUstreamCaptureMode)mode));
 }
 
-/* Room for `need` nodes in *arr; false when memory is short. */
-static bool grow(CUgraphNode **arr, size_t *cap, size_t need) {
-  if (need <= *cap)
-    return true;
-  CUgraphNode *p =
-      need <= SIZE_MAX / sizeof *p ? realloc(*arr, need * sizeof *p) : NULL;
-  if (!p)
+/* The nodes before (deps) or after a node, in a fresh array; false when
+ * they cannot be had. */
+static bool neighbours(CUgraphNode v, bool before, CUgraphNode **out,
+                       size_t *n) {
+  *out = NULL;
+  *n = 0;
+  CUresult r = before ? tp__cu.cuGraphNodeGetDependencies(v, NULL, NULL, n)
+                      : tp__cu.cuGraphNodeGetDependentNodes(v, NULL, NULL, n);
+  if (r != CUDA_SUCCESS)
     return false;
-  *arr = p;
-  *cap = need;
-  return true;
+  if (*n == 0)
+    return true;
+  *out = calloc(*n, sizeof **out);
+  if (!*out)
+    return false;
+  r = before ? tp__cu.cuGraphNodeGetDependencies(v, *out, NULL, n)
+             : tp__cu.cuGraphNodeGetDependentNodes(v, *out, NULL, n);
+  return r == CUDA_SUCCESS;
+}
+
+/* Orders `to` after `from`: a new edge, or one that is there already. */
+static bool join(CUgraph g, CUgraphNode from, CUgraphNode to) {
+  if (tp__cu.cuGraphAddDependencies(g, &from, &to, NULL, 1) == CUDA_SUCCESS)
+    return true;
+  CUgraphNode *deps = NULL;
+  size_t n = 0;
+  bool found = false;
+  if (neighbours(to, true, &deps, &n))
+    for (size_t i = 0; i < n && !found; i++)
+      found = deps[i] == from;
+  free(deps);
+  return found;
 }
 
 /* Removes each empty node of g, joining every node before it to every node
  * after it: the empty nodes mark the positions of frees while the capture
- * runs, and once it is over they only cost the launches. A node that cannot
- * be removed stays, which changes nothing but that cost. */
+ * runs, and once it is over they only cost the launches. A node whose
+ * neighbours cannot all be joined stays (the joins made meanwhile only
+ * repeat what it orders), which changes nothing but that cost. */
 static void strip_empty_nodes(CUgraph g) {
   if (!tp__cu.cuGraphGetNodes || !tp__cu.cuGraphNodeGetType ||
       !tp__cu.cuGraphNodeGetDependencies ||
@@ -83,46 +105,24 @@ static void strip_empty_nodes(CUgraph g) {
     free(nodes);
     return;
   }
-  CUgraphNode *from = NULL, *to = NULL, *pairs_from = NULL, *pairs_to = NULL;
-  size_t cap_from = 0, cap_to = 0, cap_pf = 0, cap_pt = 0;
   for (size_t i = 0; i < n; i++) {
     CUgraphNodeType type;
     if (tp__cu.cuGraphNodeGetType(nodes[i], &type) != CUDA_SUCCESS ||
         type != CU_GRAPH_NODE_TYPE_EMPTY)
       continue;
+    CUgraphNode *from = NULL, *to = NULL;
     size_t nf = 0, nt = 0;
-    if (tp__cu.cuGraphNodeGetDependencies(nodes[i], NULL, NULL, &nf) !=
-            CUDA_SUCCESS ||
-        tp__cu.cuGraphNodeGetDependentNodes(nodes[i], NULL, NULL, &nt) !=
-            CUDA_SUCCESS)
-      continue;
-    if (!grow(&from, &cap_from, nf) || !grow(&to, &cap_to, nt))
-      break;
-    if ((nf && tp__cu.cuGraphNodeGetDependencies(nodes[i], from, NULL, &nf) !=
-                   CUDA_SUCCESS) ||
-        (nt && tp__cu.cuGraphNodeGetDependentNodes(nodes[i], to, NULL, &nt) !=
-                   CUDA_SUCCESS))
-      continue;
-    if (nf && nt && nf > SIZE_MAX / nt)
-      continue;
-    size_t np = nf * nt;
-    if (!grow(&pairs_from, &cap_pf, np) || !grow(&pairs_to, &cap_pt, np))
-      break;
-    for (size_t a = 0; a < nf; a++)
-      for (size_t b = 0; b < nt; b++) {
-        pairs_from[a * nt + b] = from[a];
-        pairs_to[a * nt + b] = to[b];
-      }
-    if (np && tp__cu.cuGraphAddDependencies(g, pairs_from, pairs_to, NULL,
-                                            np) != CUDA_SUCCESS)
-      continue;
-    (void)tp__cu.cuGraphDestroyNode(nodes[i]);
+    bool ok = neighbours(nodes[i], true, &from, &nf) &&
+              neighbours(nodes[i], false, &to, &nt);
+    for (size_t a = 0; ok && a < nf; a++)
+      for (size_t b = 0; ok && b < nt; b++)
+        ok = join(g, from[a], to[b]);
+    if (ok)
+      (void)tp__cu.cuGraphDestroyNode(nodes[i]);
+    free(from);
+    free(to);
   }
   free(nodes);
-  free(from);
-  free(to);
-  free(pairs_from);
-  free(pairs_to);
 }
 
 tp_error_t tp__cu_capture_end(tp__pstream *ps, tp__pgraph **graph) {
