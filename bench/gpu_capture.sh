@@ -79,6 +79,6 @@ if [[ -e $OUT/test.txt ]]; then
     sed 's/^/  test_capture: /'
 fi
 if [[ -e $OUT/bench.txt ]]; then
-  grep -E "^(graph |tidepool |in-driver |driver |graph memory|freeing)" "$OUT/bench.txt" |
+  grep -E "^(graph |tidepool |in-driver |plain |\+empty |\+userobj |\+both |driver |per graph against|graph memory|freeing)" "$OUT/bench.txt" |
     sed 's/^/  graph_bench: /'
 fi
