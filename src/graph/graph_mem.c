@@ -660,6 +660,8 @@ static tp_error_t plan(tp__gmem *gm, tp__pstream *ps, const tp__gmem_kind *kind,
 /* ---- graphs' memory -------------------------------------------------------
  */
 
+static void set_live(tp__gmem *gm, allocation *al, bool live);
+
 static void on_release(void *arg) {
   token *t = arg;
   token *head = atomic_load_explicit(&released, memory_order_relaxed);
@@ -732,6 +734,21 @@ static void self_release(tp__gmem *gm) {
   sweep();
 }
 
+/* A graph tidepool did not see launched is gone: each allocation it did
+ * not free may have been made by a launch and be in use, as CUDA lets an
+ * allocation outlive its graph, so it stays mapped until its one free
+ * (one never made, its graph never launched, is kept for the process's
+ * life: tidepool cannot tell). Under the lock. */
+static void keep_outputs(tp__gmem *gm) {
+  for (uint32_t i = 0; i < gm->nallocs; i++) {
+    allocation *al = &gm->allocs[i];
+    if (al->freed_in_graph || al->freed_unseen || al->live)
+      continue;
+    al->freed_unseen = true;
+    set_live(gm, al, true);
+  }
+}
+
 /* Applies what the platform released, unmaps what no graph needs any more
  * and frees the memory of graphs that are gone; with `poll`, asks first
  * whether pending frees outside graphs have completed (not during a
@@ -746,6 +763,8 @@ static void collect(bool poll) {
     if (t->graph) {
       gm->attached = false;
       gm->token = NULL;
+      if (!gm->seen)
+        keep_outputs(gm);
     }
     if (!t->graph || tp__platform->graph_maps_at_capture())
       gm->holds--;
