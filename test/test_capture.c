@@ -493,10 +493,15 @@ static void test_forbidden_during_capture(void) {
   CHECK(graph == NULL);
   CHECK_EQ_INT(status_of(s), TP_CAPTURE_STATUS_NONE);
 
+  /* A failed capture's allocations go with it: its graph never runs. */
   REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_OK(tp_malloc_async(&p, MiB, s));
+  CHECK_OK(tp_memset_async(p, 1, MiB, s));
   CHECK_EQ_INT(tp_stream_query(s), TP_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   CHECK_EQ_INT(tp_stream_end_capture(s, &graph),
                TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK_EQ_U64(graph_used_settled(0), 0);
+  CHECK_EQ_INT(tp_free_async(p, s), TP_ERROR_INVALID_VALUE);
 
   /* A device-wide synchronize during a global capture. */
   REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));

@@ -347,7 +347,10 @@ TP_API tp_error_t tp_stream_end_capture(tp_stream_t stream, tp_graph_t *graph) {
   if (tp__platform->capture_status(s->ps, &status, &id) != TP_SUCCESS)
     id = 0;
   tp__pgraph *pg = NULL;
-  TP_FORWARD(tp__platform->capture_end(s->ps, &pg));
+  tp_error_t err = tp__platform->capture_end(s->ps, &pg);
+  if (err != TP_SUCCESS && id)
+    tp__gmem_capture_failed(id);
+  TP_FORWARD(err);
   struct tp_graph_opaque *g = calloc(1, sizeof *g);
   if (!g) {
     (void)tp__platform->graph_destroy(pg);

@@ -763,7 +763,7 @@ static void collect(bool poll) {
     if (t->graph) {
       gm->attached = false;
       gm->token = NULL;
-      if (!gm->seen)
+      if (!gm->seen && tp__platform->graph_maps_at_capture())
         keep_outputs(gm);
     }
     if (!t->graph || tp__platform->graph_maps_at_capture())
@@ -1033,6 +1033,17 @@ void tp__gmem_adopt(tp__gmem *gm, tp__pgraph *graph) {
     gm->self_held = true;
     free(gm->token);
     gm->token = NULL;
+  }
+  pthread_mutex_unlock(&lock);
+}
+
+void tp__gmem_capture_failed(uint64_t capture_id) {
+  pthread_mutex_lock(&lock);
+  tp__gmem *gm = gmem_find(capture_id);
+  if (gm) {
+    gm->seen = true;
+    for (uint32_t i = 0; i < gm->nallocs; i++)
+      set_live(gm, &gm->allocs[i], false);
   }
   pthread_mutex_unlock(&lock);
 }

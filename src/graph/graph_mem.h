@@ -92,6 +92,9 @@ void tp__gmem_instantiate_undo(tp__gmem *gm, void *arg);
  * exec alive, and the last launch of each destroyed exec completed
  * (tp__gmem_exec_finished). Nothing changes when the detach fails. */
 void tp__gmem_adopt(tp__gmem *gm, tp__pgraph *graph);
+/* tp_stream_end_capture failed for capture_id: its graph was never
+ * launched, so none of its allocations outlives it. */
+void tp__gmem_capture_failed(uint64_t capture_id);
 /* Whether tidepool must tell gm when the launches of a destroyed exec
  * complete (gm adopted and detached). */
 bool tp__gmem_self_held(const tp__gmem *gm);
