@@ -51,12 +51,11 @@ static tp_error_t exec_get(tp_graph_exec_t x) {
   return TP_SUCCESS;
 }
 
-/* ---- destroyed execs whose launches may still run
- * ---------------------------- For a self-held graph memory, the last launch of
- * each destroyed exec is watched through the stream order the core keeps (a
- * tag, polled with the core's markers); graph memory hears when it completed.
- * Polled by the graph entry points and by frees outside capture while any is
- * waiting. */
+/* ---- destroyed execs whose launches may still run ---------------------------
+ * For a self-held graph memory, the last launch of each destroyed exec is
+ * watched through the stream order the core keeps (a tag, polled with the
+ * core's markers); graph memory hears when it completed. Polled by the
+ * graph entry points and by frees of graph memory while any is waiting. */
 typedef struct running_exec {
   tp__tag last;
   tp__gmem *gm;
@@ -353,6 +352,8 @@ TP_API tp_error_t tp_stream_end_capture(tp_stream_t stream, tp_graph_t *graph) {
   TP_FORWARD(err);
   struct tp_graph_opaque *g = calloc(1, sizeof *g);
   if (!g) {
+    if (id)
+      tp__gmem_capture_failed(id);
     (void)tp__platform->graph_destroy(pg);
     return TP_ERROR_OUT_OF_MEMORY;
   }
