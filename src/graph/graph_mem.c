@@ -1044,6 +1044,7 @@ void tp__gmem_capture_failed(uint64_t capture_id) {
     gm->seen = true;
     for (uint32_t i = 0; i < gm->nallocs; i++)
       set_live(gm, &gm->allocs[i], false);
+    sweep();
   }
   pthread_mutex_unlock(&lock);
 }
