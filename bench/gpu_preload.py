@@ -19,7 +19,13 @@ statically, so that only the interposer's driver-level layer sees its calls):
 MemoryAsyncPool's allocations counted through tidepool's own pool figures
 (used and reserved while CuPy's arrays live, and after they are freed) and
 the interposer's counters; CuPy's used_bytes() and total_bytes() equal
-tidepool's figures.
+tidepool's figures. Stream capture (backend:cudaMallocAsync captures
+cudaMallocAsync): a small model's forward and backward captured in
+torch.cuda.graph, replayed --replays times, each replay's loss and gradients
+compared with eager mode's on the same input, on the driver's graph memory
+and under tidepool-run, where every allocation during capture is tidepool's
+(none forwarded, the driver's graph memory unused) and the graph memory
+comes back once the graph and its outputs are gone.
 
 The model is bench/torch_train_bench.py's GPT-style decoder, smaller.
 """
@@ -288,6 +294,139 @@ def child_cupy(args):
     return 0
 
 
+class GraphMem:
+    """A device's graph memory: through the runtime's name (under
+    tidepool-run, the interposer's: the driver's and tidepool's together)
+    and the driver's own (libcuda's, which the interposer does not wrap)."""
+
+    def __init__(self):
+        args = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_ulonglong)]
+        # Without the interposer the runtime is torch's, loaded privately:
+        # the driver's figure is then the whole of it.
+        self.rt = getattr(ctypes.CDLL(None), "cudaDeviceGetGraphMemAttribute",
+                          None)
+        if self.rt:
+            self.rt.argtypes = args
+        self.drv = ctypes.CDLL("libcuda.so.1").cuDeviceGetGraphMemAttribute
+        self.drv.argtypes = args
+
+    def get(self, attr):
+        """(all, driver's own) for attr 0 used, 1 used high, 2 reserved,
+        3 reserved high, on device 0."""
+        a, d = ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)
+        if self.drv(0, attr, ctypes.byref(d)) != 0:
+            raise RuntimeError("cuDeviceGetGraphMemAttribute failed")
+        if not self.rt:
+            return int(d.value), int(d.value)
+        if self.rt(0, attr, ctypes.byref(a)) != 0:
+            raise RuntimeError("cudaDeviceGetGraphMemAttribute failed")
+        return int(a.value), int(d.value)
+
+
+def child_graph(args):
+    """A small model's forward and backward captured in torch.cuda.graph and
+    replayed, each replay's loss and gradients compared with eager mode's on
+    the same input."""
+    import gc
+    import torch
+    pre = Preload()
+    F = torch.nn.functional
+    torch.manual_seed(7)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    d = 256
+    model = torch.nn.Sequential(
+        torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.LayerNorm(4 * d),
+        torch.nn.Linear(4 * d, 4 * d), torch.nn.GELU(),
+        torch.nn.Linear(4 * d, d)).to("cuda")
+    params = list(model.parameters())
+    n = args.replays
+    xs = [torch.randn(64, d, device="cuda") for _ in range(n)]
+    ys = [torch.randn(64, d, device="cuda") for _ in range(n)]
+    static_x, static_y = xs[0].clone(), ys[0].clone()
+    r = {"mode": pre.mode(), "backend": torch.cuda.get_allocator_backend(),
+         "checks": {}}
+    checks = r["checks"]
+    gm = GraphMem()
+
+    # Warm up on a side stream, as torch.cuda.graph's documentation does.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            F.mse_loss(model(static_x), static_y).backward()
+            model.zero_grad(set_to_none=True)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+    before = pre.counters() if pre.loaded() else {}
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_loss = F.mse_loss(model(static_x), static_y)
+        static_loss.backward()
+    torch.cuda.synchronize()
+    after = pre.counters() if pre.loaded() else {}
+    grads = [p.grad for p in params]
+    r["graph_used_high"] = gm.get(1)
+    if before:
+        r["captured_mallocs"] = after["mallocs"] - before["mallocs"]
+        r["captured_forwarded"] = after["forwarded"] - before["forwarded"]
+
+    worst_loss = worst_grad = 0.0
+    bitwise = 0
+    for i in range(n):
+        static_x.copy_(xs[i])
+        static_y.copy_(ys[i])
+        g.replay()
+        loss = F.mse_loss(model(xs[i]), ys[i])
+        ref = torch.autograd.grad(loss, params)
+        torch.cuda.synchronize()
+        worst_loss = max(worst_loss, abs(static_loss.item() - loss.item()))
+        same = static_loss.item() == loss.item()
+        for a, b in zip(grads, ref):
+            diff = (a - b).abs().max().item()
+            worst_grad = max(worst_grad, diff / max(b.abs().max().item(), 1e-12))
+            same = same and diff == 0
+        bitwise += same
+    r["max_loss_diff"], r["max_grad_rel_diff"] = worst_loss, worst_grad
+    r["bitwise_equal_replays"] = bitwise
+    checks[f"{n} replays match eager mode (loss within 1e-5, gradients "
+           f"within 1e-4 relative)"] = worst_loss <= 1e-5 and worst_grad <= 1e-4
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        g.replay()
+    torch.cuda.synchronize()
+    r["replay_ms"] = 1e3 * (time.perf_counter() - t0) / n
+
+    # The graph and everything it allocated go: graph memory comes back.
+    del g, static_loss, grads, loss, ref
+    model.zero_grad(set_to_none=True)
+    gc.collect()
+    torch.cuda.synchronize()
+    deadline = time.time() + 5
+    used = gm.get(0)
+    while used[0] != 0 and time.time() < deadline:
+        time.sleep(0.01)
+        used = gm.get(0)
+    r["graph_used_after"] = used
+    if pre.loaded() and pre.mode() == "cuda":
+        theirs = r["graph_used_high"]
+        checks["the graph's allocations are tidepool's (driver's graph memory "
+               "unused)"] = theirs[0] > 0 and theirs[1] == 0
+        checks["every allocation during capture answered by tidepool, none "
+               "forwarded"] = (r["captured_mallocs"] > 0
+                               and r["captured_forwarded"] == 0)
+        checks["graph memory all given back once the graph and its outputs "
+               "are gone"] = used[0] == 0
+    else:
+        checks["the driver's graph memory held the graph's allocations"] = (
+            r["graph_used_high"][1] > 0)
+    print("RESULT " + json.dumps(r), flush=True)
+    return 0
+
+
 # ---------------------------------------------------------------------------
 # Parent
 # ---------------------------------------------------------------------------
@@ -319,11 +458,15 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--timeout", type=int, default=240)
+    ap.add_argument("--replays", type=int, default=100,
+                    help="replays of the captured graph, each checked")
+    ap.add_argument("--only", help="comma-separated runs of: driver, "
+                    "tidepool, oom, cupy, graph_driver, graph")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return {"train": child_train, "oom": child_oom,
-                "cupy": child_cupy}[args.child](args)
+        return {"train": child_train, "oom": child_oom, "cupy": child_cupy,
+                "graph": child_graph}[args.child](args)
     if not args.run:
         sys.exit("--run tidepool-run is required")
     OUT = args.out
@@ -334,7 +477,8 @@ def main():
               "TIDEPOOL_PRELOAD"):
         base.pop(k, None)
     base["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-    me = [sys.executable, os.path.abspath(__file__), "--steps", str(args.steps)]
+    me = [sys.executable, os.path.abspath(__file__), "--steps", str(args.steps),
+          "--replays", str(args.replays)]
     driver_env = dict(base, PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")
     tp_env = dict(base, TIDEPOOL_PRELOAD_REPORT="1")
     tp = [os.path.abspath(args.run)]
@@ -345,7 +489,12 @@ def main():
         ("tidepool", tp + me + ["--child", "train"], tp_env),
         ("oom", tp + me + ["--child", "oom"], tp_env),
         ("cupy", tp + me + ["--child", "cupy"], tp_env),
+        ("graph_driver", me + ["--child", "graph"], driver_env),
+        ("graph", tp + me + ["--child", "graph"], tp_env),
     ]
+    if args.only:
+        keep = set(args.only.split(","))
+        plan = [p for p in plan if p[0] in keep]
     for name, cmd, env in plan:
         print(f"== {name}: {' '.join(os.path.basename(c) for c in cmd[:3])} ...",
               flush=True)
@@ -403,6 +552,21 @@ def main():
         rows.append((f"CuPy {c.get('cupy', '')} MemoryAsyncPool", c["mode"],
                      "-", f"{c.get('cupy_total_bytes', 0) / MiB:.0f} MiB", "-",
                      verdict))
+    gd, gt = results.get("graph_driver"), results.get("graph")
+    for name, gr in (("driver", gd), ("tidepool", gt)):
+        if not gr:
+            continue
+        ratio = (f" ({gr['replay_ms'] / gd['replay_ms']:.3f}x)"
+                 if gd and gr is gt else "")
+        held = gr["graph_used_high"][0] - (gr["graph_used_high"][1]
+                                           if gr is gt else 0)
+        rows.append((f"torch.cuda.graph fwd+bwd, {name}", gr["mode"],
+                     f"{gr['replay_ms']:.3f} ms/replay{ratio}",
+                     f"graph {held / MiB:.0f} MiB", "-",
+                     f"{gr['bitwise_equal_replays']}/{args.replays} replays "
+                     f"bitwise = eager, max loss diff {gr['max_loss_diff']:.1e}"))
+    if gt and gt["mode"] != "cuda":
+        failures.append(f"graph run's interposer mode is {gt['mode']}")
     for name, r in results.items():
         for check, ok in r.get("checks", {}).items():
             print(f"   [{'ok' if ok else 'FAIL'}] {name}: {check}")

@@ -5,10 +5,13 @@
 # driver as a statically linked runtime does); a program built by nvcc with
 # its default static runtime (test/test_preload_static.cu); then
 # bench/gpu_preload.py: PyTorch training with backend:cudaMallocAsync on the
-# driver's pool and under tidepool-run, PyTorch out of memory, and CuPy's
-# MemoryAsyncPool (CuPy links the runtime statically). Each test also runs
-# with TIDEPOOL_PRELOAD=0 (the driver answers). Logs in $OUT; a summary at
-# the end. About 3.5 minutes on one H200.
+# driver's pool and under tidepool-run, PyTorch out of memory, CuPy's
+# MemoryAsyncPool (CuPy links the runtime statically), and a small model's
+# forward and backward captured in torch.cuda.graph and replayed 100 times,
+# each replay checked against eager mode, on the driver's graph memory and
+# under tidepool-run (tidepool's capture path). Each test also runs with
+# TIDEPOOL_PRELOAD=0 (the driver answers). Logs in $OUT; a summary at the
+# end. About 4 minutes on one H200.
 #
 # Usage (repo root): OUT=/some/dir bash bench/gpu_preload.sh [--steps N]
 set -u
@@ -118,7 +121,7 @@ printf '%-44s %s\n' "driver-names test (static runtime's path)" "${verdict[drive
 printf '%-44s %s\n' "driver-names test, TIDEPOOL_PRELOAD=0" "${verdict[driver_off]}"
 printf '%-44s %s\n' "nvcc -cudart static program" "${verdict[static]}"
 printf '%-44s %s\n' "nvcc -cudart static, TIDEPOOL_PRELOAD=0" "${verdict[static_off]:-not run}"
-printf '%-44s %s\n' "PyTorch, out of memory, CuPy (table above)" "${verdict[frameworks]}"
+printf '%-44s %s\n' "PyTorch, OOM, CuPy, graphs (table above)" "${verdict[frameworks]}"
 echo "logs: $OUT"
 for v in "${verdict[@]}"; do
   [[ $v == passed ]] || exit 1

@@ -7,12 +7,19 @@
  *             them;
  *   driver    the same graph with the driver's memory nodes
  *             (cuMemAllocAsync during capture).
+ * Four more tell apart what a graph launch costs (cuda only): the same
+ * work on buffers allocated before the capture, with no memory nodes
+ * (plain), with an empty node where each free was (+empty, as a capture
+ * around tidepool's frees leaves them), with a user object retained by the
+ * graph (+userobj, as tidepool ties graph memory to graphs it did not end),
+ * and with both (+both).
  * It prints the host time of a launch call, the time per graph of
  * back-to-back launches, their ratios to the driver's, and the graph
  * memory each reserved (tidepool's TP_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH and
  * the driver's CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH). On the host platform
  * only the tidepool graph runs. The driver is reached through dlopen, with
  * the few types used laid out as cuda.h declares them. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,11 +38,16 @@ typedef int cu_result;
 typedef void *cu_stream;
 typedef void *cu_graph;
 typedef void *cu_exec;
+typedef void *cu_node;
+typedef void *cu_user_object;
 typedef unsigned long long cu_ptr;
 enum {
   CU_CAPTURE_GLOBAL = 0,
   CU_GRAPH_MEM_RESERVED_HIGH = 3,
-  CU_GRAPH_MEM_USED_CURRENT = 0
+  CU_GRAPH_MEM_USED_CURRENT = 0,
+  CU_SET_CAPTURE_DEPENDENCIES = 1,
+  CU_USER_OBJECT_NO_DESTRUCTOR_SYNC = 1,
+  CU_GRAPH_USER_OBJECT_MOVE = 1
 };
 
 static struct {
@@ -54,24 +66,38 @@ static struct {
   cu_result (*mem_attr)(int, int, void *);
   cu_result (*trim)(int);
   cu_result (*error_name)(cu_result, const char **);
+  cu_result (*capture_info)(cu_stream, int *, unsigned long long *, cu_graph *,
+                            const cu_node **, const void **, size_t *);
+  cu_result (*add_empty)(cu_node *, cu_graph, const cu_node *, size_t);
+  cu_result (*update_deps)(cu_stream, cu_node *, const void *, size_t,
+                           unsigned);
+  cu_result (*user_object_create)(cu_user_object *, void *, void (*)(void *),
+                                  unsigned, unsigned);
+  cu_result (*retain_user_object)(cu_graph, cu_user_object, unsigned, unsigned);
 } cu;
 
 static int load_driver(void) {
-  const dl_sym syms[] = {{&cu.device_get, "cuDeviceGet"},
-                         {&cu.begin, "cuStreamBeginCapture_v2"},
-                         {&cu.end, "cuStreamEndCapture"},
-                         {&cu.instantiate, "cuGraphInstantiateWithFlags"},
-                         {&cu.launch, "cuGraphLaunch"},
-                         {&cu.exec_destroy, "cuGraphExecDestroy"},
-                         {&cu.graph_destroy, "cuGraphDestroy"},
-                         {&cu.alloc, "cuMemAllocAsync"},
-                         {&cu.free, "cuMemFreeAsync"},
-                         {&cu.memset, "cuMemsetD8Async"},
-                         {&cu.memcpy, "cuMemcpyAsync"},
-                         {&cu.sync, "cuStreamSynchronize"},
-                         {&cu.mem_attr, "cuDeviceGetGraphMemAttribute"},
-                         {&cu.trim, "cuDeviceGraphMemTrim"},
-                         {&cu.error_name, "cuGetErrorName"}};
+  const dl_sym syms[] = {
+      {&cu.device_get, "cuDeviceGet"},
+      {&cu.begin, "cuStreamBeginCapture_v2"},
+      {&cu.end, "cuStreamEndCapture"},
+      {&cu.instantiate, "cuGraphInstantiateWithFlags"},
+      {&cu.launch, "cuGraphLaunch"},
+      {&cu.exec_destroy, "cuGraphExecDestroy"},
+      {&cu.graph_destroy, "cuGraphDestroy"},
+      {&cu.alloc, "cuMemAllocAsync"},
+      {&cu.free, "cuMemFreeAsync"},
+      {&cu.memset, "cuMemsetD8Async"},
+      {&cu.memcpy, "cuMemcpyAsync"},
+      {&cu.sync, "cuStreamSynchronize"},
+      {&cu.mem_attr, "cuDeviceGetGraphMemAttribute"},
+      {&cu.trim, "cuDeviceGraphMemTrim"},
+      {&cu.error_name, "cuGetErrorName"},
+      {&cu.capture_info, "cuStreamGetCaptureInfo_v3"},
+      {&cu.add_empty, "cuGraphAddEmptyNode"},
+      {&cu.update_deps, "cuStreamUpdateCaptureDependencies_v2"},
+      {&cu.user_object_create, "cuUserObjectCreate"},
+      {&cu.retain_user_object, "cuGraphRetainUserObject"}};
   return dl_table_load("libcuda.so.1", syms, sizeof syms / sizeof syms[0]) ? -1
                                                                            : 0;
 }
@@ -162,6 +188,62 @@ static cu_graph capture_driver(tp_stream_t s, cu_ptr out) {
   return g;
 }
 
+/* What the diagnostic graphs add to the plain work. */
+enum { EXTRA_EMPTY = 1, EXTRA_USER_OBJECT = 2 };
+
+/* An empty node after the capturing stream's work, which becomes its
+ * position, as tidepool marks a free. */
+static void add_empty_node(tp_stream_t s) {
+  int status = 0;
+  cu_graph g = NULL;
+  const cu_node *deps = NULL;
+  size_t n = 0;
+  cu_ok(cu.capture_info(s, &status, NULL, &g, &deps, NULL, &n),
+        "cuStreamGetCaptureInfo");
+  cu_node e = NULL;
+  cu_ok(cu.add_empty(&e, g, deps, n), "cuGraphAddEmptyNode");
+  cu_ok(cu.update_deps(s, &e, NULL, 1, CU_SET_CAPTURE_DEPENDENCIES),
+        "cuStreamUpdateCaptureDependencies");
+}
+
+static atomic_int user_objects_destroyed;
+
+static void user_object_gone(void *arg) {
+  (void)arg;
+  atomic_fetch_add(&user_objects_destroyed, 1);
+}
+
+/* The same work on buffers allocated before the capture, with `extras`. */
+static cu_graph capture_plain(tp_stream_t s, void *out, void *const *bufs,
+                              int extras) {
+  cu_ok(cu.begin(s, CU_CAPTURE_GLOBAL), "cuStreamBeginCapture");
+  for (int i = 0; i < STEPS; i++) {
+    cu_ptr p = (cu_ptr)(uintptr_t)bufs[i];
+    cu_ok(cu.memset(p, (unsigned char)(i + 1), size_of(i), s), "memset");
+    cu_ok(cu.memcpy((cu_ptr)(uintptr_t)out + i * OUT_BYTES, p, OUT_BYTES, s),
+          "memcpy");
+    if (i > 0 && (extras & EXTRA_EMPTY))
+      add_empty_node(s);
+  }
+  if (extras & EXTRA_EMPTY)
+    add_empty_node(s);
+  if (extras & EXTRA_USER_OBJECT) {
+    int status = 0;
+    cu_graph g = NULL;
+    cu_ok(cu.capture_info(s, &status, NULL, &g, NULL, NULL, NULL),
+          "cuStreamGetCaptureInfo");
+    cu_user_object obj = NULL;
+    cu_ok(cu.user_object_create(&obj, NULL, user_object_gone, 1,
+                                CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
+          "cuUserObjectCreate");
+    cu_ok(cu.retain_user_object(g, obj, 1, CU_GRAPH_USER_OBJECT_MOVE),
+          "cuGraphRetainUserObject");
+  }
+  cu_graph g = NULL;
+  cu_ok(cu.end(s, &g), "cuStreamEndCapture");
+  return g;
+}
+
 /* Checks the output byte for byte, then clears it for the next segment. */
 static void check_out(const char *name, void *out, tp_stream_t s) {
   size_t n = STEPS * OUT_BYTES;
@@ -236,18 +318,26 @@ int main(int argc, char **argv) {
   tp_ok(tp_stream_create(&s, TP_STREAM_NON_BLOCKING), "stream");
   size_t out_bytes = STEPS * OUT_BYTES;
 
-  variant vs[3] = {{.name = "tidepool", .use_tp_launch = 1},
-                   {.name = "in-driver"},
-                   {.name = "driver"}};
-  int nv = on_cuda ? 3 : 1;
+  enum { V_TP, V_MIXED, V_PLAIN, V_EMPTY, V_UOBJ, V_BOTH, V_DRIVER, NV };
+  variant vs[NV] = {[V_TP] = {.name = "tidepool", .use_tp_launch = 1},
+                    [V_MIXED] = {.name = "in-driver"},
+                    [V_PLAIN] = {.name = "plain"},
+                    [V_EMPTY] = {.name = "+empty"},
+                    [V_UOBJ] = {.name = "+userobj"},
+                    [V_BOTH] = {.name = "+both"},
+                    [V_DRIVER] = {.name = "driver"}};
+  int nv = on_cuda ? NV : 1;
   for (int k = 0; k < nv; k++) {
     tp_ok(tp_malloc_async(&vs[k].out, out_bytes, s), "output buffer");
     tp_ok(tp_memset_async(vs[k].out, 0, out_bytes, s), "clear");
   }
+  void *bufs[STEPS] = {0};
+  for (int i = 0; on_cuda && i < STEPS; i++)
+    tp_ok(tp_malloc_async(&bufs[i], size_of(i), s), "plain buffer");
   tp_ok(tp_stream_synchronize(s), "synchronize");
 
-  tp_graph_t tp_graph = capture_tp(s, vs[0].out, NULL, NULL);
-  tp_ok(tp_graph_instantiate(&vs[0].tp_exec, tp_graph, 0), "instantiate");
+  tp_graph_t tp_graph = capture_tp(s, vs[V_TP].out, NULL, NULL);
+  tp_ok(tp_graph_instantiate(&vs[V_TP].tp_exec, tp_graph, 0), "instantiate");
   /* What one graph holds, before the in-driver graph holds as much. */
   uint64_t tp_reserved = 0, tp_used = 0;
   tp_ok(tp_device_get_graph_mem_attribute(
@@ -256,13 +346,18 @@ int main(int argc, char **argv) {
   tp_ok(tp_device_get_graph_mem_attribute(0, TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT,
                                           &tp_used),
         "graph memory attribute");
-  cu_graph mixed = NULL, drv = NULL;
+  cu_graph graphs[NV] = {0};
   void *keep = NULL;
   if (on_cuda) {
-    (void)capture_tp(s, vs[1].out, &mixed, &keep);
-    cu_ok(cu.instantiate(&vs[1].cu_exec, mixed, 0), "cuGraphInstantiate");
-    drv = capture_driver(s, (cu_ptr)(uintptr_t)vs[2].out);
-    cu_ok(cu.instantiate(&vs[2].cu_exec, drv, 0), "cuGraphInstantiate");
+    (void)capture_tp(s, vs[V_MIXED].out, &graphs[V_MIXED], &keep);
+    graphs[V_PLAIN] = capture_plain(s, vs[V_PLAIN].out, bufs, 0);
+    graphs[V_EMPTY] = capture_plain(s, vs[V_EMPTY].out, bufs, EXTRA_EMPTY);
+    graphs[V_UOBJ] = capture_plain(s, vs[V_UOBJ].out, bufs, EXTRA_USER_OBJECT);
+    graphs[V_BOTH] =
+        capture_plain(s, vs[V_BOTH].out, bufs, EXTRA_EMPTY | EXTRA_USER_OBJECT);
+    graphs[V_DRIVER] = capture_driver(s, (cu_ptr)(uintptr_t)vs[V_DRIVER].out);
+    for (int k = V_MIXED; k < NV; k++)
+      cu_ok(cu.instantiate(&vs[k].cu_exec, graphs[k], 0), "cuGraphInstantiate");
   }
 
   /* Warm up each, then alternate segments so that drift hits all alike. */
@@ -293,7 +388,7 @@ int main(int argc, char **argv) {
          platform, STEPS, vs[0].launches, per);
   printf("%-10s %14s %14s %12s %12s\n", "graph", "launch call us",
          "per graph us", "call ratio", "graph ratio");
-  const variant *ref = &vs[nv - 1];
+  const variant *ref = &vs[on_cuda ? V_DRIVER : V_TP];
   for (int k = 0; k < nv; k++) {
     double call = vs[k].call_s / (double)vs[k].launches * 1e6;
     double wall = vs[k].wall_s / (double)vs[k].launches * 1e6;
@@ -301,6 +396,16 @@ int main(int argc, char **argv) {
     double rw = ref->wall_s > 0 ? vs[k].wall_s / ref->wall_s : 0;
     printf("%-10s %14.3f %14.3f %12.3f %12.3f\n", vs[k].name, call, wall, rc,
            rw);
+  }
+  if (on_cuda) {
+    /* Per graph against the plain work: what each addition costs a launch. */
+    double plain = vs[V_PLAIN].wall_s / (double)vs[V_PLAIN].launches;
+    double r[NV];
+    for (int k = 0; k < NV; k++)
+      r[k] = plain > 0 ? vs[k].wall_s / (double)vs[k].launches / plain : 0;
+    printf("per graph against plain: +empty %.3f, +userobj %.3f, +both %.3f, "
+           "tidepool %.3f, in-driver %.3f, driver %.3f\n",
+           r[V_EMPTY], r[V_UOBJ], r[V_BOTH], r[V_TP], r[V_MIXED], r[V_DRIVER]);
   }
   printf("graph memory reserved for one graph: tidepool %.1f MiB (used %.1f "
          "MiB; high %.1f MiB with %d graphs)",
@@ -322,14 +427,14 @@ int main(int argc, char **argv) {
     if (first != TP_SUCCESS || second != TP_ERROR_INVALID_VALUE)
       failures++;
   }
-  tp_ok(tp_graph_exec_destroy(vs[0].tp_exec), "exec destroy");
+  tp_ok(tp_graph_exec_destroy(vs[V_TP].tp_exec), "exec destroy");
   tp_ok(tp_graph_destroy(tp_graph), "graph destroy");
-  if (on_cuda) {
-    cu_ok(cu.exec_destroy(vs[1].cu_exec), "cuGraphExecDestroy");
-    cu_ok(cu.graph_destroy(mixed), "cuGraphDestroy");
-    cu_ok(cu.exec_destroy(vs[2].cu_exec), "cuGraphExecDestroy");
-    cu_ok(cu.graph_destroy(drv), "cuGraphDestroy");
+  for (int k = V_MIXED; k < nv; k++) {
+    cu_ok(cu.exec_destroy(vs[k].cu_exec), "cuGraphExecDestroy");
+    cu_ok(cu.graph_destroy(graphs[k]), "cuGraphDestroy");
   }
+  for (int i = 0; on_cuda && i < STEPS; i++)
+    tp_ok(tp_free_async(bufs[i], s), "free");
   tp_ok(tp_device_synchronize(), "device synchronize");
   /* Graph memory goes back once the driver has released the graphs (a
    * user object's destructor, which may run a moment later). */

@@ -553,30 +553,40 @@ TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
  * and then kept for reuse by the device's graphs until
  * tp_device_graph_mem_trim. On cuda, where an application may instantiate
  * and launch a captured graph through the driver, it is mapped during
- * capture and held until the driver reports the graph and every exec of
- * it destroyed (a CUDA user object); graphs launched through the driver
- * behave as if instantiated with TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH,
- * and, tidepool not seeing those launches, each allocation that outlives
- * them may be freed once with tp_free_async (a graph's outputs).
+ * capture. A graph that tp_stream_end_capture returned is tidepool's
+ * alone: its memory is held until the graph and every exec of it are
+ * destroyed and their launches have completed, and launches of it carry
+ * nothing of tidepool's. A graph whose capture the application ended with
+ * the driver holds its memory until the driver reports it and every exec
+ * of it destroyed (a CUDA user object in the graph); tidepool does not see
+ * its launches, so they behave as if instantiated with
+ * TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH, and each allocation that
+ * outlives them may be freed once with tp_free_async (a graph's outputs),
+ * also after the graph is gone, until which it stays mapped.
  *
  * Forbidden while capturing, as in CUDA, with the error CUDA gives and the
  * capture invalidated: synchronizing or querying a capturing stream
  * (STREAM_CAPTURE_UNSUPPORTED); work on the legacy stream while a blocking
  * stream of its device captures (STREAM_CAPTURE_IMPLICIT); waiting on an
- * event recorded outside the capture whose work is pending
- * (STREAM_CAPTURE_ISOLATION); tp_device_synchronize during a capture in
- * global mode, or in thread-local mode on the capturing thread
- * (STREAM_CAPTURE_UNSUPPORTED). tp_event_query and tp_event_synchronize
- * refuse an event last recorded in a capture, and so does
- * tp_stream_wait_event once that capture has ended (CAPTURED_EVENT); while
- * it runs, a stream that waits on such an event joins it. Two captures
- * that would merge through an event are both invalidated
+ * event not recorded in the capture, whether or not its work is done, or
+ * on one never recorded (STREAM_CAPTURE_ISOLATION); tp_device_synchronize
+ * during a capture in global mode, or in thread-local mode on the
+ * capturing thread (STREAM_CAPTURE_UNSUPPORTED). tp_event_query and
+ * tp_event_synchronize refuse an event last recorded in a capture, and so
+ * does tp_stream_wait_event once that capture has ended (CAPTURED_EVENT);
+ * while it runs, a stream that waits on such an event joins it, unless the
+ * capture was invalidated (INVALID_VALUE, the stream stays out). Two
+ * captures that would merge through an event are both invalidated
  * (STREAM_CAPTURE_MERGE).
  *
  * Costs: on cuda, tp_malloc_async, tp_free_async, tp_event_record and
  * tp_stream_wait_event ask the driver whether their stream captures (one
- * cuStreamGetCaptureInfo, some 15 to 20 ns), since an application may
- * begin a capture on any stream; on host the question is a load.
+ * cuStreamIsCapturing, some 15 to 20 ns; the capture's details only while
+ * it captures). The answer is never kept: the driver lets any stream,
+ * tidepool's included, begin a capture (cuStreamBeginCapture) or join one
+ * (cuStreamWaitEvent) without tidepool seeing it. On host the question is
+ * a load. A launch of a graph tidepool ended costs one more lock of its
+ * stream (the order that tells when the graph's memory may go).
  * ======================================================================== */
 
 typedef struct tp_graph_opaque *tp_graph_t;
@@ -618,11 +628,12 @@ TP_API tp_error_t tp_stream_begin_capture(tp_stream_t stream,
  * capture stops capturing. On failure *graph is NULL.
  * Errors: INVALID_VALUE (graph NULL, unknown stream), ILLEGAL_STATE (the
  * stream is not capturing), STREAM_CAPTURE_UNMATCHED (it joined a capture
- * begun on another stream), STREAM_CAPTURE_WRONG_THREAD (not relaxed, and
- * not the thread that began it: the capture goes on), STREAM_CAPTURE_
- * INVALIDATED (an earlier error invalidated it: it ends, with no graph),
+ * begun on another stream: that capture is invalidated),
+ * STREAM_CAPTURE_WRONG_THREAD (not relaxed, and not the thread that began
+ * it: the capture ends, with no graph), STREAM_CAPTURE_INVALIDATED (an
+ * earlier error invalidated it: it ends, with no graph),
  * STREAM_CAPTURE_UNJOINED (a forked stream did not join back: it ends,
- * with no graph). Thread-safe. */
+ * with no graph). As the driver answers. Thread-safe. */
 TP_API tp_error_t tp_stream_end_capture(tp_stream_t stream, tp_graph_t *graph);
 
 /* The capture status of `stream`. Errors: INVALID_VALUE (status NULL,
@@ -654,8 +665,9 @@ TP_API tp_error_t tp_graph_instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
 TP_API tp_error_t tp_graph_launch(tp_graph_exec_t exec, tp_stream_t stream);
 
 /* Destroys an exec; launches already queued still run, and its memory is
- * released once they have. Errors: INVALID_VALUE (unknown or already
- * destroyed exec). Thread-safe. */
+ * released once they have (on cuda, noticed at a later graph call or free
+ * of graph memory). Errors: INVALID_VALUE (unknown or already destroyed
+ * exec). Thread-safe. */
 TP_API tp_error_t tp_graph_exec_destroy(tp_graph_exec_t exec);
 
 /* Destroys a graph made by tp_stream_end_capture; its execs live on.

@@ -4,13 +4,34 @@
  * outlive launches, auto-free, frees in another graph), what is refused
  * during capture and the invalidation that follows, bad handles, the graph
  * memory accounts, and captures on several threads. Runs on host and on
- * cuda (TIDEPOOL_PLATFORM=cuda); where the platforms map graph memory at
- * different times the expectations say so. */
+ * cuda (TIDEPOOL_PLATFORM=cuda), and on host mapping graph memory as cuda
+ * does (TIDEPOOL_HOST_GRAPH_MAPS_AT_CAPTURE=1); where the platforms map
+ * graph memory at different times the expectations say so. The driver's
+ * own answers to the calls whose errors CUDA's documentation leaves open
+ * are asked on a GPU (test_driver_answers). */
 #include <pthread.h>
+#include <stdbool.h>
 
 #include "check.h"
+#include "dl_table.h"
 
 #define MiB ((size_t)1 << 20)
+
+/* CUDA's answers where its documentation leaves the error to the driver.
+ * The tests below expect them of tidepool on every platform, and
+ * test_driver_answers asks the driver itself for each on a GPU. */
+/* A capturing stream waits on an event not recorded in a capture: "a
+ * dependency on uncaptured work", whether or not that work is done. */
+#define ANSWER_WAIT_UNCAPTURED TP_ERROR_STREAM_CAPTURE_ISOLATION
+/* A stream outside any capture waits on an event of an invalidated one. */
+#define ANSWER_JOIN_INVALIDATED TP_ERROR_INVALID_VALUE
+/* A stream outside any capture waits on an event whose capture ended. */
+#define ANSWER_WAIT_ENDED_CAPTURE TP_ERROR_CAPTURED_EVENT
+/* Ending a capture on a stream that joined it invalidates the capture;
+ * ending a thread-local capture from another thread ends it, without a
+ * graph (TP_CAPTURE_STATUS_NONE after). */
+#define ANSWER_STATUS_AFTER_UNMATCHED TP_CAPTURE_STATUS_INVALIDATED
+#define ANSWER_STATUS_AFTER_WRONG_THREAD TP_CAPTURE_STATUS_NONE
 
 static void ok_or_exit(tp_error_t err, const char *what) {
   if (err != TP_SUCCESS) {
@@ -33,6 +54,14 @@ static tp_capture_status_t status_of(tp_stream_t s) {
   tp_capture_status_t st = (tp_capture_status_t)-1;
   CHECK_OK(tp_stream_is_capturing(s, &st));
   return st;
+}
+
+/* Whether graph memory is mapped as the capture plans it and held while
+ * the graph lives (cuda; host with TIDEPOOL_HOST_GRAPH_MAPS_AT_CAPTURE=1),
+ * rather than mapped while an exec lives (host). */
+static bool maps_at_capture(void) {
+  const char *late = getenv("TIDEPOOL_HOST_GRAPH_MAPS_AT_CAPTURE");
+  return !check_on_host() || (late && strcmp(late, "1") == 0);
 }
 
 static uint64_t graph_attr(tp_graph_mem_attr_t attr) {
@@ -464,10 +493,15 @@ static void test_forbidden_during_capture(void) {
   CHECK(graph == NULL);
   CHECK_EQ_INT(status_of(s), TP_CAPTURE_STATUS_NONE);
 
+  /* A failed capture's allocations go with it: its graph never runs. */
   REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_OK(tp_malloc_async(&p, MiB, s));
+  CHECK_OK(tp_memset_async(p, 1, MiB, s));
   CHECK_EQ_INT(tp_stream_query(s), TP_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   CHECK_EQ_INT(tp_stream_end_capture(s, &graph),
                TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK_EQ_U64(graph_used_settled(0), 0);
+  CHECK_EQ_INT(tp_free_async(p, s), TP_ERROR_INVALID_VALUE);
 
   /* A device-wide synchronize during a global capture. */
   REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
@@ -475,26 +509,46 @@ static void test_forbidden_during_capture(void) {
   CHECK_EQ_INT(tp_stream_end_capture(s, &graph),
                TP_ERROR_STREAM_CAPTURE_INVALIDATED);
 
-  /* Waiting on pending work outside the capture crosses its boundary;
-   * on work that is done it adds nothing. */
+  /* Waiting on an event recorded outside the capture crosses its
+   * boundary, even when its work is done, as does one never recorded; the
+   * capture is invalidated. */
   tp_stream_t other = new_stream(TP_STREAM_NON_BLOCKING);
-  tp_event_t ev;
+  tp_event_t ev, fresh;
   REQUIRE_OK(tp_event_create(&ev));
+  REQUIRE_OK(tp_event_create(&fresh));
   REQUIRE_OK(tp_event_record(ev, other));
   REQUIRE_OK(tp_event_synchronize(ev));
+  for (int pending = 0; pending <= 1; pending++) {
+    gate_t gate = {-1};
+    if (pending) {
+      REQUIRE_OK(hold_stream(other, &gate));
+      REQUIRE_OK(tp_event_record(ev, other));
+    }
+    REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+    CHECK_EQ_INT(tp_stream_wait_event(s, ev, 0), ANSWER_WAIT_UNCAPTURED);
+    CHECK_EQ_INT(status_of(s), TP_CAPTURE_STATUS_INVALIDATED);
+    CHECK_EQ_INT(tp_stream_end_capture(s, &graph),
+                 TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+    release(&gate);
+  }
+  CHECK_OK(tp_stream_synchronize(other));
   REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
-  CHECK_OK(tp_stream_wait_event(s, ev, 0));
-  CHECK_EQ_INT(status_of(s), TP_CAPTURE_STATUS_ACTIVE);
-  gate_t gate;
-  REQUIRE_OK(hold_stream(other, &gate));
-  REQUIRE_OK(tp_event_record(ev, other));
-  CHECK_EQ_INT(tp_stream_wait_event(s, ev, 0),
-               TP_ERROR_STREAM_CAPTURE_ISOLATION);
-  CHECK_EQ_INT(status_of(s), TP_CAPTURE_STATUS_INVALIDATED);
+  CHECK_EQ_INT(tp_stream_wait_event(s, fresh, 0), ANSWER_WAIT_UNCAPTURED);
   CHECK_EQ_INT(tp_stream_end_capture(s, &graph),
                TP_ERROR_STREAM_CAPTURE_INVALIDATED);
-  release(&gate);
-  CHECK_OK(tp_stream_synchronize(other));
+  CHECK_OK(tp_event_destroy(fresh));
+
+  /* A stream outside any capture cannot join an invalidated one, and
+   * stays out. */
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_OK(tp_event_record(ev, s));
+  CHECK_EQ_INT(tp_stream_query(s), TP_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CHECK_EQ_INT(tp_stream_wait_event(other, ev, 0), ANSWER_JOIN_INVALIDATED);
+  CHECK_EQ_INT(status_of(other), TP_CAPTURE_STATUS_NONE);
+  CHECK_EQ_INT(tp_stream_end_capture(s, &graph),
+               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK_OK(tp_event_record(ev, other));
+  CHECK_OK(tp_event_synchronize(ev));
 
   /* Two captures may not merge: both are invalidated. */
   tp_event_t other_ev;
@@ -550,7 +604,8 @@ static void *end_elsewhere(void *arg) {
   return NULL;
 }
 
-/* Ending a capture from another thread: refused unless relaxed. */
+/* Ending a capture from another thread: refused, and the capture is over,
+ * unless relaxed. */
 static void test_wrong_thread(void) {
   tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING);
   end_args a = {.s = s};
@@ -559,11 +614,12 @@ static void test_wrong_thread(void) {
   REQUIRE(pthread_create(&t, NULL, end_elsewhere, &a) == 0);
   pthread_join(t, NULL);
   CHECK_EQ_INT(a.err, TP_ERROR_STREAM_CAPTURE_WRONG_THREAD);
-  CHECK_EQ_INT(status_of(s), TP_CAPTURE_STATUS_ACTIVE);
+  CHECK(a.graph == NULL);
+  /* The driver ends the capture there, with no graph. */
+  CHECK_EQ_INT(status_of(s), ANSWER_STATUS_AFTER_WRONG_THREAD);
   tp_graph_t graph = NULL;
-  CHECK_OK(tp_stream_end_capture(s, &graph));
-  if (graph)
-    CHECK_OK(tp_graph_destroy(graph));
+  CHECK_EQ_INT(tp_stream_end_capture(s, &graph), TP_ERROR_ILLEGAL_STATE);
+  CHECK(graph == NULL);
 
   REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_RELAXED));
   REQUIRE(pthread_create(&t, NULL, end_elsewhere, &a) == 0);
@@ -594,13 +650,27 @@ static void test_bad_input(void) {
                TP_ERROR_ILLEGAL_STATE);
   CHECK_OK(tp_event_record(ev, s1));
   CHECK_OK(tp_stream_wait_event(s2, ev, 0));
+  /* Ending on a stream that joined: refused, and the capture invalidated. */
   CHECK_EQ_INT(tp_stream_end_capture(s2, &graph),
                TP_ERROR_STREAM_CAPTURE_UNMATCHED);
+  CHECK(graph == NULL);
+  CHECK_EQ_INT(status_of(s2), ANSWER_STATUS_AFTER_UNMATCHED);
+  CHECK_EQ_INT(status_of(s1), ANSWER_STATUS_AFTER_UNMATCHED);
+  CHECK_EQ_INT(tp_event_record(ev, s2), TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK_EQ_INT(tp_stream_end_capture(s1, &graph),
+               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK(graph == NULL);
+  CHECK_EQ_INT(status_of(s1), TP_CAPTURE_STATUS_NONE);
+  CHECK_EQ_INT(status_of(s2), TP_CAPTURE_STATUS_NONE);
+
+  REQUIRE_OK(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_OK(tp_event_record(ev, s1));
+  CHECK_OK(tp_stream_wait_event(s2, ev, 0));
   CHECK_OK(tp_event_record(ev, s2));
   CHECK_OK(tp_stream_wait_event(s1, ev, 0));
   REQUIRE_OK(tp_stream_end_capture(s1, &graph));
   /* The event's capture is over: it cannot be waited on outside. */
-  CHECK_EQ_INT(tp_stream_wait_event(s2, ev, 0), TP_ERROR_CAPTURED_EVENT);
+  CHECK_EQ_INT(tp_stream_wait_event(s2, ev, 0), ANSWER_WAIT_ENDED_CAPTURE);
 
   tp_graph_exec_t exec = NULL;
   CHECK_EQ_INT(tp_graph_instantiate(NULL, graph, 0), TP_ERROR_INVALID_VALUE);
@@ -656,8 +726,9 @@ static void test_bad_input(void) {
   CHECK_OK(tp_stream_destroy(s2));
 }
 
-/* Graph memory accounts: held while an exec (host) or the graph (cuda)
- * lives, then kept for reuse until trim; highs reset to the current. */
+/* Graph memory accounts: held while an exec (host) or the graph and its
+ * execs (cuda) live, then kept for reuse until trim; highs reset to the
+ * current. */
 static void test_accounts(void) {
   CHECK_EQ_U64(graph_used_settled(0), 0);
   CHECK_OK(tp_device_graph_mem_trim(0));
@@ -683,7 +754,7 @@ static void test_accounts(void) {
   uint64_t planned = 6 * MiB; /* both live at once, in 2 MiB chunks */
   /* Host maps at instantiation, cuda during capture. */
   CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
-               check_on_host() ? 0 : planned);
+               maps_at_capture() ? planned : 0);
   tp_graph_exec_t exec = NULL;
   REQUIRE_OK(tp_graph_instantiate(&exec, graph, 0));
   CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT), planned);
@@ -691,7 +762,7 @@ static void test_accounts(void) {
   CHECK_OK(tp_graph_launch(exec, s));
   CHECK_OK(tp_graph_launch(exec, s));
   CHECK_OK(tp_graph_exec_destroy(exec));
-  if (check_on_host()) {
+  if (!maps_at_capture()) {
     /* The exec goes once its launches have run. */
     CHECK_OK(tp_stream_synchronize(s));
     CHECK_EQ_U64(graph_used_settled(0), 0);
@@ -715,6 +786,40 @@ static void test_accounts(void) {
   CHECK_OK(tp_device_set_graph_mem_attribute(
       0, TP_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH, &zero));
   CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH), 0);
+  CHECK_OK(tp_stream_destroy(s));
+}
+
+/* A graph's memory stays while a launch of it runs, even once its exec and
+ * the graph are destroyed, and goes when that launch has completed. */
+static void test_memory_outlives_launch(void) {
+  CHECK_EQ_U64(graph_used_settled(0), 0);
+  tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING);
+  void *out = NULL;
+  REQUIRE_OK(tp_malloc_async(&out, 2 * MiB, s));
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  void *p = NULL;
+  CHECK_OK(tp_malloc_async(&p, 2 * MiB, s));
+  CHECK_OK(tp_memset_async(p, 0x6b, 2 * MiB, s));
+  CHECK_OK(tp_memcpy_async(out, p, 2 * MiB, s));
+  CHECK_OK(tp_free_async(p, s));
+  tp_graph_t graph = NULL;
+  REQUIRE_OK(tp_stream_end_capture(s, &graph));
+  tp_graph_exec_t exec = NULL;
+  REQUIRE_OK(tp_graph_instantiate(&exec, graph, 0));
+  CHECK_OK(tp_memset_async(out, 0, 2 * MiB, s));
+  gate_t gate;
+  REQUIRE_OK(hold_stream(s, &gate));
+  CHECK_OK(tp_graph_launch(exec, s));
+  CHECK_OK(tp_graph_exec_destroy(exec));
+  CHECK_OK(tp_graph_destroy(graph));
+  check_sleep_ms(20);
+  CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT), 2 * MiB);
+  release(&gate);
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK(bytes_are(out, 2 * MiB, 0x6b, s));
+  CHECK_EQ_U64(graph_used_settled(0), 0);
+  CHECK_OK(tp_free_async(out, s));
+  CHECK_OK(tp_stream_synchronize(s));
   CHECK_OK(tp_stream_destroy(s));
 }
 
@@ -822,6 +927,166 @@ static void test_threads(void) {
     pthread_join(t[i], NULL);
 }
 
+/* ---- the driver's own answers ---------------------------------------------
+ * The ANSWER_* table asked of the driver directly, through the same
+ * sequences of calls, with the few driver types laid out as cuda.h has
+ * them (CUresult an int, handles pointers). Its codes are tidepool's but
+ * for CUDA_ERROR_INVALID_HANDLE, which tidepool reports as INVALID_VALUE. */
+typedef int cu_res;
+static struct {
+  cu_res (*device_get)(int *, int);
+  cu_res (*ctx_retain)(void **, int);
+  cu_res (*ctx_set)(void *);
+  cu_res (*stream_create)(void **, unsigned);
+  cu_res (*stream_destroy)(void *);
+  cu_res (*stream_query)(void *);
+  cu_res (*stream_sync)(void *);
+  cu_res (*event_create)(void **, unsigned);
+  cu_res (*event_destroy)(void *);
+  cu_res (*event_record)(void *, void *);
+  cu_res (*event_sync)(void *);
+  cu_res (*wait)(void *, void *, unsigned);
+  cu_res (*begin)(void *, int);
+  cu_res (*end)(void *, void **);
+  cu_res (*is_capturing)(void *, int *);
+  cu_res (*graph_destroy)(void *);
+} drv;
+static void *drv_ctx;
+
+static tp_error_t drv_code(cu_res r) {
+  return r == 400 ? TP_ERROR_INVALID_VALUE : (tp_error_t)r;
+}
+
+static int drv_status(void *s) {
+  int st = -1;
+  return drv.is_capturing(s, &st) == 0 ? st : -1;
+}
+
+/* Ends whatever capture is left on s. */
+static void drv_end(void *s) {
+  void *g = NULL;
+  if (drv_status(s) > 0 && drv.end(s, &g) == 0 && g)
+    drv.graph_destroy(g);
+}
+
+static void *drv_end_elsewhere(void *arg) {
+  void **a = arg; /* {stream, result} */
+  void *g = NULL;
+  drv.ctx_set(drv_ctx);
+  *(cu_res *)a[1] = drv.end(a[0], &g);
+  if (g)
+    drv.graph_destroy(g);
+  return NULL;
+}
+
+static void test_driver_answers(void) {
+  if (check_on_host()) {
+    printf("   (host: the driver answers on a GPU)\n");
+    return;
+  }
+  const dl_sym syms[] = {{&drv.device_get, "cuDeviceGet"},
+                         {&drv.ctx_retain, "cuDevicePrimaryCtxRetain"},
+                         {&drv.ctx_set, "cuCtxSetCurrent"},
+                         {&drv.stream_create, "cuStreamCreate"},
+                         {&drv.stream_destroy, "cuStreamDestroy_v2"},
+                         {&drv.stream_query, "cuStreamQuery"},
+                         {&drv.stream_sync, "cuStreamSynchronize"},
+                         {&drv.event_create, "cuEventCreate"},
+                         {&drv.event_destroy, "cuEventDestroy_v2"},
+                         {&drv.event_record, "cuEventRecord"},
+                         {&drv.event_sync, "cuEventSynchronize"},
+                         {&drv.wait, "cuStreamWaitEvent"},
+                         {&drv.begin, "cuStreamBeginCapture_v2"},
+                         {&drv.end, "cuStreamEndCapture"},
+                         {&drv.is_capturing, "cuStreamIsCapturing"},
+                         {&drv.graph_destroy, "cuGraphDestroy"}};
+  const char *missing =
+      dl_table_load("libcuda.so.1", syms, sizeof syms / sizeof syms[0]);
+  if (missing) {
+    CHECK_FAIL("libcuda.so.1 lacks %s", *missing ? missing : "(library)");
+    return;
+  }
+  int dev = 0;
+  REQUIRE(drv.device_get(&dev, 0) == 0 && drv.ctx_retain(&drv_ctx, dev) == 0 &&
+          drv.ctx_set(drv_ctx) == 0);
+  void *s1 = NULL, *s2 = NULL, *s3 = NULL, *ev = NULL, *fresh = NULL;
+  REQUIRE(drv.stream_create(&s1, 1) == 0 && drv.stream_create(&s2, 1) == 0 &&
+          drv.stream_create(&s3, 1) == 0 && drv.event_create(&ev, 2) == 0 &&
+          drv.event_create(&fresh, 2) == 0);
+  void *g = NULL;
+  enum { GLOBAL = 0, THREAD_LOCAL = 1 };
+
+  /* A recorded, completed event and one never recorded, waited on in a
+   * capture. */
+  REQUIRE(drv.event_record(ev, s2) == 0 && drv.event_sync(ev) == 0);
+  void *events[2] = {ev, fresh};
+  for (int i = 0; i < 2; i++) {
+    check_context(i ? "never recorded" : "recorded outside");
+    CHECK(drv.begin(s1, GLOBAL) == 0);
+    CHECK_ERR(drv_code(drv.wait(s1, events[i], 0)), ANSWER_WAIT_UNCAPTURED);
+    CHECK_EQ_INT(drv_status(s1), TP_CAPTURE_STATUS_INVALIDATED);
+    CHECK_ERR(drv_code(drv.end(s1, &g)), TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+    drv_end(s1);
+  }
+
+  check_context("wrong thread");
+  CHECK(drv.begin(s1, THREAD_LOCAL) == 0);
+  cu_res other = -1;
+  void *args[2] = {s1, &other};
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, drv_end_elsewhere, args) == 0);
+  pthread_join(t, NULL);
+  CHECK_ERR(drv_code(other), TP_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+  CHECK_EQ_INT(drv_status(s1), ANSWER_STATUS_AFTER_WRONG_THREAD);
+  drv_end(s1);
+
+  check_context("unmatched");
+  CHECK(drv.begin(s1, GLOBAL) == 0);
+  CHECK(drv.event_record(ev, s1) == 0);
+  CHECK(drv.wait(s2, ev, 0) == 0);
+  g = NULL;
+  CHECK_ERR(drv_code(drv.end(s2, &g)), TP_ERROR_STREAM_CAPTURE_UNMATCHED);
+  CHECK(g == NULL);
+  CHECK_EQ_INT(drv_status(s2), ANSWER_STATUS_AFTER_UNMATCHED);
+  CHECK_EQ_INT(drv_status(s1), ANSWER_STATUS_AFTER_UNMATCHED);
+  drv_end(s1);
+  drv_end(s2);
+
+  check_context("capture ended");
+  CHECK(drv.begin(s1, GLOBAL) == 0);
+  CHECK(drv.event_record(ev, s1) == 0);
+  CHECK(drv.wait(s2, ev, 0) == 0);
+  CHECK(drv.event_record(fresh, s2) == 0);
+  CHECK(drv.wait(s1, fresh, 0) == 0);
+  g = NULL;
+  CHECK(drv.end(s1, &g) == 0 && g);
+  if (g)
+    drv.graph_destroy(g);
+  CHECK_ERR(drv_code(drv.wait(s3, ev, 0)), ANSWER_WAIT_ENDED_CAPTURE);
+  CHECK_EQ_INT(drv_status(s3), TP_CAPTURE_STATUS_NONE);
+  drv_end(s3);
+
+  check_context("join invalidated");
+  CHECK(drv.begin(s1, GLOBAL) == 0);
+  CHECK(drv.event_record(ev, s1) == 0);
+  CHECK_ERR(drv_code(drv.stream_query(s1)),
+            TP_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CHECK_ERR(drv_code(drv.wait(s2, ev, 0)), ANSWER_JOIN_INVALIDATED);
+  CHECK_EQ_INT(drv_status(s2), TP_CAPTURE_STATUS_NONE);
+  CHECK_ERR(drv_code(drv.end(s1, &g)), TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  drv_end(s1);
+  drv_end(s2);
+  check_context(NULL);
+
+  void *streams[3] = {s1, s2, s3};
+  for (int i = 0; i < 3; i++) {
+    drv.stream_sync(streams[i]);
+    drv.stream_destroy(streams[i]);
+  }
+  drv.event_destroy(ev);
+  drv.event_destroy(fresh);
+}
+
 int main(void) {
   const char *platform = tp_platform_name();
   if (!platform) {
@@ -841,7 +1106,9 @@ int main(void) {
   RUN_TEST(test_wrong_thread);
   RUN_TEST(test_bad_input);
   RUN_TEST(test_accounts);
+  RUN_TEST(test_memory_outlives_launch);
   RUN_TEST(test_other_device);
   RUN_TEST(test_threads);
+  RUN_TEST(test_driver_answers);
   return check_done();
 }

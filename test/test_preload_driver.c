@@ -13,6 +13,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -56,6 +57,10 @@ static struct {
   PFN_cuStreamBeginCapture_v10010 begin_capture;
   PFN_cuStreamEndCapture_v10000 end_capture;
   PFN_cuGraphDestroy_v10000 graph_destroy;
+  PFN_cuStreamIsCapturing_v10000 is_capturing;
+  PFN_cuGraphInstantiateWithFlags_v11040 instantiate;
+  PFN_cuGraphLaunch_v10000 graph_launch;
+  PFN_cuGraphExecDestroy_v10000 exec_destroy;
   PFN_cuEventCreate_v2000 event_create;
   PFN_cuEventDestroy_v4000 event_destroy;
   PFN_cuEventRecord_v2000 event_record;
@@ -139,6 +144,10 @@ static int load_driver(void) {
   F(begin_capture, "cuStreamBeginCapture", 10010, LEGACY);
   F(end_capture, "cuStreamEndCapture", 10000, LEGACY);
   F(graph_destroy, "cuGraphDestroy", 10000, LEGACY);
+  F(is_capturing, "cuStreamIsCapturing", 10000, LEGACY);
+  F(instantiate, "cuGraphInstantiateWithFlags", 11040, LEGACY);
+  F(graph_launch, "cuGraphLaunch", 10000, LEGACY);
+  F(exec_destroy, "cuGraphExecDestroy", 10000, LEGACY);
   F(event_create, "cuEventCreate", 2000, LEGACY);
   F(event_destroy, "cuEventDestroy", 4000, LEGACY);
   F(event_record, "cuEventRecord", 2000, LEGACY);
@@ -602,26 +611,86 @@ static void test_per_thread(void) {
   CHECK_EQ_U64(stub("cuMemAllocAsync_ptsz"), 0);
 }
 
-/* Allocations on a stream being captured stay the driver's (graph
- * memory), and so do their frees. */
+/* What the host functions of a graph captured in the host mode see. */
+typedef struct graph_run {
+  unsigned char *mem, *keep;
+  atomic_int runs, bad;
+} graph_run;
+
+static void run_graph(void *arg) {
+  graph_run *r = arg;
+  memset(r->mem, 0x5a, MiB);
+  memset(r->keep, 0x3c, MiB);
+  if (r->mem[MiB - 1] != 0x5a || r->keep[MiB - 1] != 0x3c)
+    atomic_fetch_add(&r->bad, 1);
+  atomic_fetch_add(&r->runs, 1);
+}
+
+/* Allocations and frees on a stream being captured are tidepool's graph
+ * allocations, as through the runtime (test_preload's test_capture): the
+ * driver's capture with a GPU, tidepool's own in the host mode, where the
+ * driver's capture and graph calls are tidepool's too. The work runs at
+ * every launch; the allocation the graph does not free is freed once. */
 static void test_capture(void) {
+  bool host = expected_mode == MODE_HOST;
   CUstream s = NULL;
   REQUIRE_RC(cu.stream_create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   unsigned long long forwarded = counter(C_FORWARDED);
-  unsigned long long mallocs = counter(C_MALLOC);
+  unsigned long long mallocs = counter(C_MALLOC), frees = counter(C_FREE);
   unsigned long driver_mallocs = stub("cuMemAllocAsync");
-  REQUIRE_RC(cu.begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-  CUdeviceptr g = 0;
+  graph_run run = {0};
+  REQUIRE_RC(cu.begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  CHECK_RC(cu.is_capturing(s, &st), CUDA_SUCCESS);
+  CHECK_EQ_INT(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  CUdeviceptr g = 0, keep = 0;
   CHECK_RC(cu.alloc(&g, MiB, s), CUDA_SUCCESS);
+  CHECK_RC(cu.alloc(&keep, MiB, s), CUDA_SUCCESS);
+  run.mem = (unsigned char *)(uintptr_t)g;
+  run.keep = (unsigned char *)(uintptr_t)keep;
+  if (host) {
+    CHECK_RC(cu.launch_host_func(s, run_graph, &run), CUDA_SUCCESS);
+  } else {
+    CHECK_RC(cu.memset_d8(g, 0x5a, MiB, s), CUDA_SUCCESS);
+    CHECK_RC(cu.memset_d8(keep, 0x3c, MiB, s), CUDA_SUCCESS);
+  }
   CHECK_RC(cu.free(g, s), CUDA_SUCCESS);
   CUgraph graph = NULL;
-  CHECK_RC(cu.end_capture(s, &graph), CUDA_SUCCESS);
-  if (graph)
-    CHECK_RC(cu.graph_destroy(graph), CUDA_SUCCESS);
-  CHECK_EQ_U64(counter(C_FORWARDED) - forwarded, 2);
-  CHECK_EQ_U64(counter(C_MALLOC) - mallocs, 0);
+  REQUIRE_RC(cu.end_capture(s, &graph), CUDA_SUCCESS);
+  CHECK_EQ_U64(counter(C_FORWARDED) - forwarded, 0);
+  CHECK_EQ_U64(counter(C_MALLOC) - mallocs, 2);
+  CHECK_EQ_U64(counter(C_FREE) - frees, 1);
   if (stub_calls)
-    CHECK_EQ_U64(stub("cuMemAllocAsync") - driver_mallocs, 1);
+    CHECK_EQ_U64(stub("cuMemAllocAsync") - driver_mallocs, 0);
+  CUgraphExec exec = NULL;
+  REQUIRE_RC(cu.instantiate(&exec, graph, 0), CUDA_SUCCESS);
+  for (int i = 0; i < 3; i++) {
+    CHECK_RC(cu.graph_launch(exec, s), CUDA_SUCCESS);
+    CHECK_RC(cu.stream_sync(s), CUDA_SUCCESS);
+    unsigned char back = 0;
+    if (!host) {
+      CHECK_RC(cu.memcpy_dtoh(&back, keep + 17, 1, s), CUDA_SUCCESS);
+      CHECK_RC(cu.stream_sync(s), CUDA_SUCCESS);
+      CHECK_EQ_INT(back, 0x3c);
+    }
+    /* tidepool sees the host mode's launches: the output is live after
+     * each until freed. */
+    if (host)
+      CHECK_RC(cu.free(keep, s), CUDA_SUCCESS);
+  }
+  if (host) {
+    CHECK_EQ_INT(atomic_load(&run.runs), 3);
+    CHECK_EQ_INT(atomic_load(&run.bad), 0);
+  }
+  CHECK_RC(cu.exec_destroy(exec), CUDA_SUCCESS);
+  CHECK_RC(cu.graph_destroy(graph), CUDA_SUCCESS);
+  /* With a GPU, the output of launches tidepool did not see outlives the
+   * graph until its one free. */
+  if (!host) {
+    CHECK_RC(cu.free(keep, s), CUDA_SUCCESS);
+    CHECK_RC(cu.free(keep, s), CUDA_ERROR_INVALID_VALUE);
+  }
+  CHECK_RC(cu.stream_sync(s), CUDA_SUCCESS);
   CHECK_RC(cu.stream_destroy(s), CUDA_SUCCESS);
 }
 

@@ -27,6 +27,11 @@ struct tp_graph_exec_opaque {
   tp__pexec *pe;
   tp__gmem *gm;
   bool auto_free;
+  /* For a self-held gm (see tp__gmem_adopt): where the last launch was
+   * queued, so that the graph's memory outlives it. The application
+   * serialises calls on one exec, as CUDA asks. */
+  bool track;
+  tp__tag last;
   struct tp_graph_exec_opaque *next;
 };
 
@@ -44,6 +49,57 @@ static tp_error_t exec_get(tp_graph_exec_t x) {
   TP_RETURN_IF(!x || x->magic != EXEC_MAGIC || !atomic_load(&x->live),
                TP_ERROR_INVALID_VALUE);
   return TP_SUCCESS;
+}
+
+/* ---- destroyed execs whose launches may still run ---------------------------
+ * For a self-held graph memory, the last launch of each destroyed exec is
+ * watched through the stream order the core keeps (a tag, polled with the
+ * core's markers); graph memory hears when it completed. Polled by the
+ * graph entry points and by frees of graph memory while any is waiting. */
+typedef struct running_exec {
+  tp__tag last;
+  tp__gmem *gm;
+} running_exec;
+
+static pthread_mutex_t running_lock = PTHREAD_MUTEX_INITIALIZER;
+static running_exec *running;
+static uint32_t nrunning, caprunning;
+static atomic_uint running_any;
+
+static void settle_running(void) {
+  if (TP_LIKELY(!atomic_load_explicit(&running_any, memory_order_acquire)))
+    return;
+  pthread_mutex_lock(&running_lock);
+  for (uint32_t i = 0; i < nrunning;) {
+    if (!tp__stream_poll(&running[i].last)) {
+      i++;
+      continue;
+    }
+    tp__gmem_exec_finished(running[i].gm);
+    tp__tag_clear(&running[i].last);
+    running[i] = running[--nrunning];
+  }
+  atomic_store_explicit(&running_any, nrunning, memory_order_release);
+  pthread_mutex_unlock(&running_lock);
+}
+
+/* Hands the exec's last launch to the watch; should the list not grow, the
+ * launch is waited for here. */
+static void watch_last_launch(struct tp_graph_exec_opaque *x) {
+  pthread_mutex_lock(&running_lock);
+  bool kept = TP_RESERVE(running, nrunning, caprunning);
+  if (kept) {
+    running[nrunning++] = (running_exec){x->last, x->gm};
+    atomic_store_explicit(&running_any, nrunning, memory_order_release);
+  }
+  pthread_mutex_unlock(&running_lock);
+  if (!kept) {
+    (void)tp__stream_wait_host(&x->last);
+    tp__gmem_exec_finished(x->gm);
+    tp__tag_clear(&x->last);
+  }
+  x->last = (tp__tag){0};
+  settle_running();
 }
 
 /* ---- events recorded in captures --------------------------------------------
@@ -170,6 +226,7 @@ bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err) {
   /* Not capturing: the graph's only where no pool holds the address. */
   if (tp__registry_find((uintptr_t)ptr))
     return false;
+  settle_running();
   bool claimed = false;
   *err = tp__gmem_free(s->ps, s->device, ptr, &claimed);
   return claimed;
@@ -208,6 +265,7 @@ bool tp__graph_on_record(tp_event_t event, tp__stream *s, tp_error_t *err) {
 
 bool tp__graph_on_wait(tp__stream *s, tp_event_t event, tp__event *e,
                        tp_error_t *err) {
+  (void)e;
   tp_capture_status_t status;
   *err = status_of(s, &status, NULL);
   if (*err != TP_SUCCESS)
@@ -229,14 +287,12 @@ bool tp__graph_on_wait(tp__stream *s, tp_event_t event, tp__event *e,
     return true;
   }
   /* A capture may depend on outside work only through its stream's own
-   * order: waiting on pending outside work is CUDA's isolation error, and
-   * work already done (or never recorded) adds nothing to wait for. */
-  if (tp__event_query(e) == TP_SUCCESS) {
-    *err = TP_SUCCESS;
-  } else {
-    (void)tp__platform->capture_invalidate(s->ps);
-    *err = TP_ERROR_STREAM_CAPTURE_ISOLATION;
-  }
+   * order: waiting on an event not recorded in a capture is CUDA's
+   * isolation error, whether or not its work is done (the driver does not
+   * look, and asking would be illegal under a global capture), and costs
+   * the capture its validity. */
+  (void)tp__platform->capture_invalidate(s->ps);
+  *err = TP_ERROR_STREAM_CAPTURE_ISOLATION;
   return true;
 }
 
@@ -290,9 +346,14 @@ TP_API tp_error_t tp_stream_end_capture(tp_stream_t stream, tp_graph_t *graph) {
   if (tp__platform->capture_status(s->ps, &status, &id) != TP_SUCCESS)
     id = 0;
   tp__pgraph *pg = NULL;
-  TP_FORWARD(tp__platform->capture_end(s->ps, &pg));
+  tp_error_t err = tp__platform->capture_end(s->ps, &pg);
+  if (err != TP_SUCCESS && id)
+    tp__gmem_capture_failed(id);
+  TP_FORWARD(err);
   struct tp_graph_opaque *g = calloc(1, sizeof *g);
   if (!g) {
+    if (id)
+      tp__gmem_capture_failed(id);
     (void)tp__platform->graph_destroy(pg);
     return TP_ERROR_OUT_OF_MEMORY;
   }
@@ -300,6 +361,8 @@ TP_API tp_error_t tp_stream_end_capture(tp_stream_t stream, tp_graph_t *graph) {
   atomic_init(&g->live, 1);
   g->pg = pg;
   g->gm = id ? tp__gmem_of_capture(id) : NULL;
+  if (g->gm)
+    tp__gmem_adopt(g->gm, pg);
   pthread_mutex_lock(&handles_lock);
   g->next = graphs;
   graphs = g;
@@ -348,6 +411,7 @@ TP_API tp_error_t tp_graph_instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
   atomic_init(&x->live, 1);
   x->gm = graph->gm;
   x->auto_free = flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH;
+  x->track = tp__gmem_self_held(graph->gm);
   pthread_mutex_lock(&handles_lock);
   x->next = execs;
   execs = x;
@@ -372,6 +436,17 @@ TP_API tp_error_t tp_graph_launch(tp_graph_exec_t exec, tp_stream_t stream) {
   tp_error_t err =
       tp__gmem_launch(exec->gm, exec->pe, exec->auto_free, s->ps, s->device);
   tp__work_end(s);
+  if (err == TP_SUCCESS && exec->track) {
+    /* Work queued on s from now on follows the launch: the epoch moves
+     * under the stream's lock, so no marker recorded before the launch can
+     * count as one after it. */
+    if (exec->last.stream != s) {
+      tp__stream_ref(s);
+      tp__tag_clear(&exec->last);
+      exec->last.stream = s;
+    }
+    exec->last.epoch = tp__stream_advance(s);
+  }
   return err;
 }
 
@@ -381,9 +456,15 @@ TP_API tp_error_t tp_graph_exec_destroy(tp_graph_exec_t exec) {
   int one = 1;
   TP_RETURN_IF(!atomic_compare_exchange_strong(&exec->live, &one, 0),
                TP_ERROR_INVALID_VALUE);
+  bool may_run = exec->last.stream != NULL;
   if (exec->gm)
-    tp__gmem_exec_destroyed(exec->gm);
-  return tp__platform->graph_exec_destroy(exec->pe);
+    tp__gmem_exec_destroyed(exec->gm, may_run);
+  tp_error_t err = tp__platform->graph_exec_destroy(exec->pe);
+  if (may_run)
+    watch_last_launch(exec);
+  else
+    settle_running();
+  return err;
 }
 
 TP_API tp_error_t tp_graph_destroy(tp_graph_t graph) {
@@ -392,6 +473,9 @@ TP_API tp_error_t tp_graph_destroy(tp_graph_t graph) {
   int one = 1;
   TP_RETURN_IF(!atomic_compare_exchange_strong(&graph->live, &one, 0),
                TP_ERROR_INVALID_VALUE);
+  if (graph->gm)
+    tp__gmem_graph_destroyed(graph->gm);
+  settle_running();
   return tp__platform->graph_destroy(graph->pg);
 }
 
@@ -401,6 +485,7 @@ TP_API tp_error_t tp_graph_destroy(tp_graph_t graph) {
 TP_API tp_error_t tp_device_graph_mem_trim(int device) {
   TP_FORWARD(tp__api_init());
   TP_FORWARD(tp__check_device(device));
+  settle_running();
   return tp__gmem_trim(device);
 }
 
@@ -410,6 +495,7 @@ TP_API tp_error_t tp_device_get_graph_mem_attribute(int device,
   TP_RETURN_IF(!value, TP_ERROR_INVALID_VALUE);
   TP_FORWARD(tp__api_init());
   TP_FORWARD(tp__check_device(device));
+  settle_running();
   return tp__gmem_get_attr(device, attr, value);
 }
 

@@ -97,12 +97,18 @@ typedef struct token {
 
 struct tp__gmem {
   uint64_t capture_id;
-  bool attached;  /* the graph, or an exec of it, lives */
-  bool sealed;    /* instantiated: the capture is over, the plan fixed */
-  bool books;     /* sealed with allocations that outlive, or foreign frees */
-  uint32_t holds; /* reasons to keep the plan mapped */
-  uint32_t execs; /* tidepool execs alive */
-  uint32_t refs;  /* other graphs' foreign frees of its allocations */
+  bool attached;    /* the graph, or an exec of it, lives */
+  void *tie;        /* capture_attach's, for capture_detach */
+  token *token;     /* what the tie's release hands back */
+  bool seen;        /* tidepool ended the capture: it sees every launch */
+  bool self_held;   /* tie detached: tidepool tells when the graph goes */
+  bool graph_gone;  /* self-held: its handle was destroyed */
+  uint32_t running; /* self-held: destroyed execs whose launches may run */
+  bool sealed;      /* instantiated: the capture is over, the plan fixed */
+  bool books;       /* sealed with allocations that outlive, or foreign frees */
+  uint32_t holds;   /* reasons to keep the plan mapped */
+  uint32_t execs;   /* tidepool execs alive */
+  uint32_t refs;    /* other graphs' foreign frees of its allocations */
   segment **segs;
   uint32_t nsegs, capsegs;
   slot *slots;
@@ -654,6 +660,8 @@ static tp_error_t plan(tp__gmem *gm, tp__pstream *ps, const tp__gmem_kind *kind,
 /* ---- graphs' memory -------------------------------------------------------
  */
 
+static void set_live(tp__gmem *gm, allocation *al, bool live);
+
 static void on_release(void *arg) {
   token *t = arg;
   token *head = atomic_load_explicit(&released, memory_order_relaxed);
@@ -697,6 +705,50 @@ static void drop_free_ev(tp__gmem *gm, allocation *al) {
   gm->npending--;
 }
 
+/* Frees the memory of graphs that are gone and unmaps what no graph needs
+ * any more. Under the lock. */
+static void sweep(void) {
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    for (tp__gmem *gm = gmems, *next; gm; gm = next) {
+      next = gm->next_gm;
+      if (gmem_idle(gm)) {
+        gmem_free(gm);
+        changed = true;
+      } else if (gm->holds == 0) {
+        gmem_unmap(gm, false);
+      }
+    }
+  }
+}
+
+/* A self-held graph goes, as its tie's release would have said, once its
+ * handle is destroyed and no exec of it lives or runs. Under the lock. */
+static void self_release(tp__gmem *gm) {
+  if (!gm->self_held || !gm->attached || !gm->graph_gone || gm->execs ||
+      gm->running)
+    return;
+  gm->attached = false;
+  gm->holds--;
+  sweep();
+}
+
+/* A graph tidepool did not see launched is gone: each allocation it did
+ * not free may have been made by a launch and be in use, as CUDA lets an
+ * allocation outlive its graph, so it stays mapped until its one free
+ * (one never made, its graph never launched, is kept for the process's
+ * life: tidepool cannot tell). Under the lock. */
+static void keep_outputs(tp__gmem *gm) {
+  for (uint32_t i = 0; i < gm->nallocs; i++) {
+    allocation *al = &gm->allocs[i];
+    if (al->freed_in_graph || al->freed_unseen || al->live)
+      continue;
+    al->freed_unseen = true;
+    set_live(gm, al, true);
+  }
+}
+
 /* Applies what the platform released, unmaps what no graph needs any more
  * and frees the memory of graphs that are gone; with `poll`, asks first
  * whether pending frees outside graphs have completed (not during a
@@ -708,9 +760,13 @@ static void collect(bool poll) {
   while (t) {
     token *next = t->next;
     tp__gmem *gm = t->gm;
-    if (t->graph)
+    if (t->graph) {
       gm->attached = false;
-    if (!t->graph || tp__platform->graph_maps_at_capture)
+      gm->token = NULL;
+      if (!gm->seen && tp__platform->graph_maps_at_capture())
+        keep_outputs(gm);
+    }
+    if (!t->graph || tp__platform->graph_maps_at_capture())
       gm->holds--;
     free(t);
     t = next;
@@ -724,18 +780,8 @@ static void collect(bool poll) {
       }
     }
   }
-  while (changed) {
-    changed = false;
-    for (tp__gmem *gm = gmems, *next; gm; gm = next) {
-      next = gm->next_gm;
-      if (gmem_idle(gm)) {
-        gmem_free(gm);
-        changed = true;
-      } else if (gm->holds == 0) {
-        gmem_unmap(gm, false);
-      }
-    }
-  }
+  if (changed)
+    sweep();
 }
 
 static tp__gmem *gmem_find(uint64_t capture_id) {
@@ -764,15 +810,16 @@ static tp_error_t gmem_of(tp__pstream *ps, uint64_t capture_id,
     return TP_ERROR_OUT_OF_MEMORY;
   }
   *t = (token){.gm = gm, .graph = true};
-  tp_error_t err = tp__platform->capture_attach(ps, on_release, t);
+  tp_error_t err = tp__platform->capture_attach(ps, on_release, t, &gm->tie);
   if (err != TP_SUCCESS) {
     free(gm);
     free(t);
     return err;
   }
   gm->capture_id = capture_id;
+  gm->token = t;
   gm->attached = true;
-  gm->holds = tp__platform->graph_maps_at_capture ? 1 : 0;
+  gm->holds = tp__platform->graph_maps_at_capture() ? 1 : 0;
   gm->next_gm = gmems;
   if (gmems)
     gmems->prev = gm;
@@ -870,8 +917,8 @@ tp_error_t tp__gmem_free(tp__pstream *ps, int device, void *ptr,
      * not see it: each allocation that outlives those launches may be
      * freed once, as the application frees a graph's outputs. */
     bool unseen = al && !al->live && !al->freed_in_graph &&
-                  !al->seg->gm->sealed && !al->freed_unseen &&
-                  tp__platform->graph_maps_at_capture;
+                  !al->seg->gm->sealed && !al->seg->gm->seen &&
+                  !al->freed_unseen && tp__platform->graph_maps_at_capture();
     if (unseen)
       al->freed_unseen = true;
     if (al && (al->live || unseen)) {
@@ -921,7 +968,7 @@ tp_error_t tp__gmem_instantiate(tp__gmem *gm, void (**release)(void *),
                        ? TP_ERROR_INVALID_VALUE
                        : TP_SUCCESS;
   token *t = NULL;
-  if (err == TP_SUCCESS && !tp__platform->graph_maps_at_capture) {
+  if (err == TP_SUCCESS && !tp__platform->graph_maps_at_capture()) {
     t = calloc(1, sizeof *t);
     if (!t)
       err = TP_ERROR_OUT_OF_MEMORY;
@@ -962,9 +1009,54 @@ void tp__gmem_instantiate_undo(tp__gmem *gm, void *arg) {
   pthread_mutex_unlock(&lock);
 }
 
-void tp__gmem_exec_destroyed(tp__gmem *gm) {
+void tp__gmem_exec_destroyed(tp__gmem *gm, bool may_run) {
   pthread_mutex_lock(&lock);
   gm->execs--;
+  if (may_run && gm->self_held)
+    gm->running++;
+  self_release(gm);
+  pthread_mutex_unlock(&lock);
+}
+
+void tp__gmem_exec_finished(tp__gmem *gm) {
+  pthread_mutex_lock(&lock);
+  gm->running--;
+  self_release(gm);
+  pthread_mutex_unlock(&lock);
+}
+
+void tp__gmem_adopt(tp__gmem *gm, tp__pgraph *graph) {
+  pthread_mutex_lock(&lock);
+  gm->seen = true;
+  if (tp__platform->graph_maps_at_capture() && gm->attached && gm->token &&
+      tp__platform->capture_detach(graph, gm->tie) == TP_SUCCESS) {
+    gm->self_held = true;
+    free(gm->token);
+    gm->token = NULL;
+  }
+  pthread_mutex_unlock(&lock);
+}
+
+void tp__gmem_capture_failed(uint64_t capture_id) {
+  pthread_mutex_lock(&lock);
+  tp__gmem *gm = gmem_find(capture_id);
+  if (gm) {
+    gm->seen = true;
+    for (uint32_t i = 0; i < gm->nallocs; i++)
+      set_live(gm, &gm->allocs[i], false);
+    sweep();
+  }
+  pthread_mutex_unlock(&lock);
+}
+
+bool tp__gmem_self_held(const tp__gmem *gm) {
+  return gm && gm->self_held;
+}
+
+void tp__gmem_graph_destroyed(tp__gmem *gm) {
+  pthread_mutex_lock(&lock);
+  gm->graph_gone = true;
+  self_release(gm);
   pthread_mutex_unlock(&lock);
 }
 

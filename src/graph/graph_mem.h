@@ -84,9 +84,28 @@ tp_error_t tp__gmem_instantiate(tp__gmem *gm, void (**release)(void *),
                                 void **arg);
 void tp__gmem_instantiate_undo(tp__gmem *gm, void *arg);
 
+/* tp_stream_end_capture returned the graph of gm: tidepool sees every exec
+ * and launch of it from now on, so an allocation that outlives launches is
+ * live only after tidepool's launches. Where the platform maps at capture,
+ * gm's tie to the graph is detached (capture_detach), and tidepool says
+ * when the graph goes: its handle destroyed (tp__gmem_graph_destroyed), no
+ * exec alive, and the last launch of each destroyed exec completed
+ * (tp__gmem_exec_finished). Nothing changes when the detach fails. */
+void tp__gmem_adopt(tp__gmem *gm, tp__pgraph *graph);
+/* tp_stream_end_capture failed for capture_id: its graph was never
+ * launched, so none of its allocations outlives it. */
+void tp__gmem_capture_failed(uint64_t capture_id);
+/* Whether tidepool must tell gm when the launches of a destroyed exec
+ * complete (gm adopted and detached). */
+bool tp__gmem_self_held(const tp__gmem *gm);
+void tp__gmem_graph_destroyed(tp__gmem *gm);
+
 /* tp_graph_exec_destroy of an exec of gm (the platform releases what it
- * holds later, through the release of tp__gmem_instantiate). */
-void tp__gmem_exec_destroyed(tp__gmem *gm);
+ * holds later, through the release of tp__gmem_instantiate). `may_run`:
+ * it was launched, and for a self-held gm tp__gmem_exec_finished follows
+ * once its last launch completed. */
+void tp__gmem_exec_destroyed(tp__gmem *gm, bool may_run);
+void tp__gmem_exec_finished(tp__gmem *gm);
 
 /* Launches `exec` of the graph whose memory is gm (NULL: none) on ps, a
  * stream of `device`, with the bookkeeping of allocations that outlive

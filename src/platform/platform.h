@@ -6,6 +6,7 @@
 #define TP_PLATFORM_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -171,12 +172,14 @@ typedef struct tp__platform_ops {
    * capture; device_synchronize fails with STREAM_CAPTURE_UNSUPPORTED where
    * a capture's mode forbids it.
    *
-   * graph_maps_at_capture: 1 where graphs may be instantiated and launched
-   * behind tidepool's back (cuda: the application's own cuGraphLaunch), so
-   * that a graph's memory must be mapped while it is captured and held
-   * until capture_attach's release; 0 where tidepool sees every exec
-   * (host), and maps at instantiation. */
-  int graph_maps_at_capture;
+   * graph_maps_at_capture: true where graphs may be instantiated and
+   * launched behind tidepool's back (cuda: the application's own
+   * cuGraphLaunch), so that a graph's memory must be mapped while it is
+   * captured and held until capture_attach's release; false where tidepool
+   * sees every exec (host), and maps at instantiation. Fixed once init has
+   * succeeded (host: TIDEPOOL_HOST_GRAPH_MAPS_AT_CAPTURE=1 takes cuda's way,
+   * for tests). */
+  bool (*graph_maps_at_capture)(void);
   /* Where the platform sees every capture begin and end (host), the number
    * of captures under way, read before each allocation and free so that
    * none asks capture_status while nothing captures; NULL where a capture
@@ -184,7 +187,10 @@ typedef struct tp__platform_ops {
    * and capture_status is asked every time. */
   const _Atomic uint32_t *captures_active;
   tp_error_t (*capture_begin)(tp__pstream *ps, tp_capture_mode_t mode);
-  /* Ends the capture begun on ps; *graph is NULL on failure. */
+  /* Ends the capture begun on ps; *graph is NULL on failure. The graph may
+   * differ from the one captured in nodes that do no work (cuda removes the
+   * empty nodes of capture_point, joining what came before each to what
+   * came after), never in the order of the work. */
   tp_error_t (*capture_end)(tp__pstream *ps, tp__pgraph **graph);
   /* The question asked on every allocation: cheap. *id identifies the
    * capture for the life of the process (0 when none). STREAM_CAPTURE_
@@ -210,9 +216,15 @@ typedef struct tp__platform_ops {
    * once that graph and every exec made from it are destroyed and their
    * launches have completed, or once the capture fails. It runs on any
    * thread and must not call the platform or tidepool (cuda's user-object
-   * destructor rule). */
+   * destructor rule). *tie names the tie for capture_detach. */
   tp_error_t (*capture_attach)(tp__pstream *ps, void (*release)(void *),
-                               void *arg);
+                               void *arg, void **tie);
+  /* Undoes capture_attach for a graph that capture_end returned, whose
+   * execs and launches tidepool therefore sees: its release will not be
+   * called, and neither the graph nor its execs carry the tie any more
+   * (cuda: the user object goes, which the driver would otherwise track at
+   * every launch). On failure the tie stays as it was. */
+  tp_error_t (*capture_detach)(tp__pgraph *graph, void *tie);
   /* Event record and wait inside captures: an event recorded on a
    * capturing stream holds its position in the capture; a stream that
    * waits on it joins the capture (or, capturing already, depends on that

@@ -115,12 +115,13 @@ static cudaError_t malloc_async(void **ptr, size_t size, cudaStream_t stream,
   return answer(err, TP_PL_COUNT_MALLOC);
 }
 
+/* On a stream being captured too: tidepool's capture path makes the
+ * allocation a graph's (see tidepool.h, "Stream capture and graphs"), on a
+ * capture begun by the runtime or the driver as on one of tidepool's. */
 TP_PL_EXPORT cudaError_t cudaMallocAsync(void **ptr, size_t size,
                                          cudaStream_t stream) {
   if (!tp__pl_active())
     FORWARD(cudaMallocAsync, (ptr, size, stream));
-  if (tp__pl_capturing(stream, false))
-    FORWARD_COUNTED(cudaMallocAsync, (ptr, size, stream));
   return malloc_async(ptr, size, stream, false);
 }
 
@@ -128,8 +129,6 @@ TP_PL_EXPORT cudaError_t cudaMallocAsync_ptsz(void **ptr, size_t size,
                                               cudaStream_t stream) {
   if (!tp__pl_active())
     FORWARD(cudaMallocAsync_ptsz, (ptr, size, stream));
-  if (tp__pl_capturing(stream, true))
-    FORWARD_COUNTED(cudaMallocAsync_ptsz, (ptr, size, stream));
   return malloc_async(ptr, size, stream, true);
 }
 
@@ -146,7 +145,7 @@ TP_PL_EXPORT cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size,
                                                  cudaStream_t stream) {
   if (!tp__pl_active())
     FORWARD(cudaMallocFromPoolAsync, (ptr, size, pool, stream));
-  if (!tp__pl_pool_known((tp_pool_t)pool) || tp__pl_capturing(stream, false))
+  if (!tp__pl_pool_known((tp_pool_t)pool))
     FORWARD_COUNTED(cudaMallocFromPoolAsync, (ptr, size, pool, stream));
   return malloc_from_pool(ptr, size, pool, stream, false);
 }
@@ -156,13 +155,13 @@ TP_PL_EXPORT cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size,
                                                       cudaStream_t stream) {
   if (!tp__pl_active())
     FORWARD(cudaMallocFromPoolAsync_ptsz, (ptr, size, pool, stream));
-  if (!tp__pl_pool_known((tp_pool_t)pool) || tp__pl_capturing(stream, true))
+  if (!tp__pl_pool_known((tp_pool_t)pool))
     FORWARD_COUNTED(cudaMallocFromPoolAsync_ptsz, (ptr, size, pool, stream));
   return malloc_from_pool(ptr, size, pool, stream, true);
 }
 
-/* A free tidepool refuses as not its own (a graph allocation made during
- * capture, a pointer of a driver-made pool, or no allocation at all) goes
+/* A free tidepool refuses as not its own (a pointer of a driver-made pool,
+ * during capture a graph allocation of one, or no allocation at all) goes
  * to the runtime, which gives the driver's answer; tidepool's refusal
  * changed nothing. NULL goes there too, so that its answer is the
  * runtime's. */
@@ -170,8 +169,6 @@ TP_PL_EXPORT cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size,
   do {                                                                         \
     if (!ptr || !tp__pl_on())                                                  \
       FORWARD(name, (ptr, stream));                                            \
-    if (tp__pl_capturing(stream, per_thread))                                  \
-      FORWARD_COUNTED(name, (ptr, stream));                                    \
     ENTER();                                                                   \
     tp_error_t err = tp_free_async(ptr, tp__pl_stream(stream, per_thread));    \
     if (err == TP_ERROR_INVALID_VALUE)                                         \

@@ -249,6 +249,8 @@ tp_stream_t tp__pl_stream(cudaStream_t stream, bool per_thread) {
 }
 
 bool tp__pl_capturing(cudaStream_t stream, bool per_thread) {
+  if (tp__pl_host_requested())
+    return false;
   is_capturing_fn is_capturing = per_thread ? next_cudaStreamIsCapturing_ptsz()
                                             : next_cudaStreamIsCapturing();
   if (!is_capturing)

@@ -219,6 +219,8 @@ int tp__pl_drv_enter(bool decide, CUresult *err) {
 }
 
 bool tp__pl_drv_capturing(CUstream stream, bool per_thread) {
+  if (tp__pl_host_requested())
+    return false;
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   CUresult r = per_thread ? drv.cuStreamIsCapturing_ptsz(stream, &status)
                           : drv.cuStreamIsCapturing(stream, &status);

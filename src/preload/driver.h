@@ -31,11 +31,13 @@ typedef struct tp__pl_drv_entry {
   _Atomic(tp__pl_fn) *real;
 } tp__pl_drv_entry;
 
-/* The entries of driver_alloc.c and driver_observe.c. */
+/* The entries of driver_alloc.c, driver_observe.c and driver_graph.c. */
 extern const tp__pl_drv_entry tp__pl_drv_alloc_entries[];
 extern const size_t tp__pl_drv_alloc_count;
 extern const tp__pl_drv_entry tp__pl_drv_observe_entries[];
 extern const size_t tp__pl_drv_observe_count;
+extern const tp__pl_drv_entry tp__pl_drv_graph_entries[];
+extern const size_t tp__pl_drv_graph_count;
 
 /* The function kept in `slot`, or NULL. */
 static inline tp__pl_fn tp__pl_drv_real(_Atomic(tp__pl_fn) *slot) {
@@ -79,8 +81,8 @@ enum {
  * mode as it is, having nothing to tell tidepool yet. */
 int tp__pl_drv_enter(bool decide, CUresult *err);
 
-/* Whether work on `stream` must go to the driver because it is being
- * captured (or the driver cannot say); see tp__pl_capturing. */
+/* Whether the driver captures `stream` (or cannot say); see
+ * tp__pl_capturing. */
 bool tp__pl_drv_capturing(CUstream stream, bool per_thread);
 
 /* The ordinal of a CUdevice, or -1; and the reverse. */

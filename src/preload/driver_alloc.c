@@ -3,8 +3,9 @@
  * linked statically) or that call the driver API: cuMemAllocAsync,
  * cuMemFreeAsync, cuMemAllocFromPoolAsync (and their _ptsz variants), the
  * cuMemPool* family, default and current pools, and cuMemFree of tidepool's
- * pointers. Calls on pools or pointers tidepool did not make go to the
- * driver, as in alloc.c. */
+ * pointers; on streams being captured too, where tidepool's capture path
+ * makes graph allocations. Calls on pools or pointers tidepool did not make
+ * go to the driver, as in alloc.c. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,8 +55,6 @@ static void *ptr_of(CUdeviceptr p) {
 static CUresult alloc_async(_Atomic(tp__pl_fn) *slot, CUdeviceptr *dptr,
                             size_t size, CUstream stream, bool per_thread) {
   ENTER(true, *slot, alloc_fn, (dptr, size, stream));
-  if (tp__pl_drv_capturing(stream, per_thread))
-    FORWARD(*slot, alloc_fn, (dptr, size, stream));
   void *p = NULL;
   tp_error_t err =
       dptr ? tp_malloc_async(&p, size, tp__pl_stream(stream, per_thread))
@@ -79,8 +78,7 @@ static CUresult from_pool(_Atomic(tp__pl_fn) *slot, CUdeviceptr *dptr,
                           size_t size, CUmemoryPool pool, CUstream stream,
                           bool per_thread) {
   ENTER(true, *slot, from_pool_fn, (dptr, size, pool, stream));
-  if (!tp__pl_pool_known((tp_pool_t)pool) ||
-      tp__pl_drv_capturing(stream, per_thread))
+  if (!tp__pl_pool_known((tp_pool_t)pool))
     FORWARD(*slot, from_pool_fn, (dptr, size, pool, stream));
   void *p = NULL;
   tp_error_t err =
@@ -111,8 +109,6 @@ static CUresult free_async(_Atomic(tp__pl_fn) *slot, CUdeviceptr ptr,
   if (!ptr)
     PASS(*slot, free_fn, (ptr, stream));
   ENTER(false, *slot, free_fn, (ptr, stream));
-  if (tp__pl_drv_capturing(stream, per_thread))
-    FORWARD(*slot, free_fn, (ptr, stream));
   tp_error_t err =
       tp_free_async(ptr_of(ptr), tp__pl_stream(stream, per_thread));
   if (err == TP_ERROR_INVALID_VALUE)

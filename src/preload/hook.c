@@ -102,6 +102,7 @@ static const struct {
 } tables[] = {
     {tp__pl_drv_alloc_entries, &tp__pl_drv_alloc_count},
     {tp__pl_drv_observe_entries, &tp__pl_drv_observe_count},
+    {tp__pl_drv_graph_entries, &tp__pl_drv_graph_count},
 };
 
 /* Calls `visit` on every entry until it returns non-NULL. */

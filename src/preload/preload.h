@@ -119,12 +119,12 @@ cudaError_t tp__pl_enter(bool answering);
  * _ptsz entry points, where NULL means the per-thread default stream. */
 tp_stream_t tp__pl_stream(cudaStream_t stream, bool per_thread);
 
-/* Whether work on `stream` must go to the runtime because it is being
- * captured into a graph (or the runtime cannot say): tidepool's pools do not
- * take part in stream capture yet, so graph allocations stay the driver's.
- * This is the one place where capture is routed: once tidepool captures,
- * the allocator calls ask it here instead, and graph launches
- * (cudaGraphLaunch) join the interposed names. */
+/* Whether the runtime captures `stream` (or cannot say), so that an event
+ * recorded or waited on there is the driver's graph's business and not
+ * tidepool's stream order: always false in the host mode, where tidepool
+ * itself captures, and a record or a wait in a capture is its fork or
+ * join. Allocations and frees are not routed by it: tidepool's capture
+ * path takes them on capturing streams too. */
 bool tp__pl_capturing(cudaStream_t stream, bool per_thread);
 
 /* The runtime's code for a tidepool error. */

@@ -3,9 +3,10 @@
  * cuGetProcAddress versions, answering a name, a version and flags with the
  * variant a driver would; devices whose handles are not their ordinals;
  * primary and created contexts, current per thread; streams and events that
- * do nothing; stream capture as a table of streams; memset and memcpy on the
- * spot; cuMemAlloc from the heap; and the stream-ordered allocator answering
- * "not supported" (with heap memory during capture, as graph memory). Every
+ * do nothing; stream capture as a table of streams, and graphs and execs
+ * that do nothing; memset and memcpy on the spot; cuMemAlloc from the heap;
+ * and the stream-ordered allocator answering "not supported" (with heap
+ * memory during capture, as graph memory). Every
  * call that reaches it is counted, so that a test sees what the interposer
  * passed on. The stand-in runtime (cudart_stub.c) reaches it as a real
  * runtime does, through dlopen and cuGetProcAddress. */
@@ -307,6 +308,43 @@ STUB_API CUresult cuGraphDestroy(CUgraph g) {
   return CUDA_SUCCESS;
 }
 
+/* Graphs that do nothing: an exec is a heap block too. */
+STUB_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g,
+                                              unsigned long long flags) {
+  (void)g;
+  (void)flags;
+  count(__func__);
+  if (!e)
+    return CUDA_ERROR_INVALID_VALUE;
+  *e = calloc(1, 16);
+  return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+STUB_API CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+  (void)e;
+  (void)s;
+  count(__func__);
+  return CUDA_SUCCESS;
+}
+
+STUB_API CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) {
+  return cuGraphLaunch(e, s);
+}
+
+STUB_API CUresult cuGraphExecDestroy(CUgraphExec e) {
+  free(e);
+  return CUDA_SUCCESS;
+}
+
+STUB_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s,
+                                               CUstreamCaptureMode m) {
+  return cuStreamBeginCapture_v2(s, m);
+}
+
+STUB_API CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
+  return cuStreamEndCapture(s, g);
+}
+
 STUB_API CUresult cuStreamIsCapturing(CUstream s,
                                       CUstreamCaptureStatus *status) {
   if (!status)
@@ -578,7 +616,13 @@ static const struct variant {
     V("cuStreamEndCapture", 10000, false, cuStreamEndCapture),
     V("cuStreamIsCapturing", 10000, false, cuStreamIsCapturing),
     V("cuStreamIsCapturing", 10000, true, cuStreamIsCapturing_ptsz),
+    V("cuStreamBeginCapture", 10010, true, cuStreamBeginCapture_v2_ptsz),
+    V("cuStreamEndCapture", 10000, true, cuStreamEndCapture_ptsz),
     V("cuGraphDestroy", 10000, false, cuGraphDestroy),
+    V("cuGraphInstantiateWithFlags", 11040, false, cuGraphInstantiateWithFlags),
+    V("cuGraphLaunch", 10000, false, cuGraphLaunch),
+    V("cuGraphLaunch", 10000, true, cuGraphLaunch_ptsz),
+    V("cuGraphExecDestroy", 10000, false, cuGraphExecDestroy),
     V("cuEventCreate", 2000, false, cuEventCreate),
     V("cuEventDestroy", 4000, false, cuEventDestroy_v2),
     V("cuEventRecord", 2000, false, cuEventRecord),

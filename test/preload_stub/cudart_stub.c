@@ -82,6 +82,9 @@ typedef void (*any_fn)(void);
   X(cuStreamEndCapture, 10000, 0)                                              \
   X(cuStreamIsCapturing, 10000, 0)                                             \
   X(cuGraphDestroy, 10000, 0)                                                  \
+  X(cuGraphInstantiateWithFlags, 11040, 0)                                     \
+  X(cuGraphLaunch, 10000, 0)                                                   \
+  X(cuGraphExecDestroy, 10000, 0)                                              \
   X(cuEventCreate, 2000, 0)                                                    \
   X(cuEventDestroy, 4000, 0)                                                   \
   X(cuEventRecord, 2000, 0)                                                    \
@@ -336,6 +339,25 @@ STUB_API cudaError_t cudaGraphDestroy(cudaGraph_t g) {
   CALL(cuGraphDestroy, (g));
 }
 
+STUB_API cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g,
+                                          unsigned long long flags) {
+  CALL(cuGraphInstantiateWithFlags, ((CUgraphExec *)e, g, flags));
+}
+
+STUB_API cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *e,
+                                                   cudaGraph_t g,
+                                                   unsigned long long flags) {
+  CALL(cuGraphInstantiateWithFlags, ((CUgraphExec *)e, g, flags));
+}
+
+STUB_API cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
+  CALL(cuGraphLaunch, ((CUgraphExec)e, s));
+}
+
+STUB_API cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+  CALL(cuGraphExecDestroy, ((CUgraphExec)e));
+}
+
 STUB_API cudaError_t cudaStreamIsCapturing(cudaStream_t s,
                                            enum cudaStreamCaptureStatus *st) {
   CONTEXT_OR_FAIL();
@@ -423,6 +445,11 @@ STUB_API cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
   if (n)
     memcpy(dst, src, n);
   return cudaSuccess;
+}
+
+STUB_API cudaError_t cudaMemcpy(void *dst, const void *src, size_t n,
+                                enum cudaMemcpyKind k) {
+  return cudaMemcpyAsync(dst, src, n, k, NULL);
 }
 
 static CUdeviceptr dptr(const void *p) {

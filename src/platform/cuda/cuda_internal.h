@@ -69,13 +69,20 @@
   X(cuStreamBeginCapture, 10010, 0)                                            \
   X(cuThreadExchangeStreamCaptureMode, 10010, 0)                               \
   X(cuStreamEndCapture, 10000, 0)                                              \
+  X(cuStreamIsCapturing, 10000, 0)                                             \
   X(cuStreamGetCaptureInfo, 12030, 0)                                          \
   X(cuStreamUpdateCaptureDependencies, 12030, 0)                               \
   X(cuGraphAddEmptyNode, 10000, 0)                                             \
   X(cuGraphNodeGetDependencies, 12030, 0)                                      \
+  X(cuGraphNodeGetDependentNodes, 12030, 0)                                    \
+  X(cuGraphAddDependencies, 12030, 0)                                          \
+  X(cuGraphGetNodes, 10000, 0)                                                 \
+  X(cuGraphNodeGetType, 10000, 0)                                              \
+  X(cuGraphDestroyNode, 10000, 0)                                              \
   X(cuUserObjectCreate, 11030, 0)                                              \
   X(cuUserObjectRelease, 11030, 0)                                             \
   X(cuGraphRetainUserObject, 11030, 0)                                         \
+  X(cuGraphReleaseUserObject, 11030, 0)                                        \
   X(cuGraphInstantiateWithFlags, 11040, 0)                                     \
   X(cuGraphLaunch, 10000, 0)                                                   \
   X(cuGraphExecDestroy, 10000, 0)                                              \
@@ -260,7 +267,8 @@ tp_error_t tp__cu_capture_point(tp__pstream *ps, tp__pnode *node);
 tp_error_t tp__cu_capture_follows(tp__pstream *ps, const tp__pnode *nodes,
                                   size_t n, unsigned char *out);
 tp_error_t tp__cu_capture_attach(tp__pstream *ps, void (*release)(void *),
-                                 void *arg);
+                                 void *arg, void **tie);
+tp_error_t tp__cu_capture_detach(tp__pgraph *graph, void *tie);
 tp_error_t tp__cu_capture_event_record(tp__pevent *ev, tp__pstream *ps);
 tp_error_t tp__cu_capture_event_wait(tp__pstream *ps, tp__pevent *ev);
 tp_error_t tp__cu_graph_instantiate(tp__pgraph *graph, unsigned long long flags,

@@ -3,6 +3,11 @@
  * cuda_stream.c and cuda_memory.c. */
 #include "platform/cuda/cuda_internal.h"
 
+/* The application may instantiate and launch captured graphs itself. */
+static bool cu_graph_maps_at_capture(void) {
+  return true;
+}
+
 const tp__platform_ops tp__cuda_platform = {
     .name = "cuda",
     .init = tp__cu_init,
@@ -38,7 +43,7 @@ const tp__platform_ops tp__cuda_platform = {
     .reserve_imported = tp__cu_reserve_imported,
     .chunk_import = tp__cu_chunk_import,
     .device_uuid = tp__cu_device_uuid,
-    .graph_maps_at_capture = 1,
+    .graph_maps_at_capture = cu_graph_maps_at_capture,
     .capture_begin = tp__cu_capture_begin,
     .capture_end = tp__cu_capture_end,
     .capture_status = tp__cu_capture_status,
@@ -46,6 +51,7 @@ const tp__platform_ops tp__cuda_platform = {
     .capture_point = tp__cu_capture_point,
     .capture_follows = tp__cu_capture_follows,
     .capture_attach = tp__cu_capture_attach,
+    .capture_detach = tp__cu_capture_detach,
     .capture_event_record = tp__cu_capture_event_record,
     .capture_event_wait = tp__cu_capture_event_wait,
     .graph_instantiate = tp__cu_graph_instantiate,

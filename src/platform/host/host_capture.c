@@ -322,14 +322,19 @@ tp_error_t tp__host_capture_end(tp__pstream *ps, tp__pgraph **graph) {
   pthread_mutex_lock(&mu);
   tp__host_member *m = member_of(ps);
   capture *c = m ? m->c : NULL;
-  if (!c)
+  /* As the driver does: ending on a stream that joined the capture costs
+   * the capture its validity, and ending from the wrong thread ends it
+   * without a graph. */
+  if (!c) {
     err = TP_ERROR_ILLEGAL_STATE;
-  else if (c->origin != ps)
+  } else if (c->origin != ps) {
+    c->invalidated = true;
     err = TP_ERROR_STREAM_CAPTURE_UNMATCHED;
-  else if (c->mode != TP_CAPTURE_MODE_RELAXED &&
-           !pthread_equal(c->thread, pthread_self()))
+  } else if (c->mode != TP_CAPTURE_MODE_RELAXED &&
+             !pthread_equal(c->thread, pthread_self())) {
     err = TP_ERROR_STREAM_CAPTURE_WRONG_THREAD;
-  if (c && err == TP_SUCCESS) {
+    g = capture_finish(c);
+  } else {
     err = c->invalidated ? TP_ERROR_STREAM_CAPTURE_INVALIDATED
                          : check_joined(c, &m->deps);
     g = capture_finish(c);
@@ -533,8 +538,9 @@ tp_error_t tp__host_capture_follows(tp__pstream *ps, const tp__pnode *nodes,
 }
 
 tp_error_t tp__host_capture_attach(tp__pstream *ps, void (*release)(void *),
-                                   void *arg) {
-  TP_RETURN_IF(!ps || !release, TP_ERROR_INVALID_VALUE);
+                                   void *arg, void **tie) {
+  TP_RETURN_IF(!ps || !release || !tie, TP_ERROR_INVALID_VALUE);
+  *tie = arg;
   tp_error_t err = TP_SUCCESS;
   pthread_mutex_lock(&mu);
   tp__host_member *m = member_of(ps);
@@ -547,6 +553,18 @@ tp_error_t tp__host_capture_attach(tp__pstream *ps, void (*release)(void *),
     g->releases[g->nreleases++] = (release_fn){release, arg};
   pthread_mutex_unlock(&mu);
   return err;
+}
+
+/* The tie is the release's argument; the graph is immutable once its
+ * capture ended but for this list, which only its owner touches. */
+tp_error_t tp__host_capture_detach(tp__pgraph *g, void *tie) {
+  TP_RETURN_IF(!g, TP_ERROR_INVALID_VALUE);
+  for (uint32_t i = 0; i < g->nreleases; i++)
+    if (g->releases[i].arg == tie) {
+      g->releases[i] = g->releases[--g->nreleases];
+      return TP_SUCCESS;
+    }
+  return TP_ERROR_INVALID_VALUE;
 }
 
 tp_error_t tp__host_capture_event_record(tp__pevent *ev, tp__pstream *ps) {
@@ -591,7 +609,9 @@ tp_error_t tp__host_capture_event_wait(tp__pstream *ps, tp__pevent *ev) {
     m->c->invalidated = ce->c->invalidated = true;
     err = TP_ERROR_STREAM_CAPTURE_MERGE;
   } else if (ce->c->invalidated) {
-    err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
+    /* A stream outside any capture cannot join an invalidated one: the
+     * driver answers that as a bad argument. */
+    err = m ? TP_ERROR_STREAM_CAPTURE_INVALIDATED : TP_ERROR_INVALID_VALUE;
   } else if (m) {
     if (!set_merge(&m->deps, &ce->deps))
       err = TP_ERROR_OUT_OF_MEMORY;

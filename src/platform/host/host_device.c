@@ -39,8 +39,18 @@ static tp_error_t read_setting(const char *name, uint64_t fallback,
   return TP_SUCCESS;
 }
 
+/* TIDEPOOL_HOST_GRAPH_MAPS_AT_CAPTURE: graph memory handled as on cuda. */
+static bool maps_at_capture;
+
+static bool host_graph_maps_at_capture(void) {
+  return maps_at_capture;
+}
+
 static tp_error_t configure(void) {
-  uint64_t devices, device_mem, host_mem;
+  uint64_t devices, device_mem, host_mem, late;
+  TP_FORWARD(read_setting("TIDEPOOL_HOST_GRAPH_MAPS_AT_CAPTURE", 0, 0, 1,
+                          "0 or 1", &late));
+  maps_at_capture = late == 1;
   TP_FORWARD(read_setting("TIDEPOOL_HOST_DEVICES", 1, 1, TP__HOST_MAX_DEVICES,
                           "a number of devices from 1 to 16", &devices));
   TP_FORWARD(read_setting("TIDEPOOL_HOST_DEVICE_MEMORY", (uint64_t)4 << 30,
@@ -240,7 +250,7 @@ const tp__platform_ops tp__host_platform = {
     .reserve_imported = tp__host_reserve_imported,
     .chunk_import = tp__host_chunk_import,
     .device_uuid = host_device_uuid,
-    .graph_maps_at_capture = 0,
+    .graph_maps_at_capture = host_graph_maps_at_capture,
     .captures_active = &tp__host_captures_active,
     .capture_begin = tp__host_capture_begin,
     .capture_end = tp__host_capture_end,
@@ -249,6 +259,7 @@ const tp__platform_ops tp__host_platform = {
     .capture_point = tp__host_capture_point,
     .capture_follows = tp__host_capture_follows,
     .capture_attach = tp__host_capture_attach,
+    .capture_detach = tp__host_capture_detach,
     .capture_event_record = tp__host_capture_event_record,
     .capture_event_wait = tp__host_capture_event_wait,
     .graph_instantiate = tp__host_graph_instantiate,

@@ -171,7 +171,8 @@ tp_error_t tp__host_capture_point(tp__pstream *ps, tp__pnode *node);
 tp_error_t tp__host_capture_follows(tp__pstream *ps, const tp__pnode *nodes,
                                     size_t n, unsigned char *out);
 tp_error_t tp__host_capture_attach(tp__pstream *ps, void (*release)(void *),
-                                   void *arg);
+                                   void *arg, void **tie);
+tp_error_t tp__host_capture_detach(tp__pgraph *g, void *tie);
 tp_error_t tp__host_capture_event_record(tp__pevent *ev, tp__pstream *ps);
 tp_error_t tp__host_capture_event_wait(tp__pstream *ps, tp__pevent *ev);
 tp_error_t tp__host_graph_instantiate(tp__pgraph *graph,

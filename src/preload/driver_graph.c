@@ -1,0 +1,152 @@
+/* The driver's stream capture and graph calls in the host mode, as
+ * graph.c does for the runtime's: with TIDEPOOL_PRELOAD=host the streams
+ * are tidepool's, so tidepool captures them, and its graphs are handed out
+ * as the driver's handles. These entries are handed out only then; with a
+ * GPU the driver captures, and tidepool's capture path follows it. */
+#include "driver.h"
+
+static _Atomic(tp__pl_fn) r_begin, r_begin_ptsz, r_end, r_end_ptsz,
+    r_is_capturing, r_is_capturing_ptsz, r_instantiate, r_launch, r_launch_ptsz,
+    r_exec_destroy, r_graph_destroy;
+
+/* Whether the host mode answers; *err when the call can go nowhere. */
+static bool host_answers(CUresult *err) {
+  *err = CUDA_SUCCESS;
+  return tp__pl_host_requested() &&
+         tp__pl_drv_enter(true, err) == TP_PL_DRV_OURS;
+}
+
+/* Answers with tidepool's `call` (a tp_error_t expression) in the host
+ * mode, else passes the arguments to the driver's function in `slot`. */
+#define HOST_OR_DRIVER(call, slot, type, args)                                 \
+  do {                                                                         \
+    CUresult err_;                                                             \
+    if (host_answers(&err_))                                                   \
+      return tp__pl_drv_error(call);                                           \
+    return err_ != CUDA_SUCCESS ? err_ : TP_PL_DRV_CALL(slot, type, args);     \
+  } while (0)
+
+static CUresult begin(CUstream stream, CUstreamCaptureMode mode) {
+  HOST_OR_DRIVER(tp_stream_begin_capture(tp__pl_stream(stream, false),
+                                         (tp_capture_mode_t)mode),
+                 r_begin, PFN_cuStreamBeginCapture_v10010, (stream, mode));
+}
+
+static CUresult begin_ptsz(CUstream stream, CUstreamCaptureMode mode) {
+  HOST_OR_DRIVER(tp_stream_begin_capture(tp__pl_stream(stream, true),
+                                         (tp_capture_mode_t)mode),
+                 r_begin_ptsz, PFN_cuStreamBeginCapture_v10010, (stream, mode));
+}
+
+static tp_error_t end_capture(CUstream stream, CUgraph *graph,
+                              bool per_thread) {
+  if (!graph)
+    return TP_ERROR_INVALID_VALUE;
+  tp_graph_t made = NULL;
+  tp_error_t err =
+      tp_stream_end_capture(tp__pl_stream(stream, per_thread), &made);
+  *graph = (CUgraph)made;
+  return err;
+}
+
+static CUresult end(CUstream stream, CUgraph *graph) {
+  HOST_OR_DRIVER(end_capture(stream, graph, false), r_end,
+                 PFN_cuStreamEndCapture_v10000, (stream, graph));
+}
+
+static CUresult end_ptsz(CUstream stream, CUgraph *graph) {
+  HOST_OR_DRIVER(end_capture(stream, graph, true), r_end_ptsz,
+                 PFN_cuStreamEndCapture_v10000, (stream, graph));
+}
+
+static tp_error_t capture_status(CUstream stream, CUstreamCaptureStatus *status,
+                                 bool per_thread) {
+  if (!status)
+    return TP_ERROR_INVALID_VALUE;
+  tp_capture_status_t st = TP_CAPTURE_STATUS_NONE;
+  tp_error_t err =
+      tp_stream_is_capturing(tp__pl_stream(stream, per_thread), &st);
+  if (err == TP_SUCCESS)
+    *status = (CUstreamCaptureStatus)st;
+  return err;
+}
+
+static CUresult is_capturing(CUstream stream, CUstreamCaptureStatus *status) {
+  HOST_OR_DRIVER(capture_status(stream, status, false), r_is_capturing,
+                 PFN_cuStreamIsCapturing_v10000, (stream, status));
+}
+
+static CUresult is_capturing_ptsz(CUstream stream,
+                                  CUstreamCaptureStatus *status) {
+  HOST_OR_DRIVER(capture_status(stream, status, true), r_is_capturing_ptsz,
+                 PFN_cuStreamIsCapturing_v10000, (stream, status));
+}
+
+static tp_error_t instantiate_graph(CUgraphExec *exec, CUgraph graph,
+                                    unsigned long long flags) {
+  if (!exec)
+    return TP_ERROR_INVALID_VALUE;
+  tp_graph_exec_t made = NULL;
+  tp_error_t err = tp_graph_instantiate(&made, (tp_graph_t)graph, flags);
+  *exec = (CUgraphExec)made;
+  return err;
+}
+
+static CUresult instantiate(CUgraphExec *exec, CUgraph graph,
+                            unsigned long long flags) {
+  HOST_OR_DRIVER(instantiate_graph(exec, graph, flags), r_instantiate,
+                 PFN_cuGraphInstantiateWithFlags_v11040, (exec, graph, flags));
+}
+
+static CUresult launch(CUgraphExec exec, CUstream stream) {
+  HOST_OR_DRIVER(
+      tp_graph_launch((tp_graph_exec_t)exec, tp__pl_stream(stream, false)),
+      r_launch, PFN_cuGraphLaunch_v10000, (exec, stream));
+}
+
+static CUresult launch_ptsz(CUgraphExec exec, CUstream stream) {
+  HOST_OR_DRIVER(
+      tp_graph_launch((tp_graph_exec_t)exec, tp__pl_stream(stream, true)),
+      r_launch_ptsz, PFN_cuGraphLaunch_v10000, (exec, stream));
+}
+
+static CUresult exec_destroy(CUgraphExec exec) {
+  HOST_OR_DRIVER(tp_graph_exec_destroy((tp_graph_exec_t)exec), r_exec_destroy,
+                 PFN_cuGraphExecDestroy_v10000, (exec));
+}
+
+static CUresult graph_destroy(CUgraph graph) {
+  HOST_OR_DRIVER(tp_graph_destroy((tp_graph_t)graph), r_graph_destroy,
+                 PFN_cuGraphDestroy_v10000, (graph));
+}
+
+/* ---- the entries -------------------------------------------------------- */
+
+#define FN(f) ((tp__pl_fn)(f))
+
+const tp__pl_drv_entry tp__pl_drv_graph_entries[] = {
+    {"cuStreamBeginCapture", "cuStreamBeginCapture_v2", 10010, false, true,
+     FN(begin), &r_begin},
+    {"cuStreamBeginCapture", "cuStreamBeginCapture_v2_ptsz", 10010, true, true,
+     FN(begin_ptsz), &r_begin_ptsz},
+    {"cuStreamEndCapture", "cuStreamEndCapture", 10000, false, true, FN(end),
+     &r_end},
+    {"cuStreamEndCapture", "cuStreamEndCapture_ptsz", 10000, true, true,
+     FN(end_ptsz), &r_end_ptsz},
+    {"cuStreamIsCapturing", "cuStreamIsCapturing", 10000, false, true,
+     FN(is_capturing), &r_is_capturing},
+    {"cuStreamIsCapturing", "cuStreamIsCapturing_ptsz", 10000, true, true,
+     FN(is_capturing_ptsz), &r_is_capturing_ptsz},
+    {"cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags", 11040, false,
+     true, FN(instantiate), &r_instantiate},
+    {"cuGraphLaunch", "cuGraphLaunch", 10000, false, true, FN(launch),
+     &r_launch},
+    {"cuGraphLaunch", "cuGraphLaunch_ptsz", 10000, true, true, FN(launch_ptsz),
+     &r_launch_ptsz},
+    {"cuGraphExecDestroy", "cuGraphExecDestroy", 10000, false, true,
+     FN(exec_destroy), &r_exec_destroy},
+    {"cuGraphDestroy", "cuGraphDestroy", 10000, false, true, FN(graph_destroy),
+     &r_graph_destroy},
+};
+const size_t tp__pl_drv_graph_count =
+    sizeof tp__pl_drv_graph_entries / sizeof tp__pl_drv_graph_entries[0];

@@ -1,0 +1,245 @@
+/* The runtime's stream capture and graph calls: with TIDEPOOL_PRELOAD=host
+ * tidepool's own (the host platform's streams are tidepool's, so only it
+ * can capture them); otherwise the runtime's, untouched, since the driver
+ * captures and launches and tidepool's graph memory is tied to the driver's
+ * graphs by user objects. The graph memory attributes and trim answer for
+ * both: the driver's graph memory and tidepool's. */
+#include "preload.h"
+
+typedef cudaError_t (*begin_fn)(cudaStream_t, enum cudaStreamCaptureMode);
+typedef cudaError_t (*end_fn)(cudaStream_t, cudaGraph_t *);
+typedef cudaError_t (*is_capturing_fn)(cudaStream_t,
+                                       enum cudaStreamCaptureStatus *);
+typedef cudaError_t (*instantiate_fn)(cudaGraphExec_t *, cudaGraph_t,
+                                      unsigned long long);
+typedef cudaError_t (*launch_fn)(cudaGraphExec_t, cudaStream_t);
+typedef cudaError_t (*exec_destroy_fn)(cudaGraphExec_t);
+typedef cudaError_t (*graph_destroy_fn)(cudaGraph_t);
+typedef cudaError_t (*trim_fn)(int);
+typedef cudaError_t (*mem_attr_fn)(int, enum cudaGraphMemAttributeType, void *);
+
+TP_PL_NEXT(cudaStreamBeginCapture, begin_fn)
+TP_PL_NEXT(cudaStreamBeginCapture_ptsz, begin_fn)
+TP_PL_NEXT(cudaStreamEndCapture, end_fn)
+TP_PL_NEXT(cudaStreamEndCapture_ptsz, end_fn)
+TP_PL_NEXT(cudaStreamIsCapturing, is_capturing_fn)
+TP_PL_NEXT(cudaStreamIsCapturing_ptsz, is_capturing_fn)
+TP_PL_NEXT(cudaGraphInstantiate, instantiate_fn)
+TP_PL_NEXT(cudaGraphInstantiateWithFlags, instantiate_fn)
+TP_PL_NEXT(cudaGraphLaunch, launch_fn)
+TP_PL_NEXT(cudaGraphLaunch_ptsz, launch_fn)
+TP_PL_NEXT(cudaGraphExecDestroy, exec_destroy_fn)
+TP_PL_NEXT(cudaGraphDestroy, graph_destroy_fn)
+TP_PL_NEXT(cudaDeviceGraphMemTrim, trim_fn)
+TP_PL_NEXT(cudaDeviceGetGraphMemAttribute, mem_attr_fn)
+TP_PL_NEXT(cudaDeviceSetGraphMemAttribute, mem_attr_fn)
+
+/* The real call's result, or that the runtime lacks it. */
+#define REAL(name, args)                                                       \
+  (next_##name() ? TP_PL_THROUGH_RUNTIME(next_##name(), args)                  \
+                 : TP_PL_NO_RUNTIME)
+
+/* Whether tidepool captures: the host mode, once decided. */
+static bool host_captures(void) {
+  return tp__pl_host_requested() && tp__pl_active();
+}
+
+/* Enters tidepool and answers `call`, a tp_error_t expression. */
+#define HOST_ANSWER(call)                                                      \
+  do {                                                                         \
+    cudaError_t enter_rc_ = tp__pl_enter(true);                                \
+    if (enter_rc_ != cudaSuccess)                                              \
+      return enter_rc_;                                                        \
+    return tp__pl_fail(call);                                                  \
+  } while (0)
+
+/* ---- capture ----------------------------------------------------------------
+ */
+
+static cudaError_t begin(cudaStream_t stream, enum cudaStreamCaptureMode mode,
+                         bool per_thread) {
+  HOST_ANSWER(tp_stream_begin_capture(tp__pl_stream(stream, per_thread),
+                                      (tp_capture_mode_t)mode));
+}
+
+TP_PL_EXPORT cudaError_t
+cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+  if (host_captures())
+    return begin(stream, mode, false);
+  return REAL(cudaStreamBeginCapture, (stream, mode));
+}
+
+TP_PL_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(
+    cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+  if (host_captures())
+    return begin(stream, mode, true);
+  return REAL(cudaStreamBeginCapture_ptsz, (stream, mode));
+}
+
+static cudaError_t end(cudaStream_t stream, cudaGraph_t *graph,
+                       bool per_thread) {
+  tp_graph_t made = NULL;
+  if (!graph)
+    return tp__pl_fail(TP_ERROR_INVALID_VALUE);
+  cudaError_t r = tp__pl_enter(true);
+  if (r != cudaSuccess)
+    return r;
+  tp_error_t err =
+      tp_stream_end_capture(tp__pl_stream(stream, per_thread), &made);
+  *graph = (cudaGraph_t)made;
+  return tp__pl_fail(err);
+}
+
+TP_PL_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream,
+                                              cudaGraph_t *graph) {
+  if (host_captures())
+    return end(stream, graph, false);
+  return REAL(cudaStreamEndCapture, (stream, graph));
+}
+
+TP_PL_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream,
+                                                   cudaGraph_t *graph) {
+  if (host_captures())
+    return end(stream, graph, true);
+  return REAL(cudaStreamEndCapture_ptsz, (stream, graph));
+}
+
+static cudaError_t is_capturing(cudaStream_t stream,
+                                enum cudaStreamCaptureStatus *status,
+                                bool per_thread) {
+  tp_capture_status_t st = TP_CAPTURE_STATUS_NONE;
+  if (!status)
+    return tp__pl_fail(TP_ERROR_INVALID_VALUE);
+  cudaError_t r = tp__pl_enter(true);
+  if (r != cudaSuccess)
+    return r;
+  tp_error_t err =
+      tp_stream_is_capturing(tp__pl_stream(stream, per_thread), &st);
+  if (err == TP_SUCCESS)
+    *status = (enum cudaStreamCaptureStatus)st;
+  return tp__pl_fail(err);
+}
+
+TP_PL_EXPORT cudaError_t cudaStreamIsCapturing(
+    cudaStream_t stream, enum cudaStreamCaptureStatus *status) {
+  if (host_captures())
+    return is_capturing(stream, status, false);
+  return REAL(cudaStreamIsCapturing, (stream, status));
+}
+
+TP_PL_EXPORT cudaError_t cudaStreamIsCapturing_ptsz(
+    cudaStream_t stream, enum cudaStreamCaptureStatus *status) {
+  if (host_captures())
+    return is_capturing(stream, status, true);
+  return REAL(cudaStreamIsCapturing_ptsz, (stream, status));
+}
+
+/* ---- graphs and execs -------------------------------------------------------
+ */
+
+static cudaError_t instantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+                               unsigned long long flags) {
+  tp_graph_exec_t made = NULL;
+  if (!exec)
+    return tp__pl_fail(TP_ERROR_INVALID_VALUE);
+  cudaError_t r = tp__pl_enter(true);
+  if (r != cudaSuccess)
+    return r;
+  tp_error_t err = tp_graph_instantiate(&made, (tp_graph_t)graph, flags);
+  *exec = (cudaGraphExec_t)made;
+  return tp__pl_fail(err);
+}
+
+TP_PL_EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec,
+                                              cudaGraph_t graph,
+                                              unsigned long long flags) {
+  if (host_captures())
+    return instantiate(exec, graph, flags);
+  return REAL(cudaGraphInstantiate, (exec, graph, flags));
+}
+
+TP_PL_EXPORT cudaError_t cudaGraphInstantiateWithFlags(
+    cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags) {
+  if (host_captures())
+    return instantiate(exec, graph, flags);
+  return REAL(cudaGraphInstantiateWithFlags, (exec, graph, flags));
+}
+
+TP_PL_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t exec,
+                                         cudaStream_t stream) {
+  if (host_captures())
+    HOST_ANSWER(
+        tp_graph_launch((tp_graph_exec_t)exec, tp__pl_stream(stream, false)));
+  return REAL(cudaGraphLaunch, (exec, stream));
+}
+
+TP_PL_EXPORT cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t exec,
+                                              cudaStream_t stream) {
+  if (host_captures())
+    HOST_ANSWER(
+        tp_graph_launch((tp_graph_exec_t)exec, tp__pl_stream(stream, true)));
+  return REAL(cudaGraphLaunch_ptsz, (exec, stream));
+}
+
+TP_PL_EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  if (host_captures())
+    HOST_ANSWER(tp_graph_exec_destroy((tp_graph_exec_t)exec));
+  return REAL(cudaGraphExecDestroy, (exec));
+}
+
+TP_PL_EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  if (host_captures())
+    HOST_ANSWER(tp_graph_destroy((tp_graph_t)graph));
+  return REAL(cudaGraphDestroy, (graph));
+}
+
+/* ---- graph memory -----------------------------------------------------------
+ * While tidepool answers, a device's graph memory is the driver's (graphs
+ * of pools tidepool did not make) and tidepool's: the attributes are the
+ * sums of both (a high, the sum of the two highs), and trim and resets act
+ * on both. The runtime answers first; in the host mode, where it has no
+ * graph memory to speak of, tidepool alone. */
+
+static bool graph_mem_ours(void) {
+  return tp__pl_on() && tp__pl_enter(false) == cudaSuccess;
+}
+
+TP_PL_EXPORT cudaError_t cudaDeviceGraphMemTrim(int device) {
+  cudaError_t r = tp__pl_host_requested()
+                      ? cudaSuccess
+                      : REAL(cudaDeviceGraphMemTrim, (device));
+  if (r != cudaSuccess || !graph_mem_ours())
+    return r;
+  return tp__pl_fail(tp_device_graph_mem_trim(device));
+}
+
+TP_PL_EXPORT cudaError_t cudaDeviceGetGraphMemAttribute(
+    int device, enum cudaGraphMemAttributeType attr, void *value) {
+  uint64_t theirs = 0;
+  cudaError_t r = tp__pl_host_requested() ? cudaSuccess
+                                          : REAL(cudaDeviceGetGraphMemAttribute,
+                                                 (device, attr, &theirs));
+  if (r != cudaSuccess || !graph_mem_ours()) {
+    if (r == cudaSuccess && value)
+      *(uint64_t *)value = theirs;
+    return r;
+  }
+  uint64_t ours = 0;
+  tp_error_t err = value ? tp_device_get_graph_mem_attribute(
+                               device, (tp_graph_mem_attr_t)attr, &ours)
+                         : TP_ERROR_INVALID_VALUE;
+  if (err == TP_SUCCESS)
+    *(uint64_t *)value = theirs + ours;
+  return tp__pl_fail(err);
+}
+
+TP_PL_EXPORT cudaError_t cudaDeviceSetGraphMemAttribute(
+    int device, enum cudaGraphMemAttributeType attr, void *value) {
+  cudaError_t r = tp__pl_host_requested() ? cudaSuccess
+                                          : REAL(cudaDeviceSetGraphMemAttribute,
+                                                 (device, attr, value));
+  if (r != cudaSuccess || !graph_mem_ours())
+    return r;
+  return tp__pl_fail(tp_device_set_graph_mem_attribute(
+      device, (tp_graph_mem_attr_t)attr, value));
+}
