@@ -23,10 +23,14 @@
 /* A capturing stream waits on an event not recorded in a capture: "a
  * dependency on uncaptured work", whether or not that work is done. */
 #define ANSWER_WAIT_UNCAPTURED TP_ERROR_STREAM_CAPTURE_ISOLATION
+/* ... on an event never recorded: nothing to wait for, and the capture goes
+ * on (the H200's driver, 2026-11-30). */
+#define ANSWER_WAIT_NEVER_RECORDED TP_SUCCESS
 /* A stream outside any capture waits on an event of an invalidated one. */
 #define ANSWER_JOIN_INVALIDATED TP_ERROR_INVALID_VALUE
-/* A stream outside any capture waits on an event whose capture ended. */
-#define ANSWER_WAIT_ENDED_CAPTURE TP_ERROR_CAPTURED_EVENT
+/* A stream outside any capture waits on an event whose capture ended (the
+ * H200's driver answers a bad argument, 2026-11-30). */
+#define ANSWER_WAIT_ENDED_CAPTURE TP_ERROR_INVALID_VALUE
 /* Ending a capture on a stream that joined it invalidates the capture;
  * ending a thread-local capture from another thread ends it, without a
  * graph (TP_CAPTURE_STATUS_NONE after). */
@@ -533,9 +537,12 @@ static void test_forbidden_during_capture(void) {
   }
   CHECK_OK(tp_stream_synchronize(other));
   REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
-  CHECK_EQ_INT(tp_stream_wait_event(s, fresh, 0), ANSWER_WAIT_UNCAPTURED);
-  CHECK_EQ_INT(tp_stream_end_capture(s, &graph),
-               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK_EQ_INT(tp_stream_wait_event(s, fresh, 0), ANSWER_WAIT_NEVER_RECORDED);
+  CHECK_EQ_INT(status_of(s), TP_CAPTURE_STATUS_ACTIVE);
+  CHECK_OK(tp_stream_end_capture(s, &graph));
+  CHECK(graph != NULL);
+  if (graph)
+    CHECK_OK(tp_graph_destroy(graph));
   CHECK_OK(tp_event_destroy(fresh));
 
   /* A stream outside any capture cannot join an invalidated one, and
@@ -1019,15 +1026,21 @@ static void test_driver_answers(void) {
   /* A recorded, completed event and one never recorded, waited on in a
    * capture. */
   REQUIRE(drv.event_record(ev, s2) == 0 && drv.event_sync(ev) == 0);
-  void *events[2] = {ev, fresh};
-  for (int i = 0; i < 2; i++) {
-    check_context(i ? "never recorded" : "recorded outside");
-    CHECK(drv.begin(s1, GLOBAL) == 0);
-    CHECK_ERR(drv_code(drv.wait(s1, events[i], 0)), ANSWER_WAIT_UNCAPTURED);
-    CHECK_EQ_INT(drv_status(s1), TP_CAPTURE_STATUS_INVALIDATED);
-    CHECK_ERR(drv_code(drv.end(s1, &g)), TP_ERROR_STREAM_CAPTURE_INVALIDATED);
-    drv_end(s1);
-  }
+  check_context("recorded outside");
+  CHECK(drv.begin(s1, GLOBAL) == 0);
+  CHECK_ERR(drv_code(drv.wait(s1, ev, 0)), ANSWER_WAIT_UNCAPTURED);
+  CHECK_EQ_INT(drv_status(s1), TP_CAPTURE_STATUS_INVALIDATED);
+  CHECK_ERR(drv_code(drv.end(s1, &g)), TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  drv_end(s1);
+  check_context("never recorded");
+  CHECK(drv.begin(s1, GLOBAL) == 0);
+  CHECK_ERR(drv_code(drv.wait(s1, fresh, 0)), ANSWER_WAIT_NEVER_RECORDED);
+  CHECK_EQ_INT(drv_status(s1), TP_CAPTURE_STATUS_ACTIVE);
+  g = NULL;
+  CHECK_ERR(drv_code(drv.end(s1, &g)), TP_SUCCESS);
+  if (g)
+    drv.graph_destroy(g);
+  drv_end(s1);
 
   check_context("wrong thread");
   CHECK(drv.begin(s1, THREAD_LOCAL) == 0);

@@ -265,7 +265,6 @@ bool tp__graph_on_record(tp_event_t event, tp__stream *s, tp_error_t *err) {
 
 bool tp__graph_on_wait(tp__stream *s, tp_event_t event, tp__event *e,
                        tp_error_t *err) {
-  (void)e;
   tp_capture_status_t status;
   *err = status_of(s, &status, NULL);
   if (*err != TP_SUCCESS)
@@ -284,6 +283,12 @@ bool tp__graph_on_wait(tp__stream *s, tp_event_t event, tp__event *e,
     return false;
   if (status == TP_CAPTURE_STATUS_INVALIDATED) {
     *err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
+    return true;
+  }
+  /* An event never recorded has nothing to wait for: the driver lets the
+   * capture go on, and so does tidepool. */
+  if (!tp__event_recorded(e)) {
+    *err = TP_SUCCESS;
     return true;
   }
   /* A capture may depend on outside work only through its stream's own
@@ -332,7 +337,13 @@ TP_API tp_error_t tp_stream_begin_capture(tp_stream_t stream,
                    mode != TP_CAPTURE_MODE_THREAD_LOCAL &&
                    mode != TP_CAPTURE_MODE_RELAXED,
                TP_ERROR_INVALID_VALUE);
-  return tp__platform->capture_begin(s->ps, mode);
+  TP_FORWARD(tp__platform->capture_begin(s->ps, mode));
+  tp_capture_status_t status;
+  uint64_t id = 0;
+  if (tp__platform->capture_status(s->ps, &status, &id) != TP_SUCCESS)
+    id = 0;
+  atomic_store_explicit(&s->capture_id, id, memory_order_relaxed);
+  return TP_SUCCESS;
 }
 
 TP_API tp_error_t tp_stream_end_capture(tp_stream_t stream, tp_graph_t *graph) {
@@ -341,14 +352,18 @@ TP_API tp_error_t tp_stream_end_capture(tp_stream_t stream, tp_graph_t *graph) {
   TP_FORWARD(tp__api_init());
   tp__stream *s;
   TP_FORWARD(tp__stream_get(stream, &s));
-  tp_capture_status_t status;
+  tp_capture_status_t status = TP_CAPTURE_STATUS_NONE;
   uint64_t id = 0;
   if (tp__platform->capture_status(s->ps, &status, &id) != TP_SUCCESS)
     id = 0;
   tp__pgraph *pg = NULL;
   tp_error_t err = tp__platform->capture_end(s->ps, &pg);
-  if (err != TP_SUCCESS && id)
-    tp__gmem_capture_failed(id);
+  /* An invalidated capture has no id the driver will tell; the one this
+   * stream began last is the failed one (one that already ended is found
+   * seen and left as it is). */
+  if (err != TP_SUCCESS && status != TP_CAPTURE_STATUS_NONE)
+    tp__gmem_capture_failed(
+        id ? id : atomic_load_explicit(&s->capture_id, memory_order_relaxed));
   TP_FORWARD(err);
   struct tp_graph_opaque *g = calloc(1, sizeof *g);
   if (!g) {

@@ -1039,8 +1039,8 @@ void tp__gmem_adopt(tp__gmem *gm, tp__pgraph *graph) {
 
 void tp__gmem_capture_failed(uint64_t capture_id) {
   pthread_mutex_lock(&lock);
-  tp__gmem *gm = gmem_find(capture_id);
-  if (gm) {
+  tp__gmem *gm = capture_id ? gmem_find(capture_id) : NULL;
+  if (gm && !gm->seen) {
     gm->seen = true;
     for (uint32_t i = 0; i < gm->nallocs; i++)
       set_live(gm, &gm->allocs[i], false);

@@ -515,6 +515,9 @@ struct tp__event {
   tp__pevent *pe;
   tp__spin lock;
   tp__clock clock;
+  /* Recorded outside a capture at least once: a capture may wait on an
+   * event never recorded, which orders nothing, as the driver allows. */
+  _Atomic bool recorded;
 };
 
 static tp__mutex ev_lock = TP_MUTEX_INIT(TP_RANK_EVENT_TABLE);
@@ -618,7 +621,12 @@ tp_error_t tp__event_record(tp__event *e, tp__stream *s) {
   e->clock = c;
   tp__spin_unlock(&e->lock);
   clock_free(&old);
+  atomic_store_explicit(&e->recorded, true, memory_order_release);
   return TP_SUCCESS;
+}
+
+bool tp__event_recorded(const tp__event *e) {
+  return atomic_load_explicit(&e->recorded, memory_order_acquire);
 }
 
 static bool event_clock_copy(tp__event *e, tp__clock *out) {

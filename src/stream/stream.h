@@ -61,6 +61,10 @@ struct tp__stream {
   tp_stream_t handle;
   _Atomic int refs;
   _Atomic bool destroyed;
+  /* The capture tp_stream_begin_capture began here last: the driver names
+   * a capture only while it is active, and one that failed must still be
+   * found to give back its memory. Read and written by the graph layer. */
+  _Atomic uint64_t capture_id;
 
   tp__spin lock;          /* guards everything below, and the stream's caches */
   _Atomic uint64_t epoch; /* epoch given to frees issued now */
@@ -162,6 +166,8 @@ tp_error_t tp__event_destroy(tp__event *e);
 tp_error_t tp__event_record(tp__event *e, tp__stream *s);
 tp_error_t tp__event_wait(tp__stream *s, tp__event *e);
 tp_error_t tp__event_query(tp__event *e);
+/* Whether the event was ever recorded outside a capture. */
+bool tp__event_recorded(const tp__event *e);
 /* Waits for the event, then marks done the work its clock covers on each
  * stream; those streams are returned with a reference each (the caller
  * unrefs them and frees the array), so that the layers above can settle

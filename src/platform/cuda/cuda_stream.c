@@ -146,8 +146,28 @@ tp_error_t tp__cu_stream_synchronize(tp__pstream *ps) {
   TP_CU_ON_STREAM(ps, tp__cu.cuStreamSynchronize(s_));
 }
 
+/* Queries run in relaxed capture mode. tidepool asks about its streams and
+ * events while the calling thread may be capturing in global mode, where
+ * the driver refuses the question and invalidates that capture (PyTorch's
+ * caching allocator relaxes its event queries for the same reason). A
+ * query of a capturing stream or a captured event is refused all the same,
+ * as the capture rules say. */
 tp_error_t tp__cu_stream_query(tp__pstream *ps) {
-  TP_CU_ON_STREAM(ps, tp__cu.cuStreamQuery(s_));
+  CUstream s;
+  tp__cu_scope scope;
+  TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
+  tp__cu_scope_relax(&scope);
+  CUresult r = tp__cu.cuStreamQuery(s);
+  tp__cu_scope_leave(&scope);
+  return tp__cu_error(r);
+}
+
+static CUresult event_query_relaxed(CUevent ev) {
+  tp__cu_scope scope = {0};
+  tp__cu_scope_relax(&scope);
+  CUresult r = tp__cu.cuEventQuery(ev);
+  tp__cu_scope_leave(&scope);
+  return r;
 }
 
 tp_error_t tp__cu_stream_wait_event(tp__pstream *ps, tp__pevent *ev) {
@@ -259,7 +279,7 @@ tp_error_t tp__cu_event_destroy(tp__pevent *ev) {
    * to the driver, which frees it once its work is done, and only its
    * shell is kept. */
   CUresult r = CUDA_SUCCESS;
-  if (tp__cu.cuEventQuery(ev->ev) != CUDA_SUCCESS) {
+  if (event_query_relaxed(ev->ev) != CUDA_SUCCESS) {
     r = tp__cu.cuEventDestroy(ev->ev);
     ev->ev = NULL;
   }
@@ -284,7 +304,7 @@ tp_error_t tp__cu_event_record(tp__pevent *ev, tp__pstream *ps) {
 }
 
 tp_error_t tp__cu_event_query(tp__pevent *ev) {
-  return tp__cu_error(tp__cu.cuEventQuery(ev->ev));
+  return tp__cu_error(event_query_relaxed(ev->ev));
 }
 
 tp_error_t tp__cu_event_synchronize(tp__pevent *ev) {

@@ -604,7 +604,9 @@ tp_error_t tp__host_capture_event_wait(tp__pstream *ps, tp__pevent *ev) {
   if (!ce) {
     err = TP_ERROR_INVALID_VALUE;
   } else if (ce->c->ended) {
-    err = TP_ERROR_CAPTURED_EVENT;
+    /* The driver answers a wait on an event of a finished capture as a bad
+     * argument. */
+    err = TP_ERROR_INVALID_VALUE;
   } else if (m && m->c != ce->c) {
     m->c->invalidated = ce->c->invalidated = true;
     err = TP_ERROR_STREAM_CAPTURE_MERGE;
