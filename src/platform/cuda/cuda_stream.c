@@ -122,15 +122,22 @@ tp_error_t tp__cu_stream_adopt(tp_stream_t handle, tp__stream_desc *desc) {
     return adopt_per_thread(desc);
   TP_RETURN_IF((uintptr_t)s < TP_CU_SPECIAL_LIMIT, TP_ERROR_INVALID_VALUE);
 
+  /* In relaxed capture mode: a stream first met, or met again, while the
+   * calling thread captures in global mode is still to be described, and
+   * the driver refuses these questions there otherwise (an H200: the first
+   * cudaMallocAsync of a torch.cuda.graph capture failed). */
+  tp__cu_scope scope = {0};
+  tp__cu_scope_relax(&scope);
   unsigned long long id = 0;
-  CUresult r = tp__cu.cuStreamGetId(s, &id);
-  TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
   CUdevice dev = 0;
-  r = tp__cu.cuStreamGetDevice ? tp__cu.cuStreamGetDevice(s, &dev)
-                               : stream_device_by_ctx(s, &dev);
-  TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
   unsigned flags = 0;
-  r = tp__cu.cuStreamGetFlags(s, &flags);
+  CUresult r = tp__cu.cuStreamGetId(s, &id);
+  if (r == CUDA_SUCCESS)
+    r = tp__cu.cuStreamGetDevice ? tp__cu.cuStreamGetDevice(s, &dev)
+                                 : stream_device_by_ctx(s, &dev);
+  if (r == CUDA_SUCCESS)
+    r = tp__cu.cuStreamGetFlags(s, &flags);
+  tp__cu_scope_leave(&scope);
   TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
   int device = tp__cu_ordinal(dev);
   TP_RETURN_IF(device < 0, TP_ERROR_INVALID_VALUE);
