@@ -80,7 +80,10 @@ typedef struct tp__platform_ops {
    * device. */
   tp_error_t (*stream_legacy)(int device, tp__stream_desc *desc);
   /* A stream handle the platform made outside stream_create (cuda: any
-   * CUstream). INVALID_VALUE where the handle is not a stream. */
+   * CUstream). INVALID_VALUE where the handle is not a stream. uid 0 where
+   * the platform cannot ask the stream its identity now (cuda: while it
+   * captures): the stream is then known by its handle, and its flags are
+   * unknown (0). */
   tp_error_t (*stream_adopt)(tp_stream_t handle, tp__stream_desc *desc);
   tp_error_t (*stream_synchronize)(tp__pstream *ps); /* or ILLEGAL_ADDRESS */
   tp_error_t (*stream_query)(tp__pstream *ps);       /* SUCCESS / NOT_READY */

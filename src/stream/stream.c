@@ -163,6 +163,18 @@ static tp__stream *reg_find_handle(tp_stream_t handle) {
   return NULL;
 }
 
+/* A stream the platform made outside tidepool, by its handle: the one met
+ * last, since a handle may name a new stream once its stream is gone. */
+static tp__stream *reg_find_foreign(tp_stream_t handle) {
+  for (uint32_t i = nreg; i-- > 0;)
+    if (!reg[i]->owned && reg[i]->handle == handle)
+      return reg[i];
+  return NULL;
+}
+
+#define TP_STREAM_UNNAMED (UINT64_C(1) << 62)
+static _Atomic uint64_t unnamed = 1;
+
 static tp__stream *reg_find_uid(uint64_t uid) {
   for (uint32_t i = 0; i < nreg; i++)
     if (reg[i]->uid == uid)
@@ -230,9 +242,13 @@ tp_error_t tp__stream_get(tp_stream_t handle, tp__stream **out) {
   if (d.legacy)
     return legacy_get(d.device, out);
   tp__mutex_lock(&reg_lock);
-  s = reg_find_uid(d.uid);
+  s = d.uid ? reg_find_uid(d.uid) : reg_find_foreign(handle);
   if (!s && (s = stream_alloc(&d)) != NULL) {
     s->handle = handle;
+    /* A stream met first where the platform could not name it keeps a
+     * name of its own, outside the platform's (uid 0 is no name). */
+    if (!d.uid)
+      s->uid = TP_STREAM_UNNAMED | atomic_fetch_add(&unnamed, 1);
     if (!TP_RESERVE(reg, nreg, capreg)) {
       free(s);
       s = NULL;

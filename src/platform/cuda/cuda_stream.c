@@ -122,22 +122,28 @@ tp_error_t tp__cu_stream_adopt(tp_stream_t handle, tp__stream_desc *desc) {
     return adopt_per_thread(desc);
   TP_RETURN_IF((uintptr_t)s < TP_CU_SPECIAL_LIMIT, TP_ERROR_INVALID_VALUE);
 
-  /* In relaxed capture mode: a stream first met, or met again, while the
-   * calling thread captures in global mode is still to be described, and
-   * the driver refuses these questions there otherwise (an H200: the first
-   * cudaMallocAsync of a torch.cuda.graph capture failed). */
-  tp__cu_scope scope = {0};
-  tp__cu_scope_relax(&scope);
+  /* The driver refuses cuStreamGetId, cuStreamGetDevice and
+   * cuStreamGetFlags on a capturing stream, in any capture mode, and
+   * invalidates the capture (an H200, 2026-11-30); cuStreamIsCapturing and
+   * cuStreamGetCtx it answers. A capturing stream is described without its
+   * id and flags, and the core finds it by its handle. */
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = tp__cu.cuStreamIsCapturing ? tp__cu.cuStreamIsCapturing(s, &st)
+                                          : CUDA_SUCCESS;
+  TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
   unsigned long long id = 0;
   CUdevice dev = 0;
   unsigned flags = 0;
-  CUresult r = tp__cu.cuStreamGetId(s, &id);
-  if (r == CUDA_SUCCESS)
-    r = tp__cu.cuStreamGetDevice ? tp__cu.cuStreamGetDevice(s, &dev)
-                                 : stream_device_by_ctx(s, &dev);
-  if (r == CUDA_SUCCESS)
-    r = tp__cu.cuStreamGetFlags(s, &flags);
-  tp__cu_scope_leave(&scope);
+  if (st == CU_STREAM_CAPTURE_STATUS_NONE) {
+    r = tp__cu.cuStreamGetId(s, &id);
+    if (r == CUDA_SUCCESS)
+      r = tp__cu.cuStreamGetDevice ? tp__cu.cuStreamGetDevice(s, &dev)
+                                   : stream_device_by_ctx(s, &dev);
+    if (r == CUDA_SUCCESS)
+      r = tp__cu.cuStreamGetFlags(s, &flags);
+  } else {
+    r = stream_device_by_ctx(s, &dev);
+  }
   TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
   int device = tp__cu_ordinal(dev);
   TP_RETURN_IF(device < 0, TP_ERROR_INVALID_VALUE);
