@@ -87,7 +87,7 @@ static void settle_running(void) {
  * launch is waited for here. */
 static void watch_last_launch(struct tp_graph_exec_opaque *x) {
   pthread_mutex_lock(&running_lock);
-  bool kept = TP_RESERVE(running, nrunning, caprunning);
+  bool kept = TP_ARRAY_ROOM(running, nrunning, caprunning);
   if (kept) {
     running[nrunning++] = (running_exec){x->last, x->gm};
     atomic_store_explicit(&running_any, nrunning, memory_order_release);
@@ -132,7 +132,7 @@ static shadow *shadow_find(tp_event_t event) {
 static tp_error_t shadow_for(tp_event_t event, int device, shadow **out) {
   shadow *sh = shadow_find(event);
   if (!sh) {
-    TP_RETURN_IF(!TP_RESERVE(shadows, nshadows, capshadows),
+    TP_RETURN_IF(!TP_ARRAY_ROOM(shadows, nshadows, capshadows),
                  TP_ERROR_OUT_OF_MEMORY);
     sh = &shadows[nshadows];
     *sh = (shadow){.event = event, .device = -1};

@@ -152,7 +152,7 @@ static void done_update(int id, void *stream, int64_t op) {
       return;
     }
     d->done = d->tags[d->head];
-    if (TP_RESERVE(spares, nspare, capspare))
+    if (TP_ARRAY_ROOM(spares, nspare, capspare))
       spares[nspare++] = (spare_event){d->events[d->head], d->device};
     else
       (void)tp__platform->event_destroy(d->events[d->head]);

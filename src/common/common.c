@@ -52,7 +52,7 @@ uint64_t tp__env_size(const char *name, uint64_t fallback, bool *bad) {
   return (uint64_t)v << shift;
 }
 
-bool tp__reserve(void **arr, uint32_t n, uint32_t *cap, size_t elem) {
+bool tp__array_room(void **arr, uint32_t n, uint32_t *cap, size_t elem) {
   if (n < *cap)
     return true;
   uint32_t ncap = *cap ? *cap * 2 : 8;

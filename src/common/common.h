@@ -63,9 +63,9 @@ static inline void tp__atomic_max(_Atomic uint64_t *high, uint64_t v) {
 
 /* Makes room for one more element in a growable array (doubling); false
  * when memory is short, with the array unchanged. */
-bool tp__reserve(void **arr, uint32_t n, uint32_t *cap, size_t elem);
-#define TP_RESERVE(arr, n, cap)                                                \
-  tp__reserve((void **)&(arr), (n), &(cap), sizeof *(arr))
+bool tp__array_room(void **arr, uint32_t n, uint32_t *cap, size_t elem);
+#define TP_ARRAY_ROOM(arr, n, cap)                                             \
+  tp__array_room((void **)&(arr), (n), &(cap), sizeof *(arr))
 
 /* Reads an environment variable as an unsigned size with an optional K, M,
  * G or T suffix (powers of 1024). Returns `fallback` when unset; sets *bad

@@ -244,7 +244,7 @@ static void va_give(arena *a, size_t off, size_t size) {
   } else if (right) {
     a->free[i].off = off;
     a->free[i].size += size;
-  } else if (TP_RESERVE(a->free, a->nfree, a->capfree)) {
+  } else if (TP_ARRAY_ROOM(a->free, a->nfree, a->capfree)) {
     memmove(&a->free[i + 1], &a->free[i], (a->nfree - i) * sizeof *a->free);
     a->free[i] = (range){off, size};
     a->nfree++;
@@ -287,7 +287,7 @@ static tp_error_t slot_fill(arena *a, slot *sl) {
 static void slot_empty(arena *a, slot *sl) {
   if (sl->maps || !sl->phys)
     return;
-  if (TP_RESERVE(a->cache, a->ncache, a->capcache))
+  if (TP_ARRAY_ROOM(a->cache, a->ncache, a->capcache))
     a->cache[a->ncache++] = sl->phys;
   else if (tp__platform->chunk_release(a->res, sl->phys) == TP_SUCCESS)
     count_reserved(a->device, a->gran, false);
@@ -442,8 +442,8 @@ static tp_error_t seg_new(tp__gmem *gm, const tp__gmem_kind *kind, size_t need,
   size = tp__align_up(size, a->gran);
   segment *sg = calloc(1, sizeof *sg);
   granule *gr = calloc(size / a->gran, sizeof *gr);
-  bool ok = sg && gr && TP_RESERVE(gm->segs, gm->nsegs, gm->capsegs) &&
-            TP_RESERVE(segreg, nsegreg, capsegreg);
+  bool ok = sg && gr && TP_ARRAY_ROOM(gm->segs, gm->nsegs, gm->capsegs) &&
+            TP_ARRAY_ROOM(segreg, nsegreg, capsegreg);
   if (!ok) {
     free(gr);
     free(sg);
@@ -505,7 +505,7 @@ static bool add_node(tp__pnode **nodes, uint32_t *n, uint32_t *cap,
   for (uint32_t i = 0; i < *n; i++)
     if ((*nodes)[i] == v)
       return true;
-  if (!TP_RESERVE(*nodes, *n, *cap))
+  if (!TP_ARRAY_ROOM(*nodes, *n, *cap))
     return false;
   (*nodes)[(*n)++] = v;
   return true;
@@ -596,14 +596,16 @@ static tp_error_t plan(tp__gmem *gm, tp__pstream *ps, const tp__gmem_kind *kind,
   size_t first = start / gran, last = (start + need - 1) / gran;
   size_t fresh = first + (sg->gr[first].slot != 0); /* first new granule */
   size_t nfresh = last + 1 - fresh;
-  TP_RETURN_IF(!TP_RESERVE(gm->allocs, gm->nallocs, gm->capallocs),
+  TP_RETURN_IF(!TP_ARRAY_ROOM(gm->allocs, gm->nallocs, gm->capallocs),
                TP_ERROR_OUT_OF_MEMORY);
   for (size_t g = first; g <= last; g++)
-    TP_RETURN_IF(!TP_RESERVE(sg->gr[g].occ, sg->gr[g].nocc, sg->gr[g].capocc),
-                 TP_ERROR_OUT_OF_MEMORY);
+    TP_RETURN_IF(
+        !TP_ARRAY_ROOM(sg->gr[g].occ, sg->gr[g].nocc, sg->gr[g].capocc),
+        TP_ERROR_OUT_OF_MEMORY);
   for (size_t i = 0; i < nfresh; i++)
-    TP_RETURN_IF(!TP_RESERVE(gm->slots, gm->nslots + (uint32_t)i, gm->capslots),
-                 TP_ERROR_OUT_OF_MEMORY);
+    TP_RETURN_IF(
+        !TP_ARRAY_ROOM(gm->slots, gm->nslots + (uint32_t)i, gm->capslots),
+        TP_ERROR_OUT_OF_MEMORY);
   unsigned char *ok = gm->nslots ? calloc(gm->nslots, 1) : NULL;
   TP_RETURN_IF(gm->nslots && !ok, TP_ERROR_OUT_OF_MEMORY);
   slot *saved = nfresh ? calloc(nfresh, sizeof *saved) : NULL;
@@ -877,7 +879,7 @@ tp_error_t tp__gmem_free_captured(tp__pstream *ps, uint64_t capture_id,
       if (gm->foreign[i].owner == owner && gm->foreign[i].alloc == index)
         err = TP_ERROR_INVALID_VALUE;
     if (err == TP_SUCCESS &&
-        !TP_RESERVE(gm->foreign, gm->nforeign, gm->capforeign))
+        !TP_ARRAY_ROOM(gm->foreign, gm->nforeign, gm->capforeign))
       err = TP_ERROR_OUT_OF_MEMORY;
     if (err == TP_SUCCESS) {
       gm->foreign[gm->nforeign++] = (foreign){owner, index};

@@ -98,7 +98,7 @@ static entry *entry_find(tp__ipc_export *x, uint64_t offset) {
 
 static entry *entry_insert(tp__pool *p, uint64_t offset) {
   tp__ipc_export *x = p->exp;
-  if (!TP_RESERVE(x->entries, x->nentries, x->capentries))
+  if (!TP_ARRAY_ROOM(x->entries, x->nentries, x->capentries))
     return NULL;
   uint32_t i = entry_index(x, offset);
   memmove(&x->entries[i + 1], &x->entries[i],
@@ -194,7 +194,7 @@ static bool conn_add_hold(conn *c, uint64_t offset) {
       return true;
     }
   }
-  if (!TP_RESERVE(c->holds, c->nholds, c->capholds))
+  if (!TP_ARRAY_ROOM(c->holds, c->nholds, c->capholds))
     return false;
   c->holds[c->nholds++] = (hold){offset, 1};
   return true;
@@ -392,7 +392,7 @@ static void serve_connect(tp__pool *p, const tp__wire *q, int priv,
   if (status == TP_SUCCESS && x->closed)
     status = TP_ERROR_INVALID_VALUE;
   pthread_mutex_unlock(&x->lock);
-  if (status == TP_SUCCESS && !TP_RESERVE(x->conns, x->nconns, x->capconns))
+  if (status == TP_SUCCESS && !TP_ARRAY_ROOM(x->conns, x->nconns, x->capconns))
     status = TP_ERROR_OUT_OF_MEMORY;
   bool taken = status == TP_SUCCESS && channel_take(x, u->pid, priv);
   if (status == TP_SUCCESS && !taken)
@@ -565,7 +565,7 @@ tp_error_t tp__ipc_export_handle(tp__pool *p, int *fd) {
   pthread_mutex_lock(&x->lock);
   if (err == TP_SUCCESS && x->closed)
     err = TP_ERROR_INVALID_VALUE;
-  if (err == TP_SUCCESS && !TP_RESERVE(x->rv, x->nrv, x->caprv))
+  if (err == TP_SUCCESS && !TP_ARRAY_ROOM(x->rv, x->nrv, x->caprv))
     err = TP_ERROR_OUT_OF_MEMORY;
   if (err == TP_SUCCESS && !x->running)
     err = start_thread(p);

@@ -410,7 +410,8 @@ tp_error_t tp__ipc_import_pointer(tp__pool *p,
   bool held = err == TP_SUCCESS;
   uint32_t i = ptr_index(m, r.offset);
   bool known = i < m->nptrs && m->ptrs[i].offset == r.offset;
-  if (err == TP_SUCCESS && !known && !TP_RESERVE(m->ptrs, m->nptrs, m->capptrs))
+  if (err == TP_SUCCESS && !known &&
+      !TP_ARRAY_ROOM(m->ptrs, m->nptrs, m->capptrs))
     err = TP_ERROR_OUT_OF_MEMORY;
   if (err == TP_SUCCESS)
     err = map_range(p, r.offset, r.size);
@@ -745,7 +746,7 @@ tp_error_t tp__ipc_import_pool(int fd, tp_pool_t *out) {
   err = tp__registry_add(p->space.base, p->space.va_size, p);
   m->registered = err == TP_SUCCESS;
   pthread_mutex_lock(&importers_lock);
-  if (err == TP_SUCCESS && !TP_RESERVE(importers, nimporters, capimporters))
+  if (err == TP_SUCCESS && !TP_ARRAY_ROOM(importers, nimporters, capimporters))
     err = TP_ERROR_OUT_OF_MEMORY;
   if (err == TP_SUCCESS) {
     importers[nimporters++] = p;

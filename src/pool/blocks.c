@@ -373,7 +373,8 @@ void tp__heap_pending_tags(const tp__heap *h, tp__tag **tags, uint32_t *n,
                            uint32_t *cap) {
   for (unsigned bin = 0; bin < TP_NBINS; bin++)
     for (const tp__block *b = h->bins[bin]; b; b = b->fnext)
-      if (b->tag.stream && tp__reserve((void **)tags, *n, cap, sizeof **tags)) {
+      if (b->tag.stream &&
+          tp__array_room((void **)tags, *n, cap, sizeof **tags)) {
         (*tags)[(*n)++] = b->tag;
         tp__stream_ref(b->tag.stream);
       }

@@ -107,7 +107,7 @@ tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
   tp_error_t err = pool_rooms(p, gran, limit);
   bool rooms = err == TP_SUCCESS;
   tp__mutex_lock(&pools_lock);
-  if (err == TP_SUCCESS && !TP_RESERVE(pools, npools, cappools))
+  if (err == TP_SUCCESS && !TP_ARRAY_ROOM(pools, npools, cappools))
     err = TP_ERROR_OUT_OF_MEMORY;
   if (err == TP_SUCCESS)
     pools[npools++] = p;

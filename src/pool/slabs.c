@@ -202,7 +202,8 @@ void tp__slabs_put(tp__slabs *ss, unsigned cls, const tp__centry *e,
     list_add(ss, slab);
     return;
   }
-  if (!TP_RESERVE(ss->pending[cls], ss->npending[cls], ss->cappending[cls])) {
+  if (!TP_ARRAY_ROOM(ss->pending[cls], ss->npending[cls],
+                     ss->cappending[cls])) {
     /* No room to remember the tag: wait for the free instead of losing it. */
     (void)tp__stream_wait_host(&t);
     bit_set(slab, idx);
@@ -247,7 +248,7 @@ void tp__slabs_pending_tags(const tp__slabs *ss, tp__tag **tags, uint32_t *n,
                             uint32_t *cap) {
   for (unsigned cls = 0; cls < TP_NCLASSES; cls++)
     for (uint32_t i = 0; i < ss->npending[cls]; i++)
-      if (tp__reserve((void **)tags, *n, cap, sizeof **tags)) {
+      if (tp__array_room((void **)tags, *n, cap, sizeof **tags)) {
         (*tags)[(*n)++] = ss->pending[cls][i].tag;
         tp__stream_ref(ss->pending[cls][i].tag.stream);
       }

@@ -211,7 +211,7 @@ tp_error_t tp__space_release(tp__space *sp, const tp__phys *phys, size_t n) {
     }
     if (first == TP_SUCCESS)
       first = err;
-    if (TP_RESERVE(sp->orphans, sp->norphans, sp->caporphans))
+    if (TP_ARRAY_ROOM(sp->orphans, sp->norphans, sp->caporphans))
       sp->orphans[sp->norphans++] = phys[i];
   }
   return first;
@@ -220,7 +220,7 @@ tp_error_t tp__space_release(tp__space *sp, const tp__phys *phys, size_t n) {
 tp_error_t tp__space_detach(tp__space *sp, size_t c0, size_t c1, tp__phys *phys,
                             const tp__tag *tag) {
   for (size_t c = c0; c < c1; c++) {
-    if (!TP_RESERVE(sp->ghosts, sp->nghosts, sp->capghosts)) {
+    if (!TP_ARRAY_ROOM(sp->ghosts, sp->nghosts, sp->capghosts)) {
       while (c-- > c0) { /* undo: the chunks stay where they are */
         tp__ghost *g = &sp->ghosts[--sp->nghosts];
         set_ghost(sp, c, false);

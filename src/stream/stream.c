@@ -24,7 +24,7 @@ static bool clock_raise(tp__clock *c, uint64_t key, uint64_t value) {
       return true;
     }
   }
-  if (!TP_RESERVE(c->v, c->n, c->cap))
+  if (!TP_ARRAY_ROOM(c->v, c->n, c->cap))
     return false;
   c->v[c->n++] = (tp__clock_entry){key, value};
   return true;
@@ -149,7 +149,7 @@ void tp__stream_unref(tp__stream *s) {
 
 static bool reg_add(tp__stream *s) {
   tp__mutex_lock(&reg_lock);
-  bool ok = TP_RESERVE(reg, nreg, capreg);
+  bool ok = TP_ARRAY_ROOM(reg, nreg, capreg);
   if (ok)
     reg[nreg++] = s;
   tp__mutex_unlock(&reg_lock);
@@ -198,7 +198,7 @@ static tp_error_t legacy_get(int device, tp__stream **out) {
     d.legacy = 1;
     d.device = device;
     s = stream_alloc(&d);
-    if (!s || !TP_RESERVE(reg, nreg, capreg)) {
+    if (!s || !TP_ARRAY_ROOM(reg, nreg, capreg)) {
       free(s);
       s = NULL;
       err = TP_ERROR_OUT_OF_MEMORY;
@@ -249,7 +249,7 @@ tp_error_t tp__stream_get(tp_stream_t handle, tp__stream **out) {
      * name of its own, outside the platform's (uid 0 is no name). */
     if (!d.uid)
       s->uid = TP_STREAM_UNNAMED | atomic_fetch_add(&unnamed, 1);
-    if (!TP_RESERVE(reg, nreg, capreg)) {
+    if (!TP_ARRAY_ROOM(reg, nreg, capreg)) {
       free(s);
       s = NULL;
     } else {
@@ -290,7 +290,7 @@ static tp__marker *marker_record(tp__stream *s) {
     free(m);
     return NULL;
   }
-  if (!TP_RESERVE(s->markers, s->nmarkers, s->capmarkers) ||
+  if (!TP_ARRAY_ROOM(s->markers, s->nmarkers, s->capmarkers) ||
       tp__platform->event_record(m->ev, s->ps) != TP_SUCCESS) {
     marker_discard(m);
     return NULL;
@@ -307,7 +307,7 @@ static void marker_retire(tp__stream *s, tp__marker *m) {
   m->listed = false;
   if (m->refs > 0)
     return;
-  if (!TP_RESERVE(s->spare, s->nspare, s->capspare)) {
+  if (!TP_ARRAY_ROOM(s->spare, s->nspare, s->capspare)) {
     marker_discard(m);
     return;
   }
@@ -552,7 +552,7 @@ tp_error_t tp__event_create(tp_event_t *out) {
     return err;
   }
   tp__mutex_lock(&ev_lock);
-  bool ok = TP_RESERVE(events, nevents, capevents);
+  bool ok = TP_ARRAY_ROOM(events, nevents, capevents);
   if (ok)
     events[nevents++] = e;
   tp__mutex_unlock(&ev_lock);

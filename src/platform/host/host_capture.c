@@ -84,7 +84,7 @@ static bool set_put(nodeset *s, uint32_t id) {
   for (uint32_t i = 0; i < s->n; i++)
     if (s->v[i] == id)
       return true;
-  if (!TP_RESERVE(s->v, s->n, s->cap))
+  if (!TP_ARRAY_ROOM(s->v, s->n, s->cap))
     return false;
   s->v[s->n++] = id;
   return true;
@@ -128,7 +128,7 @@ static void graph_unref(tp__pgraph *g) {
  * short. Under mu. */
 static uint32_t graph_add(tp__pgraph *g, const tp__host_node *work,
                           const nodeset *after) {
-  if (g->n == UINT32_MAX - 1 || !TP_RESERVE(g->nodes, g->n, g->cap))
+  if (g->n == UINT32_MAX - 1 || !TP_ARRAY_ROOM(g->nodes, g->n, g->cap))
     return 0;
   node *n = &g->nodes[g->n];
   *n = (node){.work = *work};
@@ -547,7 +547,7 @@ tp_error_t tp__host_capture_attach(tp__pstream *ps, void (*release)(void *),
   tp__pgraph *g = m ? m->c->graph : NULL;
   if (!g)
     err = TP_ERROR_ILLEGAL_STATE;
-  else if (!TP_RESERVE(g->releases, g->nreleases, g->capreleases))
+  else if (!TP_ARRAY_ROOM(g->releases, g->nreleases, g->capreleases))
     err = TP_ERROR_OUT_OF_MEMORY;
   else
     g->releases[g->nreleases++] = (release_fn){release, arg};

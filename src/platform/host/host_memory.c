@@ -169,7 +169,7 @@ static size_t registry_find(uintptr_t addr) {
 
 static tp_error_t registry_add(tp__pres *r) {
   pthread_rwlock_wrlock(&registry_lock);
-  bool room = TP_RESERVE(registry, registry_n, registry_cap);
+  bool room = TP_ARRAY_ROOM(registry, registry_n, registry_cap);
   if (room) {
     size_t i = registry_find(r->base);
     memmove(&registry[i + 1], &registry[i],
@@ -254,7 +254,7 @@ int tp__host_res_fd(tp__pres *res) {
 /* Makes room for one more chunk index, growing the memfd when the chunks
  * outnumber the granules of the reservation. Under chunk_mu. */
 static tp_error_t chunk_grow(tp__pres *r) {
-  TP_RETURN_IF(!TP_RESERVE(r->chunks, r->nchunks, r->chunk_cap),
+  TP_RETURN_IF(!TP_ARRAY_ROOM(r->chunks, r->nchunks, r->chunk_cap),
                TP_ERROR_OUT_OF_MEMORY);
   off_t need = (off_t)(((size_t)r->nchunks + 1) * GRAN);
   if (need > r->file_size) {
@@ -657,7 +657,7 @@ tp_error_t tp__host_chunk_import(tp__pres *res, const tp__chunk_share *share,
   tp_error_t err = TP_SUCCESS;
   pthread_mutex_lock(&res->chunk_mu);
   while (err == TP_SUCCESS && res->nchunks <= index) {
-    if (!TP_RESERVE(res->chunks, res->nchunks, res->chunk_cap))
+    if (!TP_ARRAY_ROOM(res->chunks, res->nchunks, res->chunk_cap))
       err = TP_ERROR_OUT_OF_MEMORY;
     else
       res->chunks[res->nchunks++] = (chunk){0};
