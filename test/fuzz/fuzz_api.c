@@ -39,7 +39,9 @@
 #define DEVICE_MEMORY (32 * MiB)
 #define DEVICE_MEMORY_TEXT "32M"
 
-#define MAX_STREAMS 24 /* model streams per input, the two legacy ones first */
+#define MAX_STREAMS                                                            \
+  24 /* model streams per input, the two legacy ones first                     \
+      */
 #define MAX_LIVE_STREAMS 6
 #define MAX_POOLS 16 /* model pools per input, the two default ones first */
 #define MAX_LIVE_POOLS 6
@@ -203,7 +205,11 @@ typedef struct hf_rec {
   unsigned char val;
   int block;
   unsigned op;
+  unsigned gen;
 } hf_rec;
+/* Per block slot: bumped when the model stops knowing the block's bytes,
+ * which calls off the checks already queued. */
+static atomic_uint block_gen[MAX_BLOCKS];
 static hf_rec hfs[MAX_HF];
 static unsigned hf_next;
 
@@ -233,7 +239,7 @@ static void hf_fn(void *arg) {
   hf_rec *h = arg;
   if (h->kind == HF_WRITE) {
     memset(h->p, h->val, h->size);
-  } else {
+  } else if (atomic_load(&block_gen[h->block]) == h->gen) {
     size_t bad = find_bad(h->p, h->size, h->val);
     if (bad < h->size) {
       pthread_mutex_lock(&async_mu);
@@ -286,9 +292,9 @@ typedef struct mitem {
   int gate;   /* model gate, or -1 */
   int ndeps;
   int deps[MAX_DEPS];
-  uint32_t event_edges; /* bit i: deps[i] came through an event */
-  bool done;            /* known complete: a synchronize or query said so */
-  int mem_pool;         /* a stream memset into this pool, or -1 */
+  uint32_t event_edges;    /* bit i: deps[i] came through an event */
+  bool done;               /* known complete: a synchronize or query said so */
+  int mem_pool, mem_pool2; /* pools a memset or memcpy touches, or -1 */
   unsigned stamp;
 } mitem;
 
@@ -315,34 +321,34 @@ typedef struct mevent {
 typedef struct mpool {
   tp_pool_t h;
   bool live, is_default, imported, exportable;
-  int exporter;  /* imported: the exporting model pool */
-  int device;    /* device of a device pool, else -1 */
-  int loc_type;  /* tp_location_type_t */
+  int exporter; /* imported: the exporting model pool */
+  int device;   /* device of a device pool, else -1 */
+  int loc_type; /* tp_location_type_t */
   int alloc_type;
   uint64_t max_size;
   uint64_t chunk;
   int follow, opp, internal, oom_wait;
   uint64_t threshold;
   tp_access_flags_t access[NDEV];
-  uint64_t used;      /* exact */
-  uint64_t held;      /* freed by the exporter, perhaps still held */
+  uint64_t used; /* exact */
+  uint64_t held; /* freed by the exporter, perhaps still held */
   uint64_t high_lo, high_hi;
   bool high_loose; /* after a reset, with "highreset" skipped */
 } mpool;
 
 typedef struct mblock {
-  bool live;     /* between its malloc and its free */
-  bool held;     /* freed by the exporter while an importer holds it */
+  bool live; /* between its malloc and its free */
+  bool held; /* freed by the exporter while an importer holds it */
   unsigned char *p;
   size_t size;
   int pool;
-  int owner;     /* the stream its work is ordered on */
-  int last_item; /* the last item that touched it, or -1 */
+  int owner;         /* the stream its work is ordered on */
+  int last_item;     /* the last item that touched it, or -1 */
   unsigned char val; /* its bytes, 0 when unknown */
   bool has_rec;
   tp_pool_ptr_export_data_t rec;
-  int holds;      /* live imports */
-  int free_item;  /* held: the exporter's free */
+  int holds;     /* live imports */
+  int free_item; /* held: the exporter's free */
   int hold_items[MAX_IMPORTS];
   int nhold_items;
 } mblock;
@@ -431,7 +437,7 @@ static int item_new(int s, int gate, const int *extra, int nextra,
   memset(it, 0, sizeof *it);
   it->stream = s;
   it->gate = gate;
-  it->mem_pool = -1;
+  it->mem_pool = it->mem_pool2 = -1;
   if (s >= 0)
     it->ndeps = next_deps(s, it->deps);
   for (int i = 0; i < nextra && it->ndeps < MAX_DEPS; i++) {
@@ -724,7 +730,8 @@ static void check_pool_stats(int p) {
          " (one thread allocates, so it is exact)",
          p, high, m->high_lo);
   if (high < used && !m->high_loose)
-    fail("pool %d: USED_MEM_HIGH %" PRIu64 " is below USED_MEM_CURRENT %" PRIu64,
+    fail("pool %d: USED_MEM_HIGH %" PRIu64
+         " is below USED_MEM_CURRENT %" PRIu64,
          p, high, used);
   if (res < used)
     fail("pool %d: RESERVED_MEM_CURRENT %" PRIu64
@@ -780,8 +787,8 @@ static void check_no_overlap(uintptr_t lo, uintptr_t hi, int self_block,
       continue;
     uintptr_t olo = (uintptr_t)o->q, ohi = olo + M.blocks[o->block].size;
     if (olo < hi && lo < ohi)
-      fail("[%#" PRIxPTR ", %#" PRIxPTR ") overlaps imported pointer %d",
-           lo, hi, k);
+      fail("[%#" PRIxPTR ", %#" PRIxPTR ") overlaps imported pointer %d", lo,
+           hi, k);
   }
 }
 
@@ -789,8 +796,8 @@ static void prune_freed(void) {
   int k = 0;
   for (int i = 0; i < M.nfreed; i++) {
     mfreed *f = &M.freed[i];
-    bool done = items[f->item].done &&
-                (f->hold_item < 0 || items[f->hold_item].done);
+    bool done =
+        items[f->item].done && (f->hold_item < 0 || items[f->hold_item].done);
     if (!done)
       M.freed[k++] = *f;
   }
@@ -853,6 +860,12 @@ static bool check_reuse(int p, int s, uintptr_t lo, uintptr_t hi) {
 
 /* ---- block contents ----------------------------------------------------- */
 
+/* The model no longer knows block b's bytes. */
+static void forget_contents(int b) {
+  M.blocks[b].val = 0;
+  atomic_fetch_add(&block_gen[b], 1);
+}
+
 /* Queues a write of a new value into block b on its owner stream: a memset
  * where the stream's device may write the pool's memory, else a host
  * function. */
@@ -871,11 +884,15 @@ static void write_block(int b, const char *why) {
   } else {
     hf_rec *h = hf_take();
     if (!h) {
-      k->val = 0;
+      forget_contents(b);
       return;
     }
-    *h = (hf_rec){.kind = HF_WRITE, .p = k->p, .size = k->size, .val = v,
-                  .block = b, .op = M.op};
+    *h = (hf_rec){.kind = HF_WRITE,
+                  .p = k->p,
+                  .size = k->size,
+                  .val = v,
+                  .block = b,
+                  .op = M.op};
     atomic_store(&h->busy, 1);
     expect_ok(tp_launch_host_func(sh(s), hf_fn, h), "tp_launch_host_func");
     k->last_item = item_new(s, -1, NULL, 0, false);
@@ -892,8 +909,13 @@ static void check_block_async(int b) {
   hf_rec *h = hf_take();
   if (!h)
     return;
-  *h = (hf_rec){.kind = HF_CHECK, .p = k->p, .size = k->size, .val = k->val,
-                .block = b, .op = M.op};
+  *h = (hf_rec){.kind = HF_CHECK,
+                .p = k->p,
+                .size = k->size,
+                .val = k->val,
+                .block = b,
+                .op = M.op,
+                .gen = atomic_load(&block_gen[b])};
   atomic_store(&h->busy, 1);
   expect_ok(tp_launch_host_func(sh(k->owner), hf_fn, h), "tp_launch_host_func");
   k->last_item = item_new(k->owner, -1, NULL, 0, false);
@@ -941,19 +963,30 @@ static size_t rd_size(reader *r) {
   case 10: return (size_t)(v % 64 + 1) * 64 * KiB;
   case 11: return (size_t)(v % 12 + 1) * MiB + v % 3 * 512;
   case 12: {
-    static const size_t edge[] = {
-        1,           511,         512,         513,          4096,
-        32 * KiB,    32 * KiB + 1, 2 * MiB - 512, 2 * MiB,   2 * MiB + 1,
-        4 * MiB,     8 * MiB - 1, 16 * MiB,    DEVICE_MEMORY - 2 * MiB,
-        DEVICE_MEMORY, DEVICE_MEMORY + 1};
+    static const size_t edge[] = {1,
+                                  511,
+                                  512,
+                                  513,
+                                  4096,
+                                  32 * KiB,
+                                  32 * KiB + 1,
+                                  2 * MiB - 512,
+                                  2 * MiB,
+                                  2 * MiB + 1,
+                                  4 * MiB,
+                                  8 * MiB - 1,
+                                  16 * MiB,
+                                  DEVICE_MEMORY - 2 * MiB,
+                                  DEVICE_MEMORY,
+                                  DEVICE_MEMORY + 1};
     return edge[v % 16];
   }
   case 13: return 1 + v % 512;
   case 14: return (size_t)(v % 20 + 1) * MiB;
   default: {
-    static const size_t huge[] = {SIZE_MAX,         SIZE_MAX - 511,
-                                  SIZE_MAX / 2,     (size_t)1 << 40,
-                                  (size_t)1 << 34,  64 * MiB};
+    static const size_t huge[] = {SIZE_MAX,        SIZE_MAX - 511,
+                                  SIZE_MAX / 2,    (size_t)1 << 40,
+                                  (size_t)1 << 34, 64 * MiB};
     return huge[v % 6];
   }
   }
@@ -1009,8 +1042,9 @@ static void op_malloc(reader *r, bool from_pool) {
         from_pool ? "tp_malloc_from_pool_async" : "tp_malloc_async", size, p,
         sname(s));
   call_begin(may_wait ? CALL_MAY_WAIT : CALL_NO_WAIT, "tp_malloc_async");
-  tp_error_t err = from_pool ? tp_malloc_from_pool_async(&ptr, size, m->h, sh(s))
-                             : tp_malloc_async(&ptr, size, sh(s));
+  tp_error_t err = from_pool
+                       ? tp_malloc_from_pool_async(&ptr, size, m->h, sh(s))
+                       : tp_malloc_async(&ptr, size, sh(s));
   call_end();
   if (may_wait)
     gates_sync_self_opened();
@@ -1142,11 +1176,12 @@ static void op_copy(reader *r) {
   expect_ok(tp_memcpy_async(dst->p, src->p, n, sh(st)), "tp_memcpy_async");
   int it = item_new(st, -1, NULL, 0, false);
   items[it].mem_pool = dst->pool;
+  items[it].mem_pool2 = src->pool;
   dst->last_item = src->last_item = it;
   if (n == dst->size)
     dst->val = src->val;
   else
-    dst->val = 0;
+    forget_contents(d);
 }
 
 static void op_gate(reader *r) {
@@ -1198,8 +1233,8 @@ static void op_stream_create(reader *r) {
   unsigned flags = a & 1 ? TP_STREAM_NON_BLOCKING : TP_STREAM_DEFAULT;
   use_device(dev);
   tp_stream_t h = NULL;
-  logf_("tp_stream_create(%s) on device %d",
-        flags ? "NON_BLOCKING" : "DEFAULT", dev);
+  logf_("tp_stream_create(%s) on device %d", flags ? "NON_BLOCKING" : "DEFAULT",
+        dev);
   expect_ok(tp_stream_create(&h, flags), "tp_stream_create");
   int s = M.nstreams++;
   M.streams[s] = (mstream){h, dev, false, !flags, true, -1, 0};
@@ -1233,8 +1268,7 @@ static void expect_fault(tp_error_t err, int fault, bool maybe,
   if (err == TP_ERROR_ILLEGAL_ADDRESS && (fault || maybe))
     return;
   fail("%s returned %s; the model expected %s", what, tp_error_name(err),
-       fault == 1 ? "ILLEGAL_ADDRESS (an access fault is pending)"
-                  : "SUCCESS");
+       fault == 1 ? "ILLEGAL_ADDRESS (an access fault is pending)" : "SUCCESS");
 }
 
 static void op_stream_sync(reader *r) {
@@ -1422,9 +1456,9 @@ static tp_pool_props_t rd_props(reader *r) {
       pr.alloc_type == TP_ALLOCATION_PINNED)
     pr.handle_types = TP_HANDLE_POSIX_FD;
   if (pr.alloc_type == TP_ALLOCATION_PINNED) {
-    static const size_t sizes[] = {0,       0,       4 * MiB,  6 * MiB,
-                                   3 * MiB, 8 * MiB, 2 * MiB,  1000,
-                                   16 * MiB, 12 * MiB + 512, 64 * MiB, 0};
+    static const size_t sizes[] = {
+        0,       0,    4 * MiB,  6 * MiB,        3 * MiB,  8 * MiB,
+        2 * MiB, 1000, 16 * MiB, 12 * MiB + 512, 64 * MiB, 0};
     pr.max_size = sizes[(b >> 1) % 12];
     if (pr.max_size && pr.max_size < 2 * MiB && (skip_mask & (1u << 7)))
       pr.max_size = 0;
@@ -1475,7 +1509,9 @@ static void op_pool_destroy(reader *r) {
     return;
   mpool *m = &M.pools[p];
   logf_("tp_pool_destroy(pool %d%s)", p,
-        m->is_default ? ", a default pool" : m->live ? "" : ", destroyed");
+        m->is_default ? ", a default pool"
+        : m->live     ? ""
+                      : ", destroyed");
   if (m->is_default || !m->live) {
     expect_err(tp_pool_destroy(m->h), TP_ERROR_INVALID_VALUE,
                m->is_default ? "tp_pool_destroy of a default pool"
@@ -1568,7 +1604,7 @@ static void op_attr(reader *r) {
   }
   case 4:
   case 5: {
-    static const uint64_t th[] = {0,       1,       2 * MiB, 3 * MiB,
+    static const uint64_t th[] = {0,       1,       2 * MiB,    3 * MiB,
                                   8 * MiB, 1 << 20, UINT64_MAX, 512};
     uint64_t t = th[v % 8];
     logf_("tp_pool_set_attribute(pool %d, RELEASE_THRESHOLD, %" PRIu64 ")", p,
@@ -1634,29 +1670,32 @@ static void op_access(reader *r) {
                                          TP_ACCESS_READ_WRITE};
   tp_access_flags_t f = fl[(a >> 1) % 3];
   tp_access_desc_t desc = {{TP_LOCATION_DEVICE, d, 0}, f};
+  bool own = m->device == d && f != TP_ACCESS_READ_WRITE;
+  if (m->access[d] != f && !own) {
+    /* Stream work of that device touching this pool, still queued, may now
+     * fault or not: its stream's answer and the bytes of the blocks it
+     * touches become uncertain, before the call, since the work may run as
+     * soon as access changes; checks already queued are called off. */
+    for (int i = 0; i < nitems; i++) {
+      mitem *it = &items[i];
+      if (it->done || (it->mem_pool != p && it->mem_pool2 != p) ||
+          it->stream < 0 || M.streams[it->stream].device != d)
+        continue;
+      M.streams[it->stream].fault = 2;
+      for (int b = 0; b < MAX_BLOCKS; b++)
+        if (M.blocks[b].live && (M.blocks[b].pool == it->mem_pool ||
+                                 M.blocks[b].pool == it->mem_pool2))
+          forget_contents(b);
+    }
+  }
   logf_("tp_pool_set_access(pool %d, device %d, %d)", p, d, (int)f);
   tp_error_t err = tp_pool_set_access(m->h, &desc, 1);
-  if (m->device == d && f != TP_ACCESS_READ_WRITE) {
+  if (own) {
     expect_err(err, TP_ERROR_INVALID_DEVICE,
                "tp_pool_set_access reducing the pool's own device");
     return;
   }
   expect_ok(err, "tp_pool_set_access");
-  if (m->access[d] != f) {
-    /* Stream writes into this pool still queued for that device may now
-     * fault or not: their streams' answers and the blocks' bytes become
-     * uncertain. */
-    for (int i = 0; i < nitems; i++) {
-      mitem *it = &items[i];
-      if (it->done || it->mem_pool != p || it->stream < 0 ||
-          M.streams[it->stream].device != d)
-        continue;
-      M.streams[it->stream].fault = 2;
-      for (int b = 0; b < MAX_BLOCKS; b++)
-        if (M.blocks[b].live && M.blocks[b].pool == p)
-          M.blocks[b].val = 0;
-    }
-  }
   m->access[d] = f;
   tp_access_flags_t back = TP_ACCESS_NONE;
   tp_location_t loc = {TP_LOCATION_DEVICE, d, 0};
@@ -1684,7 +1723,8 @@ static void op_fault(reader *r) {
   int it = item_new(s, -1, NULL, 0, false);
   items[it].mem_pool = k->pool;
   k->last_item = it;
-  k->val = 0; /* whether a faulting write changed anything is not promised */
+  /* Whether a faulting write changed anything is not promised. */
+  forget_contents(b);
   if (M.streams[s].fault == 0)
     M.streams[s].fault = 1;
 }
@@ -1761,10 +1801,10 @@ static void op_import_pool(reader *r) {
   if (v != m->device)
     fail("an imported pool of device %d reports location id %d", m->device, v);
   fd = -1;
-  expect_err(
-      tp_pool_export_to_shareable_handle(&fd, h, TP_HANDLE_POSIX_FD, 0),
-      TP_ERROR_INVALID_VALUE, "tp_pool_export_to_shareable_handle of an "
-                              "imported pool");
+  expect_err(tp_pool_export_to_shareable_handle(&fd, h, TP_HANDLE_POSIX_FD, 0),
+             TP_ERROR_INVALID_VALUE,
+             "tp_pool_export_to_shareable_handle of an "
+             "imported pool");
 }
 
 static void op_import_pointer(reader *r) {
@@ -1841,7 +1881,8 @@ static void op_free_import(reader *r) {
   mimport *im = &M.imports[k];
   mblock *b = &M.blocks[im->block];
   logf_("tp_free_async(import %d %p, %s)", k, im->q, sname(s));
-  expect_ok(tp_free_async(im->q, sh(s)), "tp_free_async of an imported pointer");
+  expect_ok(tp_free_async(im->q, sh(s)),
+            "tp_free_async of an imported pointer");
   int it = item_new(s, -1, NULL, 0, false);
   im->live = false;
   mpool *ip = &M.pools[im->ipool];
@@ -1923,8 +1964,7 @@ static tp_event_t wild_event(unsigned k) {
 /* Whether a pointer is the start of something the model holds. */
 static bool ptr_is_live(uintptr_t p) {
   for (int b = 0; b < MAX_BLOCKS; b++)
-    if ((M.blocks[b].live || M.blocks[b].held) &&
-        (uintptr_t)M.blocks[b].p == p)
+    if ((M.blocks[b].live || M.blocks[b].held) && (uintptr_t)M.blocks[b].p == p)
       return true;
   for (int k = 0; k < MAX_IMPORTS; k++)
     if (M.imports[k].live && (uintptr_t)M.imports[k].q == p)
@@ -1946,8 +1986,8 @@ static void op_bad(reader *r) {
     if (!h)
       return;
     logf_("bad: pool calls on a wild handle %p (variant %u)", (void *)h, k % 6);
-    expect_err(tp_pool_get_attribute(h, TP_POOL_ATTR_USED_MEM_CURRENT, &u),
-               INV, "tp_pool_get_attribute(wild pool)");
+    expect_err(tp_pool_get_attribute(h, TP_POOL_ATTR_USED_MEM_CURRENT, &u), INV,
+               "tp_pool_get_attribute(wild pool)");
     expect_err(tp_pool_set_attribute(h, TP_POOL_ATTR_RELEASE_THRESHOLD, &u),
                INV, "tp_pool_set_attribute(wild pool)");
     expect_err(tp_pool_trim_to(h, 0), INV, "tp_pool_trim_to(wild pool)");
@@ -1962,9 +2002,9 @@ static void op_bad(reader *r) {
     expect_err(tp_pool_get_access(&f, h, &d.location), INV,
                "tp_pool_get_access(wild pool)");
     int fd = -1;
-    expect_err(tp_pool_export_to_shareable_handle(&fd, h, TP_HANDLE_POSIX_FD,
-                                                  0),
-               INV, "tp_pool_export_to_shareable_handle(wild pool)");
+    expect_err(
+        tp_pool_export_to_shareable_handle(&fd, h, TP_HANDLE_POSIX_FD, 0), INV,
+        "tp_pool_export_to_shareable_handle(wild pool)");
     expect_err(tp_pool_destroy(h), INV, "tp_pool_destroy(wild pool)");
     return;
   }
@@ -1972,7 +2012,8 @@ static void op_bad(reader *r) {
     tp_stream_t h = wild_stream(k);
     logf_("bad: stream calls on a wild handle %p (variant %u)", (void *)h,
           k % 5);
-    expect_err(tp_malloc_async(&ptr, 64, h), INV, "tp_malloc_async(wild stream)");
+    expect_err(tp_malloc_async(&ptr, 64, h), INV,
+               "tp_malloc_async(wild stream)");
     expect_err(tp_stream_synchronize(h), INV,
                "tp_stream_synchronize(wild stream)");
     expect_err(tp_stream_query(h), INV, "tp_stream_query(wild stream)");
@@ -2076,10 +2117,10 @@ static void op_bad(reader *r) {
                                      TP_POOL_ATTR_RELEASE_THRESHOLD, NULL),
                INV, "tp_pool_set_attribute(value NULL)");
     static const tp_pool_attr_t ro[] = {
-        TP_POOL_ATTR_RESERVED_MEM_CURRENT, TP_POOL_ATTR_USED_MEM_CURRENT,
-        TP_POOL_ATTR_ALLOCATION_TYPE,      TP_POOL_ATTR_EXPORT_HANDLE_TYPES,
-        TP_POOL_ATTR_LOCATION_ID,          TP_POOL_ATTR_LOCATION_TYPE,
-        TP_POOL_ATTR_LOCALITY_DOMAIN_ID,   TP_POOL_ATTR_MAX_POOL_SIZE,
+        TP_POOL_ATTR_RESERVED_MEM_CURRENT,  TP_POOL_ATTR_USED_MEM_CURRENT,
+        TP_POOL_ATTR_ALLOCATION_TYPE,       TP_POOL_ATTR_EXPORT_HANDLE_TYPES,
+        TP_POOL_ATTR_LOCATION_ID,           TP_POOL_ATTR_LOCATION_TYPE,
+        TP_POOL_ATTR_LOCALITY_DOMAIN_ID,    TP_POOL_ATTR_MAX_POOL_SIZE,
         TP_POOL_ATTR_HW_DECOMPRESS_ENABLED, TP_POOL_ATTR_CHUNK_MAPS,
         TP_POOL_ATTR_CHUNK_UNMAPS,          TP_POOL_ATTR_CHUNK_SIZE};
     u = 0;
@@ -2089,9 +2130,9 @@ static void op_bad(reader *r) {
     expect_err(
         tp_pool_set_attribute(M.pools[p].h, TP_POOL_ATTR_USED_MEM_HIGH, &u),
         INV, "tp_pool_set_attribute(USED_MEM_HIGH, nonzero)");
-    expect_err(tp_pool_set_attribute(M.pools[p].h,
-                                     TP_POOL_ATTR_RESERVED_MEM_HIGH, &u),
-               INV, "tp_pool_set_attribute(RESERVED_MEM_HIGH, nonzero)");
+    expect_err(
+        tp_pool_set_attribute(M.pools[p].h, TP_POOL_ATTR_RESERVED_MEM_HIGH, &u),
+        INV, "tp_pool_set_attribute(RESERVED_MEM_HIGH, nonzero)");
     return;
   }
   case 6: {
@@ -2102,10 +2143,22 @@ static void op_bad(reader *r) {
     tp_error_t want = INV;
     const char *kind;
     switch (k % 14) {
-    case 0: memset(&pr, 0, sizeof pr); kind = "zeroed props"; break;
-    case 1: pr.alloc_type = (tp_allocation_type_t)77; kind = "type 77"; break;
-    case 2: pr.usage = 1; kind = "usage 1"; break;
-    case 3: pr.handle_types = 2; kind = "handle type 2"; break;
+    case 0:
+      memset(&pr, 0, sizeof pr);
+      kind = "zeroed props";
+      break;
+    case 1:
+      pr.alloc_type = (tp_allocation_type_t)77;
+      kind = "type 77";
+      break;
+    case 2:
+      pr.usage = 1;
+      kind = "usage 1";
+      break;
+    case 3:
+      pr.handle_types = 2;
+      kind = "handle type 2";
+      break;
     case 4:
       pr.alloc_type = TP_ALLOCATION_MANAGED;
       pr.max_size = 4 * MiB;
@@ -2116,9 +2169,18 @@ static void op_bad(reader *r) {
       pr.handle_types = TP_HANDLE_POSIX_FD;
       kind = "managed with handle types";
       break;
-    case 6: pr.location.type = (tp_location_type_t)99; kind = "location 99"; break;
-    case 7: pr.location.id = -1; kind = "device -1"; break;
-    case 8: pr.location.id = NDEV; kind = "device past the last"; break;
+    case 6:
+      pr.location.type = (tp_location_type_t)99;
+      kind = "location 99";
+      break;
+    case 7:
+      pr.location.id = -1;
+      kind = "device -1";
+      break;
+    case 8:
+      pr.location.id = NDEV;
+      kind = "device past the last";
+      break;
     case 9:
       pr.location.type = TP_LOCATION_HOST;
       pr.handle_types = TP_HANDLE_POSIX_FD;
@@ -2138,7 +2200,10 @@ static void op_bad(reader *r) {
       want = TP_ERROR_NOT_SUPPORTED;
       kind = "fabric handles";
       break;
-    default: pr.location.type = TP_LOCATION_NONE; kind = "pinned, no location"; break;
+    default:
+      pr.location.type = TP_LOCATION_NONE;
+      kind = "pinned, no location";
+      break;
     }
     tp_pool_t h = NULL;
     logf_("bad: tp_pool_create(%s)", kind);
@@ -2158,8 +2223,8 @@ static void op_bad(reader *r) {
     /* Every combination the pool does not match is refused. */
     tp_location_t loc = {TP_LOCATION_DEVICE, d, 0};
     const mpool *m = &M.pools[p];
-    bool match = !m->imported && m->loc_type == TP_LOCATION_DEVICE &&
-                 m->device == d;
+    bool match =
+        !m->imported && m->loc_type == TP_LOCATION_DEVICE && m->device == d;
     logf_("bad: tp_mem_set_pool(managed, device %d, pool %d)", d, p);
     tp_error_t err = tp_mem_set_pool(&loc, TP_ALLOCATION_MANAGED, m->h);
     if (match && m->alloc_type == TP_ALLOCATION_MANAGED) {
@@ -2172,8 +2237,8 @@ static void op_bad(reader *r) {
     } else {
       expect_err(err, INV, "tp_mem_set_pool with a pool that does not match");
     }
-    expect_err(tp_device_set_mem_pool(NDEV + 3, m->h),
-               TP_ERROR_INVALID_DEVICE, "tp_device_set_mem_pool(bad device)");
+    expect_err(tp_device_set_mem_pool(NDEV + 3, m->h), TP_ERROR_INVALID_DEVICE,
+               "tp_device_set_mem_pool(bad device)");
     expect_err(tp_pool_destroy(default_pool[d]), INV,
                "tp_pool_destroy(default pool)");
     return;
@@ -2264,14 +2329,13 @@ static void op_bad(reader *r) {
     }
     tp_pool_t h = NULL;
     fd = -1;
-    expect_err(tp_pool_import_from_shareable_handle(&h, &fd,
-                                                    TP_HANDLE_POSIX_FD, 0),
-               INV, "tp_pool_import_from_shareable_handle(fd -1)");
+    expect_err(
+        tp_pool_import_from_shareable_handle(&h, &fd, TP_HANDLE_POSIX_FD, 0),
+        INV, "tp_pool_import_from_shareable_handle(fd -1)");
     fd = 0;
-    expect_err(tp_pool_import_from_shareable_handle(&h, &fd, TP_HANDLE_FABRIC,
-                                                    0),
-               TP_ERROR_NOT_SUPPORTED,
-               "tp_pool_import_from_shareable_handle(FABRIC)");
+    expect_err(
+        tp_pool_import_from_shareable_handle(&h, &fd, TP_HANDLE_FABRIC, 0),
+        TP_ERROR_NOT_SUPPORTED, "tp_pool_import_from_shareable_handle(FABRIC)");
     return;
   }
   case 11: {
@@ -2299,8 +2363,8 @@ static void op_bad(reader *r) {
     expect_err(tp_get_device_count(NULL), INV, "tp_get_device_count(NULL)");
     expect_err(tp_device_get_attribute(&iv, (tp_device_attr_t)99, 0), INV,
                "tp_device_get_attribute(99)");
-    expect_err(tp_device_get_attribute(&iv, TP_DEVICE_ATTR_MEMORY_POOLS_SUPPORTED,
-                                       NDEV),
+    expect_err(tp_device_get_attribute(
+                   &iv, TP_DEVICE_ATTR_MEMORY_POOLS_SUPPORTED, NDEV),
                TP_ERROR_INVALID_DEVICE, "tp_device_get_attribute(bad device)");
     iv = 0;
     expect_ok(tp_get_device_count(&iv), "tp_get_device_count");
@@ -2571,7 +2635,8 @@ static void end_input(void) {
     expect_ok(tp_event_destroy(M.handoff[d]), "tp_event_destroy (hand-off)");
   for (int s = NDEV; s < M.nstreams; s++)
     if (M.streams[s].live) {
-      expect_ok(tp_stream_destroy(M.streams[s].h), "tp_stream_destroy at the end");
+      expect_ok(tp_stream_destroy(M.streams[s].h),
+                "tp_stream_destroy at the end");
       M.streams[s].live = false;
     }
   /* The pools destroyed with frees still queued go at a synchronize after
@@ -2587,8 +2652,9 @@ static void end_input(void) {
     }
     tp__host_quiesce();
     tp__host_live_get(&live);
-    if (!live_base_set || (live.chunks == live_base.chunks &&
-                           live.reservations == live_base.reservations) ||
+    if (!live_base_set ||
+        (live.chunks == live_base.chunks &&
+         live.reservations == live_base.reservations) ||
         now_s() > deadline)
       break;
     struct timespec ts = {0, 1000 * 1000};
@@ -2599,7 +2665,8 @@ static void end_input(void) {
   for (int g = 0; g < MAX_GATES; g++)
     if (atomic_load(&gates_rt_busy[g]))
       fail("gate slot %d is still held after everything completed", g);
-  if (live.chunks != live_base.chunks || live.mapped_chunks != live_base.mapped_chunks)
+  if (live.chunks != live_base.chunks ||
+      live.mapped_chunks != live_base.mapped_chunks)
     fail("%" PRIu64 " chunks (%" PRIu64 " mapped) are still held after every "
          "pool was destroyed and every block freed; %" PRIu64 " at the start",
          live.chunks, live.mapped_chunks, live_base.chunks);
@@ -2646,17 +2713,49 @@ static void op_set_device(reader *r) {
 /* The opcode table: a byte picks an entry, so that frequent operations
  * have several. */
 static const op_fn ops[] = {
-    op_malloc_current, op_malloc_current, op_malloc_current, op_malloc_pool,
-    op_malloc_pool,    op_malloc_pool,    op_free,           op_free,
-    op_free,           op_free,           op_write,          op_check,
-    op_copy,           op_gate,           op_gate,           op_open,
-    op_open,           op_stream_create,  op_stream_create,  op_stream_destroy,
-    op_stream_sync,    op_stream_sync,    op_device_sync,    op_event,
-    op_event,          op_event,          op_pool_create,    op_pool_create,
-    op_pool_destroy,   op_set_current,    op_attr,           op_attr,
-    op_trim,           op_access,         op_fault,          op_bad,
-    op_bad,            op_export_pointer, op_import_pool,    op_import_pointer,
-    op_free_import,    op_quiesce_r,      op_set_device,
+    op_malloc_current,
+    op_malloc_current,
+    op_malloc_current,
+    op_malloc_pool,
+    op_malloc_pool,
+    op_malloc_pool,
+    op_free,
+    op_free,
+    op_free,
+    op_free,
+    op_write,
+    op_check,
+    op_copy,
+    op_gate,
+    op_gate,
+    op_open,
+    op_open,
+    op_stream_create,
+    op_stream_create,
+    op_stream_destroy,
+    op_stream_sync,
+    op_stream_sync,
+    op_device_sync,
+    op_event,
+    op_event,
+    op_event,
+    op_pool_create,
+    op_pool_create,
+    op_pool_destroy,
+    op_set_current,
+    op_attr,
+    op_attr,
+    op_trim,
+    op_access,
+    op_fault,
+    op_bad,
+    op_bad,
+    op_export_pointer,
+    op_import_pool,
+    op_import_pointer,
+    op_free_import,
+    op_quiesce_r,
+    op_set_device,
 };
 #define NOPS (sizeof ops / sizeof ops[0])
 
