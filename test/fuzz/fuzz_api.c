@@ -68,7 +68,7 @@ static int trace_on;
 /* Bit n (1 to 23): leave out calls that hit finding n of issue 14; higher
  * bits: this fuzzer's own findings, by name (parse_skip). */
 static unsigned skip_mask;
-enum { SKIP_HIGH_RESET = 24 };
+enum { SKIP_HIGH_RESET = 24, SKIP_STREAM_DESTROY = 25 };
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void logf_(const char *fmt, ...) {
@@ -683,14 +683,15 @@ static uint64_t capacity_of(const mpool *p) {
   return DEVICE_MEMORY;
 }
 
-/* The physical bytes a pool may hold, as the header promises it. */
+/* The physical bytes a pool may hold: whole chunks, as many as fit in
+ * max_size (the header's tp_pool_props_t). */
 static uint64_t limit_of(const mpool *p) {
   uint64_t cap = capacity_of(p);
   if (!p->max_size)
     return cap;
-  uint64_t m = p->max_size;
+  uint64_t m = p->max_size / p->chunk * p->chunk;
   if (skip_mask & (1u << 7))
-    m = align_up(m, p->chunk);
+    m = align_up(p->max_size, p->chunk);
   return m < cap ? m : cap;
 }
 
@@ -828,28 +829,41 @@ static bool check_reuse(int p, int s, uintptr_t lo, uintptr_t hi) {
       fail("pool %d gave [%#" PRIxPTR ", %#" PRIxPTR ") to %s while an "
            "importer's free of the block there has not completed (held)",
            p, lo, hi, sname(s));
-    if (!item_blocked(f->item))
-      continue; /* completed or perhaps completed: nothing to prove */
-    if (f->pool != p)
-      fail("pool %d gave [%#" PRIxPTR ", %#" PRIxPTR ") to %s, memory that "
-           "pool %d freed in work that has not completed (item %d)",
-           p, lo, hi, sname(s), f->pool, f->item);
+    if (items[f->item].done)
+      continue;
+    bool blocked = item_blocked(f->item);
+    if (f->pool != p) {
+      if (blocked)
+        fail("pool %d gave [%#" PRIxPTR ", %#" PRIxPTR ") to %s, memory "
+             "that pool %d freed in work that has not completed (item %d)",
+             p, lo, hi, sname(s), f->pool, f->item);
+      continue;
+    }
     if (stream_follows(s, f->item, false))
       continue;
-    if (stream_follows(s, f->item, true)) {
-      if (m->follow || m->internal)
+    bool by_event = stream_follows(s, f->item, true);
+    if (by_event && m->follow)
+      continue;
+    if (!blocked) {
+      /* Perhaps complete, but nothing told the pool so: taking it needs
+       * the opportunistic policy, or a dependency (internal), or the wait
+       * before out-of-memory. */
+      if (m->opp || m->internal || m->oom_wait)
         continue;
-      fail("pool %d reused a pending free for %s through an event "
-           "dependency, with FOLLOW_EVENT_DEPENDENCIES and "
-           "INTERNAL_DEPENDENCIES off",
-           p, sname(s));
+      fail("pool %d gave [%#" PRIxPTR ", %#" PRIxPTR ") to %s, overlapping "
+           "a free (item %d on %s) that no synchronize or query has shown "
+           "complete, with ALLOW_OPPORTUNISTIC, INTERNAL_DEPENDENCIES%s and "
+           "OOM_WAIT off",
+           p, lo, hi, sname(s), f->item, sname(items[f->item].stream),
+           by_event ? ", FOLLOW_EVENT_DEPENDENCIES" : "");
     }
     if (!m->internal)
       fail("pool %d gave [%#" PRIxPTR ", %#" PRIxPTR ") to %s, overlapping "
-           "a free (item %d on %s) that has not completed and that %s does "
-           "not follow, with INTERNAL_DEPENDENCIES off",
-           p, lo, hi, sname(s), f->item, sname(items[f->item].stream),
-           sname(s));
+           "a free (item %d on %s) that has not completed and that %s "
+           "follows %s, with INTERNAL_DEPENDENCIES off",
+           p, lo, hi, sname(s), f->item, sname(items[f->item].stream), sname(s),
+           by_event ? "only through an event (FOLLOW_EVENT_DEPENDENCIES off)"
+                    : "in no way");
     /* Allowed, and s waits for the free from now on. */
     int dep = f->item;
     item_new(s, -1, &dep, 1, false);
@@ -1241,6 +1255,17 @@ static void op_stream_create(reader *r) {
   logf_("  -> s%d", s);
 }
 
+/* The answer a synchronize should give for stream s's faults. */
+static void expect_fault(tp_error_t err, int fault, bool maybe,
+                         const char *what) {
+  if (err == TP_SUCCESS && (fault != 1 || maybe))
+    return;
+  if (err == TP_ERROR_ILLEGAL_ADDRESS && (fault || maybe))
+    return;
+  fail("%s returned %s; the model expected %s", what, tp_error_name(err),
+       fault == 1 ? "ILLEGAL_ADDRESS (an access fault is pending)" : "SUCCESS");
+}
+
 static void op_stream_destroy(reader *r) {
   int s = pick_stream(r);
   mstream *m = &M.streams[s];
@@ -1251,6 +1276,18 @@ static void op_stream_destroy(reader *r) {
   for (int b = 0; b < MAX_BLOCKS; b++)
     if (M.blocks[b].live && M.blocks[b].owner == s)
       hand_off(b, m->device);
+  if ((skip_mask >> SKIP_STREAM_DESTROY) & 1) {
+    /* Frees on a stream destroyed before they are known to have completed
+     * are never released (fuzz_findings.c): synchronize first. */
+    int roots[MAX_DEPS];
+    int n = next_deps(s, roots);
+    open_roots(roots, n);
+    logf_("tp_stream_synchronize(%s) before its destroy", sname(s));
+    tp_error_t err = tp_stream_synchronize(m->h);
+    expect_fault(err, m->fault, m->fault == 2, "tp_stream_synchronize");
+    m->fault = 0;
+    done_roots(roots, n, "tp_stream_synchronize");
+  }
   logf_("tp_stream_destroy(%s)", sname(s));
   expect_ok(tp_stream_destroy(m->h), "tp_stream_destroy");
   m->live = false;
@@ -1258,17 +1295,6 @@ static void op_stream_destroy(reader *r) {
     M.dev_fault_maybe[m->device] = true;
   M.dead_streams[M.ndead_streams % 8] = m->h;
   M.ndead_streams++;
-}
-
-/* The answer a synchronize should give for stream s's faults. */
-static void expect_fault(tp_error_t err, int fault, bool maybe,
-                         const char *what) {
-  if (err == TP_SUCCESS && (fault != 1 || maybe))
-    return;
-  if (err == TP_ERROR_ILLEGAL_ADDRESS && (fault || maybe))
-    return;
-  fail("%s returned %s; the model expected %s", what, tp_error_name(err),
-       fault == 1 ? "ILLEGAL_ADDRESS (an access fault is pending)" : "SUCCESS");
 }
 
 static void op_stream_sync(reader *r) {
@@ -1477,8 +1503,11 @@ static void op_pool_create(reader *r) {
   tp_error_t err = tp_pool_create(&h, &pr);
   if (err == TP_ERROR_OUT_OF_MEMORY)
     return; /* the virtual range could not be reserved */
-  if (pr.max_size && pr.max_size < 2 * MiB && err == TP_ERROR_INVALID_VALUE)
-    return; /* refusing a limit below one chunk is one of finding 7's fixes */
+  if (pr.max_size && pr.max_size < 2 * MiB) {
+    expect_err(err, TP_ERROR_INVALID_VALUE,
+               "tp_pool_create with a max_size below one chunk");
+    return;
+  }
   expect_ok(err, "tp_pool_create");
   int p = M.npools++;
   M.pools[p].h = h;
@@ -2780,7 +2809,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 static const struct {
   const char *name;
   unsigned bit;
-} skip_names[] = {{"highreset", SKIP_HIGH_RESET}};
+} skip_names[] = {{"highreset", SKIP_HIGH_RESET},
+                  {"streamdestroy", SKIP_STREAM_DESTROY}};
 
 static void parse_skip(void) {
   const char *s = getenv("TP_FUZZ_SKIP");

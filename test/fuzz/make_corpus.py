@@ -285,6 +285,22 @@ def scenarios():
         p.quiesce()
         out["event-follow%d" % follow] = p
 
+    # Policies off: a completed free that nothing reported is not taken by
+    # another stream without ALLOW_OPPORTUNISTIC; after a synchronize it is.
+    for sizes in ((3 * MiB, 3 * MiB), (8192, 8192)):
+        p = Prog()
+        x, y = p.stream_create(), p.stream_create()
+        pool = p.pool_create()
+        for which in (1, 2, 3):
+            p.attr(pool, which, 0)
+        a = p.malloc_pool(x, sizes[0], pool)
+        p.free(a)
+        p.malloc_pool(y, sizes[1], pool)
+        p.sync(x)
+        p.malloc_pool(y, sizes[1], pool)
+        p.quiesce()
+        out["policies-off-%d" % sizes[0]] = p
+
     # The legacy stream orders blocking streams.
     p = Prog()
     x = p.stream_create(nonblocking=False)
