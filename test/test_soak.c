@@ -191,6 +191,9 @@ static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER;
 static tp_pool_t slot_pool;
 static uint64_t slot_gen;
 static atomic_uint_fast64_t dead_gen;
+/* Successful destroys of each generation's pool, from any thread. */
+#define MAX_GENS (1 << 16)
+static atomic_int destroys[MAX_GENS];
 
 static void slot_publish(tp_pool_t pool, uint64_t gen) {
   pthread_mutex_lock(&slot_lock);
@@ -209,10 +212,18 @@ static tp_pool_t slot_read(uint64_t *gen) {
 
 /* One call on `pool` of generation `gen`. `dead_before`: its destroy had
  * returned before the call began, so only INVALID_VALUE may come back. */
-static void pool_call(worker *w, tp_stream_t s, tp_pool_t pool, bool dead) {
+static void pool_call(worker *w, tp_stream_t s, tp_pool_t pool, uint64_t gen,
+                      bool dead) {
   unsigned any = dead ? INVAL_ : OK_ | INVAL_;
   uint64_t u = 0;
   int i = 0;
+  if (rng_chance(&w->rng, 3)) {
+    /* Two destroys racing: exactly one of them succeeds. */
+    tp_error_t err = tp_pool_destroy(pool);
+    if (EXPECT(err, any) && err == TP_SUCCESS && gen < MAX_GENS)
+      atomic_fetch_add(&destroys[gen], 1);
+    return;
+  }
   switch (rng_below(&w->rng, 9)) {
   case 0: {
     static const tp_pool_attr_t attrs[] = {
@@ -304,7 +315,7 @@ static void *pool_handle_worker(void *arg) {
       continue;
     }
     bool dead = atomic_load(&dead_gen) >= gen;
-    pool_call(w, s, pool, dead);
+    pool_call(w, s, pool, gen, dead);
     if (rng_chance(&w->rng, 3))
       EXPECT(tp_stream_synchronize(s), OK_);
     w->ops++;
@@ -331,13 +342,20 @@ static void test_pool_handle_destroyed(void) {
       break;
     slot_publish(pool, ++gen);
     check_sleep_us((long)rng_below(&rng, 300));
-    CHECK_OK(tp_pool_destroy(pool));
+    tp_error_t err = tp_pool_destroy(pool);
+    if (EXPECT(err, OK_ | INVAL_) && err == TP_SUCCESS && gen < MAX_GENS)
+      atomic_fetch_add(&destroys[gen], 1);
     atomic_store(&dead_gen, gen);
     /* Destroying twice is refused, whatever the workers did. */
     CHECK_ERR(tp_pool_destroy(pool), TP_ERROR_INVALID_VALUE);
   }
   slot_publish(NULL, gen);
   long ops = stop_workers(w, WORKERS);
+  for (uint64_t g = 1; g <= gen && g < MAX_GENS; g++) {
+    int n = atomic_load(&destroys[g]);
+    if (n != 1 && atomic_fetch_add(&reports, 1) < MAX_REPORTS)
+      CHECK_FAIL("pool %" PRIu64 " was destroyed successfully %d times", g, n);
+  }
   printf("   %" PRIu64 " pools destroyed under %ld calls\n", gen, ops);
   leak_check();
 }
@@ -610,6 +628,7 @@ static void test_set_current_races_destroy(void) {
 
 static tp_pool_t ipc_imported;
 static tp_pool_ptr_export_data_t ipc_rec;
+static int ipc_fd = -1; /* the exporter's descriptor, open for the round */
 /* This round destroys the imported pool first: a pointer imported through
  * it may then stop being valid under the worker, so the worker only imports
  * and frees (the free may then be refused), without reading. */
@@ -627,8 +646,18 @@ static void *import_worker(void *arg) {
     tp_pool_ptr_export_data_t rec = ipc_rec;
     tp_pool_t imported = ipc_imported;
     bool imported_first = ipc_imported_first;
+    int fd = ipc_fd;
     pthread_barrier_wait(&round_barrier); /* the destroys may start */
     for (int i = 0; i < 20; i++) {
+      if (rng_chance(&w->rng, 10)) {
+        /* A new importer while the exporter may be going: admitted in
+         * full, or refused. */
+        tp_pool_t mine = NULL;
+        tp_error_t err = tp_pool_import_from_shareable_handle(
+            &mine, &fd, TP_HANDLE_POSIX_FD, 0);
+        if (EXPECT(err, OK_ | INVAL_) && err == TP_SUCCESS)
+          EXPECT(tp_pool_destroy(mine), OK_);
+      }
       void *q = NULL;
       tp_error_t err = tp_pool_import_pointer(&q, imported, &rec);
       if (!EXPECT(err, OK_ | INVAL_) || err != TP_SUCCESS) {
@@ -678,9 +707,11 @@ static void test_ipc_races_destroy(void) {
     if (more) {
       more = CHECK_OK(tp_pool_import_from_shareable_handle(
           &ipc_imported, &fd, TP_HANDLE_POSIX_FD, 0));
-      close(fd);
-      if (!more)
+      ipc_fd = fd;
+      if (!more) {
+        close(fd);
         CHECK_OK(tp_pool_destroy(pool));
+      }
     }
     if (more) {
       CHECK_OK(tp_malloc_from_pool_async(&p, 64 * KiB, pool, s));
@@ -710,6 +741,7 @@ static void test_ipc_races_destroy(void) {
       CHECK_OK(tp_pool_destroy(pool));
     }
     pthread_barrier_wait(&round_barrier);
+    close(ipc_fd);
     CHECK_OK(tp_stream_synchronize(s));
     rounds++;
   }
