@@ -752,6 +752,80 @@ static void test_ipc_races_destroy(void) {
   leak_check();
 }
 
+/* ========================================================================
+ * 7. Pools created, used and destroyed on several threads at once, while
+ *    stream work writes into them: every pool's memory stays its own until
+ *    its work is done, whatever address ranges the others reuse.
+ * ======================================================================== */
+
+/* Workers 0 and 1 create and destroy pools, using some; worker 2 keeps
+ * writing into a block of a pool of its own, so that its stream work looks
+ * addresses up while the others' ranges come and go. */
+static void *churn_worker(void *arg) {
+  worker *w = arg;
+  tp_stream_t s = NULL;
+  if (!CHECK_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING)))
+    return NULL;
+  tp_pool_props_t props = device_props(0);
+  if (w->index == 2) {
+    tp_pool_t pool = NULL;
+    void *p = NULL;
+    unsigned char got = 0;
+    if (CHECK_OK(tp_pool_create(&pool, &props)) &&
+        CHECK_OK(tp_malloc_from_pool_async(&p, 64 * KiB, pool, s))) {
+      while (!atomic_load(&stop)) {
+        unsigned char v = (unsigned char)(w->ops % 250 + 1);
+        EXPECT(tp_memset_async(p, v, 64 * KiB, s), OK_);
+        EXPECT(tp_memcpy_async(&got, (char *)p + 64 * KiB - 1, 1, s), OK_);
+        EXPECT(tp_stream_synchronize(s), OK_);
+        if (got != v && atomic_fetch_add(&reports, 1) < MAX_REPORTS)
+          CHECK_FAIL("a block reads 0x%02x, expected 0x%02x", got, v);
+        w->ops++;
+      }
+      CHECK_OK(tp_free_async(p, s));
+    }
+    CHECK_OK(tp_stream_synchronize(s));
+    if (pool)
+      CHECK_OK(tp_pool_destroy(pool));
+    CHECK_OK(tp_stream_destroy(s));
+    return NULL;
+  }
+  while (!atomic_load(&stop)) {
+    tp_pool_t pool = NULL;
+    if (!EXPECT(tp_pool_create(&pool, &props), OK_))
+      break;
+    if (rng_chance(&w->rng, 30)) {
+      void *p = NULL;
+      size_t size = small_or_medium(&w->rng);
+      if (EXPECT(tp_malloc_from_pool_async(&p, size, pool, s), OK_)) {
+        EXPECT(tp_memset_async(p, 0x3C, size, s), OK_);
+        /* Half the time the pool goes first and waits for the free. */
+        if (rng_chance(&w->rng, 50)) {
+          EXPECT(tp_pool_destroy(pool), OK_);
+          pool = NULL;
+        }
+        EXPECT(tp_free_async(p, s), OK_);
+      }
+    }
+    if (pool)
+      EXPECT(tp_pool_destroy(pool), OK_);
+    w->ops++;
+  }
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_stream_destroy(s));
+  return NULL;
+}
+
+static void test_pools_churn(void) {
+  leak_baseline();
+  worker w[WORKERS + 1];
+  start_workers(w, WORKERS + 1, churn_worker);
+  check_sleep_us((long)(case_seconds * 1e6));
+  long ops = stop_workers(w, WORKERS + 1);
+  printf("   %ld pools created and destroyed, or blocks written\n", ops);
+  leak_check();
+}
+
 /* ======================================================================== */
 
 typedef struct soak_case {
@@ -766,6 +840,7 @@ static const soak_case cases[] = {
     {"free_races_destroy", test_free_races_destroy},
     {"set_current_races_destroy", test_set_current_races_destroy},
     {"ipc_races_destroy", test_ipc_races_destroy},
+    {"pools_churn", test_pools_churn},
 };
 #define NCASES (sizeof cases / sizeof cases[0])
 
