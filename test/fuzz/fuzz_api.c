@@ -205,11 +205,14 @@ typedef struct hf_rec {
   unsigned char val;
   int block;
   unsigned op;
-  unsigned gen;
+  int pool;
+  unsigned gen, pgen;
 } hf_rec;
-/* Per block slot: bumped when the model stops knowing the block's bytes,
- * which calls off the checks already queued. */
+/* Per block slot and per pool: bumped when the model stops knowing the
+ * bytes of a block, or of every block a pool has had (freed ones with
+ * checks queued included), which calls off the checks already queued. */
 static atomic_uint block_gen[MAX_BLOCKS];
+static atomic_uint pool_gen[MAX_POOLS];
 static hf_rec hfs[MAX_HF];
 static unsigned hf_next;
 
@@ -239,7 +242,8 @@ static void hf_fn(void *arg) {
   hf_rec *h = arg;
   if (h->kind == HF_WRITE) {
     memset(h->p, h->val, h->size);
-  } else if (atomic_load(&block_gen[h->block]) == h->gen) {
+  } else if (atomic_load(&block_gen[h->block]) == h->gen &&
+             atomic_load(&pool_gen[h->pool]) == h->pgen) {
     size_t bad = find_bad(h->p, h->size, h->val);
     if (bad < h->size) {
       pthread_mutex_lock(&async_mu);
@@ -929,7 +933,9 @@ static void check_block_async(int b) {
                 .val = k->val,
                 .block = b,
                 .op = M.op,
-                .gen = atomic_load(&block_gen[b])};
+                .pool = k->pool,
+                .gen = atomic_load(&block_gen[b]),
+                .pgen = atomic_load(&pool_gen[k->pool])};
   atomic_store(&h->busy, 1);
   expect_ok(tp_launch_host_func(sh(k->owner), hf_fn, h), "tp_launch_host_func");
   k->last_item = item_new(k->owner, -1, NULL, 0, false);
@@ -1711,6 +1717,9 @@ static void op_access(reader *r) {
           it->stream < 0 || M.streams[it->stream].device != d)
         continue;
       M.streams[it->stream].fault = 2;
+      atomic_fetch_add(&pool_gen[it->mem_pool], 1);
+      if (it->mem_pool2 >= 0)
+        atomic_fetch_add(&pool_gen[it->mem_pool2], 1);
       for (int b = 0; b < MAX_BLOCKS; b++)
         if (M.blocks[b].live && (M.blocks[b].pool == it->mem_pool ||
                                  M.blocks[b].pool == it->mem_pool2))
