@@ -8,7 +8,8 @@
  * while in use are undefined in CUDA too and are left out. Meant for TSan.
  *
  * Usage: test_soak [--case NAME] [SEED]; TP_SOAK_SECONDS (default 6) is the
- * time shared by the cases, TP_SOAK_SEED the seed. */
+ * time shared by the cases, TP_SOAK_SEED the seed, TP_SOAK_SKIP a list of
+ * cases to leave out. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -844,6 +845,20 @@ static const soak_case cases[] = {
 };
 #define NCASES (sizeof cases / sizeof cases[0])
 
+/* Whether `name` is an entry of the comma-separated `list`. */
+static bool listed(const char *list, const char *name) {
+  size_t len = strlen(name);
+  while (list && *list) {
+    size_t n = strcspn(list, ",");
+    if (n == len && strncmp(list, name, len) == 0)
+      return true;
+    list += n;
+    if (*list == ',')
+      list++;
+  }
+  return false;
+}
+
 int main(int argc, char **argv) {
   const char *only = NULL;
   int argi = 1;
@@ -869,10 +884,20 @@ int main(int argc, char **argv) {
   tp_pool_t def = NULL;
   REQUIRE_OK_EXIT(tp_device_get_default_mem_pool(&def, 0));
   REQUIRE_OK_EXIT(tp_stream_synchronize(NULL));
+  /* TP_SOAK_SKIP: comma-separated case names left out, reported as such
+   * (for a case whose finding is open). */
+  const char *skip = getenv("TP_SOAK_SKIP");
   int ran = 0;
   for (size_t i = 0; i < NCASES; i++) {
     if (only && strcmp(only, cases[i].name) != 0)
       continue;
+    bool skipped = listed(skip, cases[i].name);
+    if (skipped) {
+      printf("== %s\n   %s: skipped (TP_SOAK_SKIP)\n", cases[i].name,
+             cases[i].name);
+      ran++;
+      continue;
+    }
     atomic_store(&reports, 0);
     check_run_(cases[i].name, cases[i].fn);
     ran++;
