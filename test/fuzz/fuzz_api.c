@@ -68,7 +68,7 @@ static int trace_on;
 /* Bit n (1 to 23): leave out calls that hit finding n of issue 14; higher
  * bits: this fuzzer's own findings, by name (parse_skip). */
 static unsigned skip_mask;
-enum { SKIP_HIGH_RESET = 24, SKIP_STREAM_DESTROY = 25 };
+enum { SKIP_HIGH_RESET = 24, SKIP_STREAM_DESTROY = 25, SKIP_LATE_WAIT = 26 };
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void logf_(const char *fmt, ...) {
@@ -529,6 +529,12 @@ static void open_dfs(int i) {
 }
 
 static void open_roots(const int *roots, int n) {
+  /* A stream can be made to wait for work queued after the free it needs
+   * (fuzz_findings.c); with that finding skipped, a synchronize opens every
+   * gate, so that such waits cannot hold it. */
+  if ((skip_mask >> SKIP_LATE_WAIT) & 1)
+    for (int g = 0; g < M.ngates; g++)
+      gate_open(g);
   stamp_now++;
   for (int k = 0; k < n; k++)
     open_dfs(roots[k]);
@@ -1204,6 +1210,33 @@ static void op_copy(reader *r) {
     forget_contents(d);
 }
 
+/* The answer a synchronize should give for stream s's faults. */
+static void expect_fault(tp_error_t err, int fault, bool maybe,
+                         const char *what) {
+  if (err == TP_SUCCESS && (fault != 1 || maybe))
+    return;
+  if (err == TP_ERROR_ILLEGAL_ADDRESS && (fault || maybe))
+    return;
+  fail("%s returned %s; the model expected %s", what, tp_error_name(err),
+       fault == 1 ? "ILLEGAL_ADDRESS (an access fault is pending)" : "SUCCESS");
+}
+
+/* Synchronizes stream s, opening the gates it waits for first. */
+static void sync_stream(int s, const char *why) {
+  int roots[MAX_DEPS];
+  int n = next_deps(s, roots);
+  open_roots(roots, n);
+  logf_("tp_stream_synchronize(%s)%s%s", sname(s), why ? " " : "",
+        why ? why : "");
+  call_begin(CALL_NO_WAIT, "tp_stream_synchronize");
+  tp_error_t err = tp_stream_synchronize(sh(s));
+  call_end();
+  mstream *m = &M.streams[s];
+  expect_fault(err, m->fault, m->fault == 2, "tp_stream_synchronize");
+  m->fault = 0;
+  done_roots(roots, n, "tp_stream_synchronize");
+}
+
 static void op_gate(reader *r) {
   int s = pick_stream(r);
   if (M.ngates == MAX_GATES)
@@ -1261,17 +1294,6 @@ static void op_stream_create(reader *r) {
   logf_("  -> s%d", s);
 }
 
-/* The answer a synchronize should give for stream s's faults. */
-static void expect_fault(tp_error_t err, int fault, bool maybe,
-                         const char *what) {
-  if (err == TP_SUCCESS && (fault != 1 || maybe))
-    return;
-  if (err == TP_ERROR_ILLEGAL_ADDRESS && (fault || maybe))
-    return;
-  fail("%s returned %s; the model expected %s", what, tp_error_name(err),
-       fault == 1 ? "ILLEGAL_ADDRESS (an access fault is pending)" : "SUCCESS");
-}
-
 static void op_stream_destroy(reader *r) {
   int s = pick_stream(r);
   mstream *m = &M.streams[s];
@@ -1282,18 +1304,11 @@ static void op_stream_destroy(reader *r) {
   for (int b = 0; b < MAX_BLOCKS; b++)
     if (M.blocks[b].live && M.blocks[b].owner == s)
       hand_off(b, m->device);
-  if ((skip_mask >> SKIP_STREAM_DESTROY) & 1) {
-    /* Frees on a stream destroyed before they are known to have completed
-     * are never released (fuzz_findings.c): synchronize first. */
-    int roots[MAX_DEPS];
-    int n = next_deps(s, roots);
-    open_roots(roots, n);
-    logf_("tp_stream_synchronize(%s) before its destroy", sname(s));
-    tp_error_t err = tp_stream_synchronize(m->h);
-    expect_fault(err, m->fault, m->fault == 2, "tp_stream_synchronize");
-    m->fault = 0;
-    done_roots(roots, n, "tp_stream_synchronize");
-  }
+  /* Frees on a stream destroyed before they are known to have completed
+   * are never released (fuzz_findings.c): with that finding skipped, the
+   * stream is synchronized first. */
+  if ((skip_mask >> SKIP_STREAM_DESTROY) & 1)
+    sync_stream(s, "before its destroy");
   logf_("tp_stream_destroy(%s)", sname(s));
   expect_ok(tp_stream_destroy(m->h), "tp_stream_destroy");
   m->live = false;
@@ -1318,15 +1333,7 @@ static void op_stream_sync(reader *r) {
       fail("tp_stream_query returned %s", tp_error_name(err));
     return;
   }
-  open_roots(roots, n);
-  logf_("tp_stream_synchronize(%s)", sname(s));
-  call_begin(CALL_NO_WAIT, "tp_stream_synchronize");
-  tp_error_t err = tp_stream_synchronize(sh(s));
-  call_end();
-  mstream *m = &M.streams[s];
-  expect_fault(err, m->fault, m->fault == 2, "tp_stream_synchronize");
-  m->fault = 0;
-  done_roots(roots, n, "tp_stream_synchronize");
+  sync_stream(s, NULL);
 }
 
 static void sync_device(int d, const char *why) {
@@ -2819,7 +2826,8 @@ static const struct {
   const char *name;
   unsigned bit;
 } skip_names[] = {{"highreset", SKIP_HIGH_RESET},
-                  {"streamdestroy", SKIP_STREAM_DESTROY}};
+                  {"streamdestroy", SKIP_STREAM_DESTROY},
+                  {"latewait", SKIP_LATE_WAIT}};
 
 static void parse_skip(void) {
   const char *s = getenv("TP_FUZZ_SKIP");

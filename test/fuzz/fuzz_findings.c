@@ -3,6 +3,8 @@
  * that a fix can be checked without a fuzzing run. Each fails while its
  * finding is open. The race findings stay in test_soak.c, whose cases are
  * the reproducers (test_soak --case NAME). */
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "check.h"
@@ -75,8 +77,83 @@ static void test_free_on_destroyed_stream_released(void) {
   CHECK_OK(tp_pool_destroy(pool));
 }
 
+/* A stream waits for work queued after the free it reuses. The allocator
+ * learns whether a free completed through a marker recorded on the freeing
+ * stream when it first asks, not at the free: recorded behind later work,
+ * the marker makes the allocating stream wait for that work too (internal
+ * dependency), and on the legacy stream the marker is itself a legacy
+ * operation that every blocking stream of the device then waits for. A
+ * stream held by a host function (as here) then holds streams that never
+ * depended on it, which can deadlock a program; the driver orders the
+ * allocation after the free only. (Fuzz input: a free, a gate on the
+ * freeing stream or on another blocking stream, an allocation on a third
+ * stream, and a synchronize that never returns.) */
+static atomic_int late_gate_open;
+
+static void late_gate(void *arg) {
+  (void)arg;
+  double deadline = check_now_s() + 10.0;
+  while (!atomic_load(&late_gate_open) && check_now_s() < deadline)
+    check_sleep_us(100);
+}
+
+/* Whether `s` finishes its work within a second. */
+static bool completes_soon(tp_stream_t s) {
+  return check_poll_stream(s, 1000) == TP_SUCCESS;
+}
+
+static void test_reuse_waits_for_later_work(void) {
+  tp_stream_t x = NULL, y = NULL;
+  REQUIRE_OK(tp_stream_create(&x, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_stream_create(&y, TP_STREAM_NON_BLOCKING));
+  tp_pool_t pool = NULL;
+  tp_pool_props_t props;
+  memset(&props, 0, sizeof props);
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  void *p = NULL, *q = NULL;
+  atomic_store(&late_gate_open, 0);
+  REQUIRE_OK(tp_malloc_from_pool_async(&p, 3 * MiB, pool, x));
+  CHECK_OK(tp_free_async(p, x));
+  /* Work queued on x after the free: y's reuse must not wait for it. */
+  CHECK_OK(tp_launch_host_func(x, late_gate, NULL));
+  CHECK_OK(tp_malloc_from_pool_async(&q, 3 * MiB, pool, y));
+  CHECK_OK(tp_memset_async(q, 1, 3 * MiB, y));
+  CHECK(completes_soon(y));
+  atomic_store(&late_gate_open, 1);
+  CHECK_OK(tp_free_async(q, y));
+  CHECK_OK(tp_stream_synchronize(x));
+  CHECK_OK(tp_stream_synchronize(y));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(x));
+  CHECK_OK(tp_stream_destroy(y));
+}
+
+static void test_legacy_marker_serialises(void) {
+  tp_stream_t a = NULL, b = NULL;
+  REQUIRE_OK(tp_stream_create(&a, TP_STREAM_DEFAULT));
+  REQUIRE_OK(tp_stream_create(&b, TP_STREAM_DEFAULT));
+  void *p = NULL, *q = NULL;
+  atomic_store(&late_gate_open, 0);
+  REQUIRE_OK(tp_malloc_async(&p, 3 * MiB, NULL));
+  CHECK_OK(tp_free_async(p, NULL));
+  /* b is held; a, another blocking stream, depends on b in no way. */
+  CHECK_OK(tp_launch_host_func(b, late_gate, NULL));
+  CHECK_OK(tp_malloc_async(&q, 3 * MiB, a));
+  CHECK_OK(tp_memset_async(q, 1, 3 * MiB, a));
+  CHECK(completes_soon(a));
+  atomic_store(&late_gate_open, 1);
+  CHECK_OK(tp_free_async(q, a));
+  CHECK_OK(tp_device_synchronize());
+  CHECK_OK(tp_stream_destroy(a));
+  CHECK_OK(tp_stream_destroy(b));
+}
+
 int main(void) {
   RUN_TEST(test_used_high_after_reset);
   RUN_TEST(test_free_on_destroyed_stream_released);
+  RUN_TEST(test_reuse_waits_for_later_work);
+  RUN_TEST(test_legacy_marker_serialises);
   return check_done();
 }
