@@ -13,7 +13,8 @@ corpus was grown from these by fuzzing and minimised with libFuzzer's
 -merge=1 (run.sh leaves a run's corpus in its --out directory).
 Deterministic: the same script writes the same files.
 
-Usage: make_corpus.py [OUTPUT_DIR]  (default: the corpus/ beside this file)
+Usage: make_corpus.py [OUTPUT_DIR]  (default: this file's directory; the
+seeds go to its corpus/, the inputs of open findings to its findings/)
 """
 import os
 import re
@@ -419,14 +420,39 @@ def scenarios():
     return out
 
 
+def finding_scenarios():
+    """Inputs that show open findings (findings/README.md): kept out of the
+    corpus, which CTest replays and which must pass."""
+    out = {}
+    # A blocking stream that waited for an event recorded on the legacy
+    # stream takes a later free of another blocking stream for ordered.
+    p = Prog()
+    x = p.stream_create(nonblocking=False)
+    y = p.stream_create(nonblocking=False)
+    pool = p.pool_create()
+    e = p.event_create()
+    p.record(e, 0)
+    p.wait(y, e)
+    a = p.malloc_pool(x, 31 * 64 * KiB, pool)
+    p.gate(x)
+    p.write(a)
+    p.free(a)
+    k = p.malloc_pool(y, 17 * KiB, pool)
+    p.quiesce()
+    out["legacy-event-clock"] = p
+    return out
+
+
 def main():
-    outdir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "corpus")
-    os.makedirs(outdir, exist_ok=True)
-    files = {name: prog.bytes() for name, prog in scenarios().items()}
-    for name, data in sorted(files.items()):
-        with open(os.path.join(outdir, name), "wb") as f:
-            f.write(data)
-    print("%d inputs written to %s" % (len(files), outdir))
+    outdir = sys.argv[1] if len(sys.argv) > 1 else HERE
+    for sub, progs in (("corpus", scenarios()),
+                       ("findings", finding_scenarios())):
+        d = os.path.join(outdir, sub)
+        os.makedirs(d, exist_ok=True)
+        for name, prog in sorted(progs.items()):
+            with open(os.path.join(d, name), "wb") as f:
+                f.write(prog.bytes())
+        print("%d inputs written to %s" % (len(progs), d))
 
 
 if __name__ == "__main__":
