@@ -11,8 +11,8 @@
  * The entry point is LLVMFuzzerTestOneInput; libFuzzer drives it (TP_FUZZ=ON
  * with clang), and fuzz_replay.c runs the corpus through it in every build.
  * A finding prints the program that led to it and aborts. TP_FUZZ_TRACE=1
- * prints every call as it runs; TP_FUZZ_SKIP=3,7,8 leaves out the calls
- * that run into the numbered findings of issue 14 still open. */
+ * prints every call as it runs; TP_FUZZ_SKIP=name,... looks past findings
+ * still open (findings/README.md names them). */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -65,15 +65,9 @@
 static char log_lines[LOG_LINES][160];
 static unsigned log_n;
 static int trace_on;
-/* Bit n (1 to 23): leave out calls that hit finding n of issue 14; higher
- * bits: this fuzzer's own findings, by name (parse_skip). */
+/* Findings still open that a run looks past (TP_FUZZ_SKIP, parse_skip). */
 static unsigned skip_mask;
-enum {
-  SKIP_HIGH_RESET = 24,
-  SKIP_STREAM_DESTROY = 25,
-  SKIP_LATE_WAIT = 26,
-  SKIP_LEGACY_CLOCK = 27
-};
+enum { SKIP_STREAM_DESTROY = 0, SKIP_LATE_WAIT = 1, SKIP_LEGACY_CLOCK = 2 };
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void logf_(const char *fmt, ...) {
@@ -342,7 +336,6 @@ typedef struct mpool {
   uint64_t used; /* exact */
   uint64_t held; /* freed by the exporter, perhaps still held */
   uint64_t high_lo, high_hi;
-  bool high_loose; /* after a reset, with "highreset" skipped */
 } mpool;
 
 typedef struct mblock {
@@ -705,8 +698,6 @@ static uint64_t limit_of(const mpool *p) {
   if (!p->max_size)
     return cap;
   uint64_t m = p->max_size / p->chunk * p->chunk;
-  if (skip_mask & (1u << 7))
-    m = align_up(p->max_size, p->chunk);
   return m < cap ? m : cap;
 }
 
@@ -739,13 +730,11 @@ static void check_pool_stats(int p) {
     m->high_lo = lo;
   if (m->high_hi < hi)
     m->high_hi = hi;
-  if (m->high_loose)
-    m->high_lo = 0;
   if (high < m->high_lo || high > m->high_hi)
     fail("pool %d: USED_MEM_HIGH is %" PRIu64 ", the model's peak is %" PRIu64
          " (one thread allocates, so it is exact)",
          p, high, m->high_lo);
-  if (high < used && !m->high_loose)
+  if (high < used)
     fail("pool %d: USED_MEM_HIGH %" PRIu64
          " is below USED_MEM_CURRENT %" PRIu64,
          p, high, used);
@@ -1516,8 +1505,6 @@ static tp_pool_props_t rd_props(reader *r) {
         0,       0,    4 * MiB,  6 * MiB,        3 * MiB,  8 * MiB,
         2 * MiB, 1000, 16 * MiB, 12 * MiB + 512, 64 * MiB, 0};
     pr.max_size = sizes[(b >> 1) % 12];
-    if (pr.max_size && pr.max_size < 2 * MiB && (skip_mask & (1u << 7)))
-      pr.max_size = 0;
   }
   return pr;
 }
@@ -1685,7 +1672,6 @@ static void op_attr(reader *r) {
            high, m->used);
     m->high_lo = m->used;
     m->high_hi = high;
-    m->high_loose = (skip_mask >> SKIP_HIGH_RESET) & 1;
     return;
   }
   default: {
@@ -1964,10 +1950,7 @@ static void op_free_import(reader *r) {
 /* A pool handle that names no live pool. */
 static tp_pool_t wild_pool(unsigned k) {
   switch (k % 6) {
-  case 0:
-    if (!(skip_mask & (1u << 3)))
-      return (tp_pool_t)(uintptr_t)0x1000;
-    /* fall through */
+  case 0: return (tp_pool_t)(uintptr_t)0x1000;
   case 1: return (tp_pool_t)(void *)wild_buf;
   case 2: return M.nstreams > 2 ? (tp_pool_t)(void *)M.streams[2].h : NULL;
   case 3: return M.nevents ? (tp_pool_t)(void *)M.events[0].h : NULL;
@@ -1980,8 +1963,6 @@ static tp_pool_t wild_pool(unsigned k) {
   default:
     /* User memory that starts like a live pool's handle (the magic word and
      * the live state of this version), as an attacker would forge it. */
-    if (skip_mask & (1u << 3))
-      return NULL;
     return (tp_pool_t)(void *)&forged_pool;
   }
 }
@@ -2456,8 +2437,6 @@ static void op_bad(reader *r) {
     return;
   }
   case 14:
-    if (skip_mask & (1u << 8))
-      return;
     logf_("bad: tp_memset_async(wild address) on %s", sname(s));
     expect_ok(tp_memset_async((void *)(uintptr_t)0x1000, 0, 64, st),
               "tp_memset_async(wild address)");
@@ -2654,7 +2633,6 @@ static void begin_input(void) {
     reset_default_pool(d);
     pool_init_model(d, default_pool[d], &pr, true);
     M.pools[d].is_default = true;
-    M.pools[d].high_loose = (skip_mask >> SKIP_HIGH_RESET) & 1;
     M.current[d] = d;
     use_device(d);
     expect_ok(tp_event_create(&M.handoff[d]), "tp_event_create (hand-off)");
@@ -2836,14 +2814,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   return 0;
 }
 
-/* TP_FUZZ_SKIP: a comma-separated list of issue 14's finding numbers and
- * of the names of this fuzzer's own findings (fuzz_findings.c), whose
- * calls or checks are left out, so that a run can look past them. */
+/* TP_FUZZ_SKIP: a comma-separated list of names of open findings
+ * (findings/README.md) whose calls or checks are changed so that a run can
+ * look past them. */
 static const struct {
   const char *name;
   unsigned bit;
-} skip_names[] = {{"highreset", SKIP_HIGH_RESET},
-                  {"streamdestroy", SKIP_STREAM_DESTROY},
+} skip_names[] = {{"streamdestroy", SKIP_STREAM_DESTROY},
                   {"latewait", SKIP_LATE_WAIT},
                   {"legacyclock", SKIP_LEGACY_CLOCK}};
 
@@ -2851,14 +2828,16 @@ static void parse_skip(void) {
   const char *s = getenv("TP_FUZZ_SKIP");
   while (s && *s) {
     size_t len = strcspn(s, ",");
-    char *end;
-    long n = strtol(s, &end, 10);
-    if (end != s && (size_t)(end - s) == len && n > 0 && n < 24)
-      skip_mask |= 1u << n;
+    bool known = false;
     for (size_t i = 0; i < sizeof skip_names / sizeof skip_names[0]; i++)
       if (strlen(skip_names[i].name) == len &&
-          strncmp(s, skip_names[i].name, len) == 0)
+          strncmp(s, skip_names[i].name, len) == 0) {
         skip_mask |= 1u << skip_names[i].bit;
+        known = true;
+      }
+    if (!known && len)
+      fprintf(stderr, "fuzz_api: TP_FUZZ_SKIP names no finding \"%.*s\"\n",
+              (int)len, s);
     s += len;
     if (*s == ',')
       s++;
