@@ -196,11 +196,57 @@ static void test_legacy_event_clock(void) {
   CHECK_OK(tp_stream_destroy(y));
 }
 
+/* Memory reused before its free's work ran, again through the legacy
+ * stream: tp_stream_wait_event on the legacy stream for an event that has
+ * completed (or was never recorded) queues nothing on the platform, yet
+ * counts as a legacy operation, so the allocator takes a blocking
+ * stream's earlier free as ordered before every other blocking stream's
+ * later work, which does not wait for it. */
+static void test_legacy_wait_counts(void) {
+  tp_stream_t x = NULL, y = NULL;
+  tp_event_t e = NULL;
+  REQUIRE_OK(tp_stream_create(&x, TP_STREAM_DEFAULT));
+  REQUIRE_OK(tp_stream_create(&y, TP_STREAM_DEFAULT));
+  REQUIRE_OK(tp_event_create(&e)); /* never recorded: complete */
+  tp_pool_t pool = NULL;
+  tp_pool_props_t props;
+  memset(&props, 0, sizeof props);
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  const size_t big = 2031616, small = 17424;
+  void *p = NULL, *q = NULL;
+  atomic_store(&late_gate_open, 0);
+  REQUIRE_OK(tp_malloc_from_pool_async(&p, big, pool, x));
+  CHECK_OK(tp_launch_host_func(x, late_gate, NULL));
+  CHECK_OK(tp_memset_async(p, 9, big, x)); /* x's last use of p, held */
+  CHECK_OK(tp_free_async(p, x));
+  CHECK_OK(tp_stream_wait_event(NULL, e, 0));
+  REQUIRE_OK(tp_malloc_from_pool_async(&q, small, pool, y));
+  CHECK_OK(tp_memset_async(q, 10, small, y));
+  /* Give y's work the time to run before x's, as it may. */
+  (void)check_poll_stream(y, 200);
+  atomic_store(&late_gate_open, 1);
+  CHECK_OK(tp_device_synchronize());
+  if (check_on_host()) {
+    const unsigned char *b = q;
+    CHECK_EQ_INT(b[0], 10);
+    CHECK_EQ_INT(b[small - 1], 10);
+  }
+  CHECK_OK(tp_free_async(q, y));
+  CHECK_OK(tp_device_synchronize());
+  CHECK_OK(tp_event_destroy(e));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(x));
+  CHECK_OK(tp_stream_destroy(y));
+}
+
 int main(void) {
   RUN_TEST(test_used_high_after_reset);
   RUN_TEST(test_free_on_destroyed_stream_released);
   RUN_TEST(test_reuse_waits_for_later_work);
   RUN_TEST(test_legacy_marker_serialises);
   RUN_TEST(test_legacy_event_clock);
+  RUN_TEST(test_legacy_wait_counts);
   return check_done();
 }

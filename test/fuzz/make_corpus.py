@@ -440,6 +440,22 @@ def finding_scenarios():
     k = p.malloc_pool(y, 17 * KiB, pool)
     p.quiesce()
     out["legacy-event-clock"] = p
+
+    # A wait of the legacy stream for a completed event counts as a legacy
+    # operation though nothing was queued.
+    p = Prog()
+    x = p.stream_create(nonblocking=False)
+    y = p.stream_create(nonblocking=False)
+    pool = p.pool_create()
+    e = p.event_create()
+    a = p.malloc_pool(x, 31 * 64 * KiB, pool)
+    p.gate(x)
+    p.write(a)
+    p.free(a)
+    p.wait(0, e)
+    p.malloc_pool(y, 17 * KiB, pool)
+    p.quiesce()
+    out["legacy-wait-counts"] = p
     return out
 
 
