@@ -31,6 +31,9 @@
 #include "tidepool.h"
 
 #define KiB ((size_t)1 << 10)
+/* A descriptor as tp_pool_import_from_shareable_handle takes it: by value,
+ * cast to a pointer, as the driver does. */
+#define FD_HANDLE(fd) ((void *)(uintptr_t)(fd))
 #define MiB ((size_t)1 << 20)
 
 /* The emulated machine: two devices of 32 MiB, so that out-of-memory and
@@ -1867,7 +1870,8 @@ static void op_import_pool(reader *r) {
   tp_pool_t h = NULL;
   logf_("tp_pool_import_from_shareable_handle(fd of pool %d)", p);
   call_begin(CALL_NO_WAIT, "tp_pool_import_from_shareable_handle");
-  err = tp_pool_import_from_shareable_handle(&h, &fd, TP_HANDLE_POSIX_FD, 0);
+  err = tp_pool_import_from_shareable_handle(&h, FD_HANDLE(fd),
+                                             TP_HANDLE_POSIX_FD, 0);
   call_end();
   close(fd);
   expect_ok(err, "tp_pool_import_from_shareable_handle");
@@ -2415,13 +2419,14 @@ static void op_bad(reader *r) {
     }
     tp_pool_t h = NULL;
     fd = -1;
-    expect_err(
-        tp_pool_import_from_shareable_handle(&h, &fd, TP_HANDLE_POSIX_FD, 0),
-        INV, "tp_pool_import_from_shareable_handle(fd -1)");
+    expect_err(tp_pool_import_from_shareable_handle(&h, FD_HANDLE(fd),
+                                                    TP_HANDLE_POSIX_FD, 0),
+               INV, "tp_pool_import_from_shareable_handle(fd -1)");
     fd = 0;
-    expect_err(
-        tp_pool_import_from_shareable_handle(&h, &fd, TP_HANDLE_FABRIC, 0),
-        TP_ERROR_NOT_SUPPORTED, "tp_pool_import_from_shareable_handle(FABRIC)");
+    expect_err(tp_pool_import_from_shareable_handle(&h, FD_HANDLE(fd),
+                                                    TP_HANDLE_FABRIC, 0),
+               TP_ERROR_NOT_SUPPORTED,
+               "tp_pool_import_from_shareable_handle(FABRIC)");
     return;
   }
   case 11: {

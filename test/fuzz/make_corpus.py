@@ -13,8 +13,7 @@ corpus was grown from these by fuzzing and minimised with libFuzzer's
 -merge=1 (run.sh leaves a run's corpus in its --out directory).
 Deterministic: the same script writes the same files.
 
-Usage: make_corpus.py [OUTPUT_DIR]  (default: this file's directory; the
-seeds go to its corpus/, the inputs of open findings to its findings/)
+Usage: make_corpus.py [OUTPUT_DIR]  (default: the corpus/ beside this file)
 """
 import os
 import re
@@ -417,13 +416,8 @@ def scenarios():
     p.free(a)
     p.bad(3, 2)
     out["bad-input"] = p
-    return out
 
-
-def finding_scenarios():
-    """Inputs that show open findings (findings/README.md): kept out of the
-    corpus, which CTest replays and which must pass."""
-    out = {}
+    # Findings of this fuzzer, fixed since: each input failed before its fix.
     # A blocking stream that waited for an event recorded on the legacy
     # stream takes a later free of another blocking stream for ordered.
     p = Prog()
@@ -439,7 +433,7 @@ def finding_scenarios():
     p.free(a)
     k = p.malloc_pool(y, 17 * KiB, pool)
     p.quiesce()
-    out["legacy-event-clock"] = p
+    out["regress-legacy-event-clock"] = p
 
     # A wait of the legacy stream for a completed event counts as a legacy
     # operation though nothing was queued.
@@ -455,20 +449,18 @@ def finding_scenarios():
     p.wait(0, e)
     p.malloc_pool(y, 17 * KiB, pool)
     p.quiesce()
-    out["legacy-wait-counts"] = p
+    out["regress-legacy-wait-counts"] = p
     return out
 
 
 def main():
-    outdir = sys.argv[1] if len(sys.argv) > 1 else HERE
-    for sub, progs in (("corpus", scenarios()),
-                       ("findings", finding_scenarios())):
-        d = os.path.join(outdir, sub)
-        os.makedirs(d, exist_ok=True)
-        for name, prog in sorted(progs.items()):
-            with open(os.path.join(d, name), "wb") as f:
-                f.write(prog.bytes())
-        print("%d inputs written to %s" % (len(progs), d))
+    outdir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "corpus")
+    os.makedirs(outdir, exist_ok=True)
+    progs = scenarios()
+    for name, prog in sorted(progs.items()):
+        with open(os.path.join(outdir, name), "wb") as f:
+            f.write(prog.bytes())
+    print("%d inputs written to %s" % (len(progs), outdir))
 
 
 if __name__ == "__main__":
