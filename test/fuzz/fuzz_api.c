@@ -70,12 +70,7 @@ static unsigned log_n;
 static int trace_on;
 /* Findings still open that a run looks past (TP_FUZZ_SKIP, parse_skip). */
 static unsigned skip_mask;
-enum {
-  SKIP_STREAM_DESTROY = 0,
-  SKIP_LATE_WAIT = 1,
-  SKIP_LEGACY_CLOCK = 2,
-  SKIP_LEGACY_WAIT = 3
-};
+enum { SKIP_LATE_WAIT = 0 };
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void logf_(const char *fmt, ...) {
@@ -979,8 +974,6 @@ static void check_block_async(int b) {
 
 /* Orders stream `to` after everything block b's owner has queued, through
  * the fuzzer's own event, so that b may be used or freed on `to`. */
-static void sync_stream(int s, const char *why);
-
 static void hand_off(int b, int to) {
   mblock *k = &M.blocks[b];
   int from = k->owner;
@@ -988,15 +981,6 @@ static void hand_off(int b, int to) {
     return;
   const mstream *f = &M.streams[from];
   if (!f->live || (k->last_item >= 0 && items[k->last_item].done)) {
-    k->owner = to;
-    return;
-  }
-  if ((f->legacy && ((skip_mask >> SKIP_LEGACY_CLOCK) & 1)) ||
-      (M.streams[to].legacy && ((skip_mask >> SKIP_LEGACY_WAIT) & 1))) {
-    /* Events recorded on the legacy stream, and waits on it, order too
-     * much (fuzz_findings.c): with those findings skipped, a synchronize
-     * hands the block off instead. */
-    sync_stream(from, "instead of an event on the legacy stream");
     k->owner = to;
     return;
   }
@@ -1352,11 +1336,6 @@ static void op_stream_destroy(reader *r) {
   for (int b = 0; b < MAX_BLOCKS; b++)
     if (M.blocks[b].live && M.blocks[b].owner == s)
       hand_off(b, m->device);
-  /* Frees on a stream destroyed before they are known to have completed
-   * are never released (fuzz_findings.c): with that finding skipped, the
-   * stream is synchronized first. */
-  if ((skip_mask >> SKIP_STREAM_DESTROY) & 1)
-    sync_stream(s, "before its destroy");
   logf_("tp_stream_destroy(%s)", sname(s));
   expect_ok(tp_stream_destroy(m->h), "tp_stream_destroy");
   m->live = false;
@@ -1435,8 +1414,6 @@ static void op_event(reader *r) {
   switch (what) {
   case 1: {
     int s = pick_stream(r);
-    if (M.streams[s].legacy && ((skip_mask >> SKIP_LEGACY_CLOCK) & 1))
-      return;
     logf_("tp_event_record(event %d, %s)", e, sname(s));
     tp_error_t err = tp_event_record(m->h, sh(s));
     if (M.streams[s].device != m->device) {
@@ -1451,8 +1428,6 @@ static void op_event(reader *r) {
   }
   case 2: {
     int s = pick_stream(r);
-    if (M.streams[s].legacy && ((skip_mask >> SKIP_LEGACY_WAIT) & 1))
-      return;
     logf_("tp_stream_wait_event(%s, event %d)", sname(s), e);
     expect_ok(tp_stream_wait_event(sh(s), m->h, 0), "tp_stream_wait_event");
     if (m->item >= 0 && !items[m->item].done)
@@ -2868,10 +2843,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 static const struct {
   const char *name;
   unsigned bit;
-} skip_names[] = {{"streamdestroy", SKIP_STREAM_DESTROY},
-                  {"latewait", SKIP_LATE_WAIT},
-                  {"legacyclock", SKIP_LEGACY_CLOCK},
-                  {"legacywait", SKIP_LEGACY_WAIT}};
+} skip_names[] = {{"latewait", SKIP_LATE_WAIT}};
 
 static void parse_skip(void) {
   const char *s = getenv("TP_FUZZ_SKIP");
