@@ -305,7 +305,10 @@ typedef struct mitem {
    * stream (synchronizes open its gates) and order it (reuse checks allow
    * it), but cannot prove it held (blocked_dfs and done_dfs skip it). */
   uint32_t maybe_edges;
-  bool done;               /* known complete: a synchronize or query said so */
+  bool done; /* known complete: a synchronize or query said so */
+  /* A position, not work: a free is no operation on its stream, so later
+   * work waits for it on no stream; it completes when its deps have. */
+  bool virt;
   int mem_pool, mem_pool2; /* pools a memset or memcpy touches, or -1 */
   unsigned stamp;
 } mitem;
@@ -482,6 +485,39 @@ static int item_wait(int s, int ev) {
   return nitems++;
 }
 
+/* The position of a free on stream s: what work queued now on s would
+ * wait for, without becoming work itself. */
+static int item_pos(int s) {
+  mitem *it = &items[nitems];
+  memset(it, 0, sizeof *it);
+  it->stream = s;
+  it->gate = -1;
+  it->mem_pool = it->mem_pool2 = -1;
+  it->virt = true;
+  it->ndeps = next_deps(s, it->deps);
+  return nitems++;
+}
+
+/* A position reached once every one of `deps` is. */
+static int item_pos_of(const int *deps, int n) {
+  int i = item_new(-1, -1, deps, n, false);
+  items[i].virt = true;
+  return i;
+}
+
+/* Whether item i is known to have completed: marked so, or a position all
+ * of whose dependencies are. */
+static bool item_done(int i) {
+  mitem *it = &items[i];
+  if (it->done || !it->virt)
+    return it->done;
+  for (int k = 0; k < it->ndeps; k++)
+    if (!item_done(it->deps[k]))
+      return false;
+  it->done = true;
+  return true;
+}
+
 /* Whether the closure of roots holds a closed gate. */
 static bool blocked_dfs(int i) {
   mitem *it = &items[i];
@@ -532,7 +568,7 @@ static bool reach_dfs(int i, int target, bool events) {
   return false;
 }
 
-static bool stream_follows(int s, int target, bool events) {
+static bool stream_reaches(int s, int target, bool events) {
   int roots[MAX_DEPS];
   int n = next_deps(s, roots);
   stamp_now++;
@@ -540,6 +576,18 @@ static bool stream_follows(int s, int target, bool events) {
     if (reach_dfs(roots[k], target, events))
       return true;
   return false;
+}
+
+/* Whether work queued now on s is ordered after `target`: for a position,
+ * after everything the position waits for. */
+static bool stream_follows(int s, int target, bool events) {
+  const mitem *t = &items[target];
+  if (!t->virt)
+    return stream_reaches(s, target, events);
+  for (int k = 0; k < t->ndeps; k++)
+    if (!stream_follows(s, t->deps[k], events))
+      return false;
+  return true;
 }
 
 static void gate_open(int g);
@@ -836,7 +884,7 @@ static void prune_freed(void) {
   for (int i = 0; i < M.nfreed; i++) {
     mfreed *f = &M.freed[i];
     bool done =
-        items[f->item].done && (f->hold_item < 0 || items[f->hold_item].done);
+        item_done(f->item) && (f->hold_item < 0 || item_done(f->hold_item));
     if (!done)
       M.freed[k++] = *f;
   }
@@ -867,7 +915,7 @@ static bool check_reuse(int p, int s, uintptr_t lo, uintptr_t hi) {
       fail("pool %d gave [%#" PRIxPTR ", %#" PRIxPTR ") to %s while an "
            "importer's free of the block there has not completed (held)",
            p, lo, hi, sname(s));
-    if (items[f->item].done)
+    if (item_done(f->item))
       continue;
     bool blocked = item_blocked(f->item);
     if (f->pool != p) {
@@ -1053,7 +1101,7 @@ static bool must_fit(int p, size_t size) {
   if (m->used || m->held || size == 0)
     return false;
   for (int i = 0; i < nitems; i++)
-    if (!items[i].done)
+    if (!item_done(i))
       return false;
   for (int b = 0; b < MAX_BLOCKS; b++)
     if ((M.blocks[b].live || M.blocks[b].held) && M.blocks[b].pool == p)
@@ -1179,7 +1227,7 @@ static void op_free(reader *r) {
   hand_off(b, s);
   logf_("tp_free_async(block %d %p, %s)", b, (void *)k->p, sname(s));
   expect_ok(tp_free_async(k->p, sh(s)), "tp_free_async");
-  int it = item_new(s, -1, NULL, 0, false);
+  int it = item_pos(s);
   mpool *m = &M.pools[k->pool];
   m->used -= k->size;
   k->live = false;
@@ -1193,7 +1241,7 @@ static void op_free(reader *r) {
   }
   int hold = -1;
   if (k->nhold_items)
-    hold = item_new(-1, -1, k->hold_items, k->nhold_items, false);
+    hold = item_pos_of(k->hold_items, k->nhold_items);
   add_freed((uintptr_t)k->p, k->size, k->pool, it, hold);
 }
 
@@ -1965,7 +2013,7 @@ static void op_free_import(reader *r) {
   b->holds--;
   if (b->held && b->holds == 0) {
     b->held = false;
-    int hold = item_new(-1, -1, b->hold_items, b->nhold_items, false);
+    int hold = item_pos_of(b->hold_items, b->nhold_items);
     add_freed((uintptr_t)b->p, b->size, b->pool, b->free_item, hold);
   }
 }
