@@ -1,0 +1,271 @@
+/* fuzz_findings: the smallest programs that show what the API fuzzer
+ * (fuzz_api.c) found, one test each, so that a fix can be checked without
+ * a fuzzing run: "fixed" ones run under CTest as regression tests, "open"
+ * ones fail until their finding is fixed. The race findings stay in
+ * test_soak.c, whose cases are their reproducers (test_soak --case NAME). */
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include "check.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+static uint64_t attr_u64(tp_pool_t pool, tp_pool_attr_t attr) {
+  uint64_t v = 0;
+  CHECK_OK(tp_pool_get_attribute(pool, attr, &v));
+  return v;
+}
+
+/* USED_MEM_HIGH after a reset: a stream that freed a block earlier kept a
+ * published count above its true one, so its next allocations did not
+ * raise the high mark (fuzz input: allocate, free, reset, allocate). Fixed
+ * on main by the per-thread high mark (3a32581); kept as a regression
+ * test. */
+static void test_used_high_after_reset(void) {
+  tp_stream_t s = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  tp_pool_t pool = NULL;
+  tp_pool_props_t props;
+  memset(&props, 0, sizeof props);
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  void *p = NULL;
+  uint64_t zero = 0;
+  CHECK_OK(tp_malloc_from_pool_async(&p, 100000, pool, s));
+  CHECK_OK(tp_free_async(p, s));
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_USED_MEM_HIGH, &zero));
+  CHECK_OK(tp_malloc_from_pool_async(&p, 140, pool, s));
+  CHECK_EQ_U64(attr_u64(pool, TP_POOL_ATTR_USED_MEM_CURRENT), 140);
+  CHECK_EQ_U64(attr_u64(pool, TP_POOL_ATTR_USED_MEM_HIGH), 140);
+  CHECK_OK(tp_free_async(p, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
+/* A block freed on a stream that is destroyed before the free is known to
+ * have completed is never released: neither a synchronize of every device
+ * nor tp_pool_trim_to(pool, 0) gives its chunk back, though the header
+ * says reserved memory falls to the threshold at a synchronize and the
+ * destroyed stream's work has run (fuzz input: allocate on the legacy
+ * stream, free on another stream, destroy that stream). */
+static void test_free_on_destroyed_stream_released(void) {
+  tp_pool_t pool = NULL;
+  tp_pool_props_t props;
+  memset(&props, 0, sizeof props);
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  void *p = NULL;
+  tp_stream_t s = NULL;
+  tp_event_t e = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&p, 208000, pool, NULL));
+  REQUIRE_OK(tp_event_create(&e));
+  CHECK_OK(tp_event_record(e, NULL));
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_DEFAULT));
+  CHECK_OK(tp_stream_wait_event(s, e, 0));
+  CHECK_OK(tp_free_async(p, s));
+  CHECK_OK(tp_stream_destroy(s));
+  CHECK_OK(tp_device_synchronize());
+  CHECK_EQ_U64(attr_u64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);
+  CHECK_OK(tp_pool_trim_to(pool, 0));
+  CHECK_EQ_U64(attr_u64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);
+  CHECK_OK(tp_event_destroy(e));
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
+/* A stream waits for work queued after the free it reuses. The allocator
+ * learns whether a free completed through a marker recorded on the freeing
+ * stream when it first asks, not at the free: recorded behind later work,
+ * the marker makes the allocating stream wait for that work too (internal
+ * dependency), and on the legacy stream the marker is itself a legacy
+ * operation that every blocking stream of the device then waits for. A
+ * stream held by a host function (as here) then holds streams that never
+ * depended on it, which can deadlock a program; the driver orders the
+ * allocation after the free only. (Fuzz input: a free, a gate on the
+ * freeing stream or on another blocking stream, an allocation on a third
+ * stream, and a synchronize that never returns.) */
+static atomic_int late_gate_open;
+
+static void late_gate(void *arg) {
+  (void)arg;
+  double deadline = check_now_s() + 10.0;
+  while (!atomic_load(&late_gate_open) && check_now_s() < deadline)
+    check_sleep_us(100);
+}
+
+/* Whether `s` finishes its work within a second. */
+static bool completes_soon(tp_stream_t s) {
+  return check_poll_stream(s, 1000) == TP_SUCCESS;
+}
+
+static void test_reuse_waits_for_later_work(void) {
+  tp_stream_t x = NULL, y = NULL;
+  REQUIRE_OK(tp_stream_create(&x, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_stream_create(&y, TP_STREAM_NON_BLOCKING));
+  tp_pool_t pool = NULL;
+  tp_pool_props_t props;
+  memset(&props, 0, sizeof props);
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  void *p = NULL, *q = NULL;
+  atomic_store(&late_gate_open, 0);
+  REQUIRE_OK(tp_malloc_from_pool_async(&p, 3 * MiB, pool, x));
+  CHECK_OK(tp_free_async(p, x));
+  /* Work queued on x after the free: y's reuse must not wait for it. */
+  CHECK_OK(tp_launch_host_func(x, late_gate, NULL));
+  CHECK_OK(tp_malloc_from_pool_async(&q, 3 * MiB, pool, y));
+  CHECK_OK(tp_memset_async(q, 1, 3 * MiB, y));
+  CHECK(completes_soon(y));
+  atomic_store(&late_gate_open, 1);
+  CHECK_OK(tp_free_async(q, y));
+  CHECK_OK(tp_stream_synchronize(x));
+  CHECK_OK(tp_stream_synchronize(y));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(x));
+  CHECK_OK(tp_stream_destroy(y));
+}
+
+static void test_legacy_marker_serialises(void) {
+  tp_stream_t a = NULL, b = NULL;
+  REQUIRE_OK(tp_stream_create(&a, TP_STREAM_DEFAULT));
+  REQUIRE_OK(tp_stream_create(&b, TP_STREAM_DEFAULT));
+  void *p = NULL, *q = NULL;
+  atomic_store(&late_gate_open, 0);
+  REQUIRE_OK(tp_malloc_async(&p, 3 * MiB, NULL));
+  CHECK_OK(tp_free_async(p, NULL));
+  /* b is held; a, another blocking stream, depends on b in no way. */
+  CHECK_OK(tp_launch_host_func(b, late_gate, NULL));
+  CHECK_OK(tp_malloc_async(&q, 3 * MiB, a));
+  CHECK_OK(tp_memset_async(q, 1, 3 * MiB, a));
+  CHECK(completes_soon(a));
+  atomic_store(&late_gate_open, 1);
+  CHECK_OK(tp_free_async(q, a));
+  CHECK_OK(tp_device_synchronize());
+  CHECK_OK(tp_stream_destroy(a));
+  CHECK_OK(tp_stream_destroy(b));
+}
+
+/* Memory reused before its free's work has run. An event recorded on the
+ * legacy stream carries "follows the frees of blocking streams issued
+ * before legacy operation n + 1" where the record itself is operation n,
+ * so a blocking stream that waits for that event takes for ordered a free
+ * that another blocking stream issues after it, and reuses its memory at
+ * once: the freeing stream's earlier work (held here by a gate) then
+ * writes into the new block. (Found by TSan replaying the corpus: a race
+ * between two streams' memsets; then reproduced with a gate.) */
+static void test_legacy_event_clock(void) {
+  tp_stream_t x = NULL, y = NULL;
+  tp_event_t e = NULL;
+  REQUIRE_OK(tp_stream_create(&x, TP_STREAM_DEFAULT));
+  REQUIRE_OK(tp_stream_create(&y, TP_STREAM_DEFAULT));
+  REQUIRE_OK(tp_event_create(&e));
+  tp_pool_t pool = NULL;
+  tp_pool_props_t props;
+  memset(&props, 0, sizeof props);
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  const size_t big = 2031616, small = 17424;
+  void *p = NULL, *q = NULL;
+  atomic_store(&late_gate_open, 0);
+  CHECK_OK(tp_event_record(e, NULL)); /* a legacy operation */
+  CHECK_OK(tp_stream_wait_event(y, e, 0));
+  REQUIRE_OK(tp_malloc_from_pool_async(&p, big, pool, x));
+  CHECK_OK(tp_launch_host_func(x, late_gate, NULL));
+  CHECK_OK(tp_memset_async(p, 9, big, x)); /* x's last use of p, held */
+  CHECK_OK(tp_free_async(p, x));           /* after the legacy operation */
+  REQUIRE_OK(tp_malloc_from_pool_async(&q, small, pool, y));
+  CHECK_OK(tp_memset_async(q, 10, small, y));
+  atomic_store(&late_gate_open, 1);
+  CHECK_OK(tp_device_synchronize());
+  if (check_on_host()) {
+    const unsigned char *b = q;
+    CHECK_EQ_INT(b[0], 10);
+    CHECK_EQ_INT(b[small - 1], 10);
+  }
+  CHECK_OK(tp_free_async(q, y));
+  CHECK_OK(tp_device_synchronize());
+  CHECK_OK(tp_event_destroy(e));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(x));
+  CHECK_OK(tp_stream_destroy(y));
+}
+
+/* Memory reused before its free's work ran, again through the legacy
+ * stream: tp_stream_wait_event on the legacy stream for an event that has
+ * completed (or was never recorded) queues nothing on the platform, yet
+ * counts as a legacy operation, so the allocator takes a blocking
+ * stream's earlier free as ordered before every other blocking stream's
+ * later work, which does not wait for it. */
+static void test_legacy_wait_counts(void) {
+  tp_stream_t x = NULL, y = NULL;
+  tp_event_t e = NULL;
+  REQUIRE_OK(tp_stream_create(&x, TP_STREAM_DEFAULT));
+  REQUIRE_OK(tp_stream_create(&y, TP_STREAM_DEFAULT));
+  REQUIRE_OK(tp_event_create(&e)); /* never recorded: complete */
+  tp_pool_t pool = NULL;
+  tp_pool_props_t props;
+  memset(&props, 0, sizeof props);
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  const size_t big = 2031616, small = 17424;
+  void *p = NULL, *q = NULL;
+  atomic_store(&late_gate_open, 0);
+  REQUIRE_OK(tp_malloc_from_pool_async(&p, big, pool, x));
+  CHECK_OK(tp_launch_host_func(x, late_gate, NULL));
+  CHECK_OK(tp_memset_async(p, 9, big, x)); /* x's last use of p, held */
+  CHECK_OK(tp_free_async(p, x));
+  CHECK_OK(tp_stream_wait_event(NULL, e, 0));
+  REQUIRE_OK(tp_malloc_from_pool_async(&q, small, pool, y));
+  CHECK_OK(tp_memset_async(q, 10, small, y));
+  /* Give y's work the time to run before x's, as it may. */
+  (void)check_poll_stream(y, 200);
+  atomic_store(&late_gate_open, 1);
+  CHECK_OK(tp_device_synchronize());
+  if (check_on_host()) {
+    const unsigned char *b = q;
+    CHECK_EQ_INT(b[0], 10);
+    CHECK_EQ_INT(b[small - 1], 10);
+  }
+  CHECK_OK(tp_free_async(q, y));
+  CHECK_OK(tp_device_synchronize());
+  CHECK_OK(tp_event_destroy(e));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(x));
+  CHECK_OK(tp_stream_destroy(y));
+}
+
+/* Fixed findings run as regression tests; open ones fail until fixed. */
+static const struct {
+  const char *name;
+  void (*fn)(void);
+  bool open;
+} findings[] = {
+    {"test_used_high_after_reset", test_used_high_after_reset, false},
+    {"test_free_on_destroyed_stream_released",
+     test_free_on_destroyed_stream_released, false},
+    {"test_legacy_event_clock", test_legacy_event_clock, false},
+    {"test_legacy_wait_counts", test_legacy_wait_counts, false},
+    {"test_reuse_waits_for_later_work", test_reuse_waits_for_later_work, true},
+    {"test_legacy_marker_serialises", test_legacy_marker_serialises, true},
+};
+
+/* Usage: fuzz_findings [fixed|open]; without an argument, all. */
+int main(int argc, char **argv) {
+  const char *which = argc > 1 ? argv[1] : "all";
+  bool all = strcmp(which, "all") == 0, open = strcmp(which, "open") == 0;
+  if (!all && !open && strcmp(which, "fixed") != 0) {
+    printf("usage: %s [fixed|open]\n", argv[0]);
+    return 2;
+  }
+  for (size_t i = 0; i < sizeof findings / sizeof findings[0]; i++)
+    if (all || findings[i].open == open)
+      check_run_(findings[i].name, findings[i].fn);
+  return check_done();
+}
