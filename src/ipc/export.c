@@ -71,11 +71,11 @@ static tp_error_t export_free(tp__pool *p, uintptr_t addr, tp__stream *s,
                               bool *kept);
 static void export_close(tp__pool *p);
 static bool export_stop(tp__pool *p);
-static void export_release(tp__pool *p);
+static void export_fini(tp__pool *p);
 static const tp__pool_ops export_ops = {.free = export_free,
                                         .destroy = export_close,
                                         .stop = export_stop,
-                                        .release = export_release};
+                                        .fini = export_fini};
 
 /* The first entry at or after `offset`; lock held. */
 static uint32_t entry_index(const tp__ipc_export *x, uint64_t offset) {
@@ -135,8 +135,10 @@ tp_error_t tp__ipc_export_init(tp__pool *p) {
   return TP_SUCCESS;
 }
 
-/* The thread was stopped (or never started). */
-static void export_release(tp__pool *p) {
+/* The thread was stopped (or never started), and no thread can reach the
+ * pool any more: a call that found it before its teardown may have been
+ * waking the thread through `wake` until then. */
+static void export_fini(tp__pool *p) {
   tp__ipc_export *x = p->exp;
   if (!x)
     return;

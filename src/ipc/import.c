@@ -46,6 +46,10 @@ struct tp__ipc_import {
   size_t nchunks;
   bool host_pool;  /* host memory: the host's access comes with it */
   bool registered; /* in the registry, so that frees find the pool */
+  /* The pool was destroyed: every call that still finds the state (it
+   * reached the pool just before) refuses; under mu. The state itself goes
+   * once no thread can reach the pool (import_fini). */
+  bool dead;
   /* Requests and replies, the tables below and the mappings. Taken before
    * the pool lock. */
   pthread_mutex_t mu;
@@ -144,6 +148,10 @@ static tp_error_t recv_reply(tp__ipc_import *m, uint16_t op, tp__wire *a,
       tp__wire_recv(m->fd, a, fd, NULL, NULL, tp__ipc_deadline());
   if (r != TP_RECV_OK)
     channel_break(m); /* gone, silent past the deadline, or lying */
+  /* An exporter that went with requests unread resets the channel: gone,
+   * as one that closed it (the header's INVALID_VALUE). */
+  TP_RETURN_IF(r == TP_RECV_ERROR && errno == ECONNRESET,
+               TP_ERROR_INVALID_VALUE);
   TP_RETURN_IF(r == TP_RECV_ERROR, tp__platform_fail(errno, "recvmsg"));
   TP_RETURN_IF(r != TP_RECV_OK, TP_ERROR_INVALID_VALUE);
   if (a->op != op && *fd >= 0) {
@@ -386,6 +394,10 @@ tp_error_t tp__ipc_import_pointer(tp__pool *p,
   tp__wire q = tp__wire_make(TP_OP_IMPORT), a;
   memcpy(q.data, &r, sizeof r);
   pthread_mutex_lock(&m->mu);
+  if (m->dead) {
+    pthread_mutex_unlock(&m->mu);
+    return TP_ERROR_INVALID_VALUE;
+  }
   /* The releases reported so far are taken, and the request sent, in one
    * stretch of rel_mu, and a host function reports a release and sends it
    * in one stretch too. So every release the exporter sees before this
@@ -447,6 +459,10 @@ static tp_error_t import_free(tp__pool *p, uintptr_t addr, tp__stream *s,
   tp__ipc_import *m = p->imp;
   uint64_t offset = (uint64_t)(addr - p->space.base);
   pthread_mutex_lock(&m->mu);
+  if (m->dead) {
+    pthread_mutex_unlock(&m->mu);
+    return TP_ERROR_INVALID_VALUE;
+  }
   uint32_t i = ptr_index(m, offset);
   bool known = i < m->nptrs && m->ptrs[i].offset == offset;
   pthread_mutex_lock(&m->rel_mu);
@@ -496,7 +512,8 @@ static void import_settle(tp__pool *p) {
 
 static void import_trim(tp__pool *p) {
   pthread_mutex_lock(&p->imp->mu);
-  import_settle(p);
+  if (!p->imp->dead)
+    import_settle(p);
   pthread_mutex_unlock(&p->imp->mu);
 }
 
@@ -518,8 +535,8 @@ void tp__ipc_settle(void) {
 static tp_error_t import_set_access(tp__pool *p, const tp_access_desc_t *list,
                                     size_t n) {
   tp__ipc_import *m = p->imp;
-  tp_error_t err = TP_SUCCESS;
   pthread_mutex_lock(&m->mu);
+  tp_error_t err = m->dead ? TP_ERROR_INVALID_VALUE : TP_SUCCESS;
   for (size_t c = 0; c < m->nchunks && err == TP_SUCCESS; c++) {
     const slot *s = slot_of(m, c);
     if (!s) /* a page never mapped: skip it whole */
@@ -541,6 +558,7 @@ static void import_destroy(tp__pool *p) {
     return;
   importers_remove(p);
   pthread_mutex_lock(&m->mu);
+  m->dead = true;
   /* Frees still queued on streams report to this state: wait for them. */
   pthread_mutex_lock(&m->rel_mu);
   while (m->pending)
@@ -556,10 +574,20 @@ static void import_destroy(tp__pool *p) {
     else if (s->phys)
       (void)chunk_drop(p, c);
   }
+  /* The exporter sees the channel close and lets go of what this process
+   * still held; the range goes too, as no call maps into it any more. */
+  channel_break(m);
+  if (m->res)
+    (void)tp__platform->unreserve(m->res);
+  m->res = NULL;
   pthread_mutex_unlock(&m->mu);
   if (m->registered)
     tp__registry_remove(p->space.base, p->space.va_size);
-  import_free_state(m);
+}
+
+static void import_fini(tp__pool *p) {
+  if (p->imp)
+    import_free_state(p->imp);
   p->imp = NULL;
 }
 
@@ -648,7 +676,8 @@ static tp_error_t import_location(const tp__wire *h, tp_location_t *loc,
 static const tp__pool_ops import_ops = {.free = import_free,
                                         .trim = import_trim,
                                         .set_access = import_set_access,
-                                        .destroy = import_destroy};
+                                        .destroy = import_destroy,
+                                        .fini = import_fini};
 
 /* The importer's state for HELLO `h`: a range of the exporter's size in this
  * process, of the same chunk size. Consumes chan and backing. */

@@ -47,6 +47,8 @@ static tp__pool *pool_alloc(const tp_pool_props_t *props) {
  * maps and the object. Its memory went back at teardown. */
 static void pool_free(void *arg) {
   tp__pool *p = arg;
+  if (p->ops && p->ops->fini)
+    p->ops->fini(p);
   tp__heap_fini(&p->heap);
   tp__slabs_fini(&p->slabs);
   tp__space_free(&p->space);
@@ -438,8 +440,6 @@ static bool teardown(tp__pool *p, bool poll) {
     if (pools[i] == p)
       pools[i] = pools[--npools];
   tp__handle_bury(p->handle);
-  if (p->ops && p->ops->release)
-    p->ops->release(p);
   tp__guard_retire(p, pool_free);
   return true;
 }

@@ -33,7 +33,11 @@ typedef struct tp__pool_ops {
   /* Teardown of an exported pool, no lock held: false while an importer
    * still holds a block (the pool must stay); then its state goes. */
   bool (*stop)(tp__pool *p);
-  void (*release)(tp__pool *p);
+  /* Frees the sharing state, once no thread can reach the pool any more
+   * (the epoch guard's retire): a call that found the pool just before it
+   * was destroyed may still be reading that state (the soak test's
+   * pool_handle_destroyed and ipc_races_destroy). */
+  void (*fini)(tp__pool *p);
 } tp__pool_ops;
 
 struct tp__pool {

@@ -181,12 +181,17 @@ static tp_error_t registry_add(tp__pres *r) {
   return room ? TP_SUCCESS : TP_ERROR_OUT_OF_MEMORY;
 }
 
+/* Removes r itself: its range is still mapped, so no other reservation
+ * can hold the same addresses meanwhile (the fuzzer's F-C: removed after
+ * the munmap, the entry found could be a new reservation's). */
 static void registry_remove(tp__pres *r) {
   pthread_rwlock_wrlock(&registry_lock);
   size_t i = registry_find(r->base);
-  memmove(&registry[i], &registry[i + 1],
-          (registry_n - i - 1) * sizeof *registry);
-  registry_n--;
+  if (i < registry_n && registry[i] == r) {
+    memmove(&registry[i], &registry[i + 1],
+            (registry_n - i - 1) * sizeof *registry);
+    registry_n--;
+  }
   pthread_rwlock_unlock(&registry_lock);
 }
 
@@ -226,9 +231,13 @@ tp_error_t tp__host_unreserve(tp__pres *res) {
   size_t mapped = res->nmapped;
   pthread_rwlock_unlock(&res->map_lock);
   TP_RETURN_IF(mapped, TP_ERROR_INVALID_VALUE);
-  TP_RETURN_IF(munmap((void *)res->base, res->size) != 0,
-               tp__platform_fail(errno, "munmap"));
   registry_remove(res);
+  if (munmap((void *)res->base, res->size) != 0) {
+    int e = errno;
+    /* The range stays reserved, and so stays known. */
+    (void)registry_add(res);
+    return tp__platform_fail(e, "munmap");
+  }
   res->base = 0;
   for (uint32_t i = 0; i < res->nchunks && !res->imported; i++) {
     if (res->chunks[i].live) {

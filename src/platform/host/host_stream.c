@@ -160,6 +160,10 @@ static op *op_alloc(size_t ndeps) {
   if (o) {
     o->next = NULL;
     o->ndeps = 0;
+    /* A barrier until its maker says otherwise: op_free reads the kind of
+     * every op, also of one that never went on a stream (the fuzzer's
+     * F-J). */
+    o->kind = OP_BARRIER;
   }
   return o;
 }
