@@ -1240,8 +1240,14 @@ static void op_free(reader *r) {
     return;
   }
   int hold = -1;
-  if (k->nhold_items)
+  if (k->nhold_items) {
     hold = item_pos_of(k->hold_items, k->nhold_items);
+    /* The importers' frees were issued, but their releases reach the
+     * exporter only once their streams ran them and its thread read them:
+     * until then it still counts the block as used (op_quiesce waits for
+     * the figure to come down). */
+    m->held += k->size;
+  }
   add_freed((uintptr_t)k->p, k->size, k->pool, it, hold);
 }
 
