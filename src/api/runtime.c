@@ -165,10 +165,13 @@ TP_API tp_error_t tp_device_synchronize(void) {
   size_t n;
   TP_FORWARD(tp__streams_list(device, &v, &n));
   uint64_t *epochs = malloc((n ? n : 1) * sizeof *epochs);
+  uint64_t ticket = tp__device_sync_begin(device);
   for (size_t i = 0; epochs && i < n; i++)
     epochs[i] = tp__stream_advance(v[i]);
   tp_error_t err = epochs ? tp__platform->device_synchronize(device)
                           : TP_ERROR_OUT_OF_MEMORY;
+  if (err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS)
+    tp__device_sync_done(device, ticket);
   for (size_t i = 0; i < n; i++) {
     if (err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS)
       completed(v[i], epochs[i]);

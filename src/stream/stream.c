@@ -172,6 +172,10 @@ static tp__stream *reg_find_foreign(tp_stream_t handle) {
   return NULL;
 }
 
+/* tp_device_synchronize's tickets per device: taken, and reported done. */
+static _Atomic uint64_t syncs_begun[TP_MAX_DEVICES];
+static _Atomic uint64_t syncs_done[TP_MAX_DEVICES];
+
 #define TP_STREAM_UNNAMED (UINT64_C(1) << 62)
 static _Atomic uint64_t unnamed = 1;
 
@@ -489,13 +493,33 @@ tp_error_t tp__stream_retire(tp__stream *s) {
    * it cached stay resolvable once the platform stream is gone. */
   tp__spin_lock(&s->lock);
   tp__marker *m = marker_record(s);
-  atomic_store_explicit(&s->destroyed, true, memory_order_relaxed);
+  s->dead_syncs =
+      atomic_load_explicit(&syncs_begun[s->device], memory_order_acquire);
+  atomic_store_explicit(&s->destroyed, true, memory_order_release);
   tp__spin_unlock(&s->lock);
   if (m)
     return TP_SUCCESS;
   tp_error_t err = tp__platform->stream_synchronize(s->ps);
   tp__stream_mark_done(s, atomic_load(&s->epoch));
   return err == TP_ERROR_ILLEGAL_ADDRESS ? TP_SUCCESS : err;
+}
+
+uint64_t tp__device_sync_begin(int device) {
+  return atomic_fetch_add_explicit(&syncs_begun[device], 1,
+                                   memory_order_acq_rel) +
+         1;
+}
+
+void tp__device_sync_done(int device, uint64_t ticket) {
+  tp__atomic_max(&syncs_done[device], ticket);
+}
+
+bool tp__stream_dead_synced(tp__stream *s) {
+  if (atomic_load_explicit(&syncs_done[s->device], memory_order_acquire) <=
+      s->dead_syncs)
+    return false;
+  tp__stream_mark_done(s, atomic_load(&s->epoch));
+  return true;
 }
 
 tp_error_t tp__stream_release(tp__stream *s) {

@@ -65,6 +65,9 @@ struct tp__stream {
    * a capture only while it is active, and one that failed must still be
    * found to give back its memory. Read and written by the graph layer. */
   _Atomic uint64_t capture_id;
+  /* Device synchronizes begun before the stream was destroyed: one begun
+   * after covers all its work (tp__stream_settles). */
+  uint64_t dead_syncs;
 
   tp__spin lock;          /* guards everything below, and the stream's caches */
   _Atomic uint64_t epoch; /* epoch given to frees issued now */
@@ -125,14 +128,25 @@ static inline bool tp__stream_may_use(tp__stream *a, const tp__tag *t,
 /* The stream's queued work has completed (after a synchronize). */
 void tp__stream_mark_done(tp__stream *s, uint64_t epoch);
 uint64_t tp__stream_advance(tp__stream *s);
-/* Whether the tagged free has completed, polling its stream's markers when
- * `poll` or when the stream was destroyed (nothing else would ask: its last
- * marker covers every free issued on it). */
+/* Device synchronize bookkeeping: tp_device_synchronize takes a ticket
+ * before it waits and reports it once the device's work completed, so that
+ * the frees of a stream destroyed before the ticket count as known complete
+ * (tp__stream_dead_synced). */
+uint64_t tp__device_sync_begin(int device);
+void tp__device_sync_done(int device, uint64_t ticket);
+/* A destroyed stream's frees are known complete: a device synchronize begun
+ * after the destroy has returned. Marks the stream done then. */
+bool tp__stream_dead_synced(tp__stream *s);
+/* Whether the tagged free is known complete: done, or found so by polling
+ * its stream's markers where `poll` (the opportunistic policy, which may
+ * take what completed unseen). A destroyed stream is no longer asked by any
+ * synchronize, so a device synchronize after its destroy settles it (the
+ * fuzzer's destroyed-stream findings: never released, and released early
+ * with opportunistic reuse off). */
 static inline bool tp__stream_settles(const tp__tag *t, bool poll) {
-  return tp__stream_done(t) ||
-         ((poll ||
-           atomic_load_explicit(&t->stream->destroyed, memory_order_relaxed)) &&
-          tp__stream_poll(t));
+  return tp__stream_done(t) || (poll && tp__stream_poll(t)) ||
+         (atomic_load_explicit(&t->stream->destroyed, memory_order_acquire) &&
+          tp__stream_dead_synced(t->stream));
 }
 /* Drops a tag and the reference it holds on its stream. */
 static inline void tp__tag_clear(tp__tag *t) {

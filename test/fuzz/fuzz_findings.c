@@ -97,6 +97,65 @@ static void late_gate(void *arg) {
     check_sleep_us(100);
 }
 
+/* A free on a stream destroyed before the free is known complete was taken
+ * by another stream with opportunistic reuse off: the allocator polled the
+ * destroyed stream's last marker at any settle, and so learned of the
+ * completion without a synchronize (fuzz input: a free held by a query
+ * that answered NOT_READY, the stream destroyed, an allocation on another
+ * device's legacy stream). Only a device synchronize begun after the
+ * destroy settles such a free now. */
+static atomic_int dead_gate_open;
+
+static void dead_gate(void *arg) {
+  (void)arg;
+  double deadline = check_now_s() + 10.0;
+  while (!atomic_load(&dead_gate_open) && check_now_s() < deadline)
+    check_sleep_us(100);
+}
+
+static void test_destroyed_stream_free_needs_sync(void) {
+  tp_pool_t pool = NULL;
+  tp_pool_props_t props;
+  memset(&props, 0, sizeof props);
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  int off = 0;
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+                                 &off));
+  CHECK_OK(tp_pool_set_attribute(
+      pool, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off));
+  uint64_t keep = UINT64_MAX;
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &keep));
+  tp_stream_t s = NULL, t = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_stream_create(&t, TP_STREAM_NON_BLOCKING));
+  void *p = NULL, *q = NULL;
+  atomic_store(&dead_gate_open, 0);
+  REQUIRE_OK(tp_malloc_from_pool_async(&p, 3 * MiB, pool, s));
+  CHECK_OK(tp_launch_host_func(s, dead_gate, NULL));
+  CHECK_OK(tp_free_async(p, s));
+  CHECK_OK(tp_stream_destroy(s));
+  atomic_store(&dead_gate_open, 1);
+  /* The free's work runs now, but nothing has shown it complete. */
+  check_sleep_us(20000);
+  CHECK_OK(tp_malloc_from_pool_async(&q, 3 * MiB, pool, t));
+  CHECK(q != p);
+  CHECK_OK(tp_free_async(q, t));
+  CHECK_OK(tp_device_synchronize());
+  /* After a device synchronize both blocks are free for every stream. */
+  uint64_t reserved = attr_u64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT);
+  void *r = NULL;
+  CHECK_OK(tp_malloc_from_pool_async(&q, 3 * MiB, pool, t));
+  CHECK_OK(tp_malloc_from_pool_async(&r, 3 * MiB, pool, t));
+  CHECK_EQ_U64(attr_u64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), reserved);
+  CHECK_OK(tp_free_async(q, t));
+  CHECK_OK(tp_free_async(r, t));
+  CHECK_OK(tp_stream_synchronize(t));
+  CHECK_OK(tp_stream_destroy(t));
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
 /* Whether `s` finishes its work within a second. */
 static bool completes_soon(tp_stream_t s) {
   return check_poll_stream(s, 1000) == TP_SUCCESS;
@@ -250,6 +309,8 @@ static const struct {
     {"test_used_high_after_reset", test_used_high_after_reset, false},
     {"test_free_on_destroyed_stream_released",
      test_free_on_destroyed_stream_released, false},
+    {"test_destroyed_stream_free_needs_sync",
+     test_destroyed_stream_free_needs_sync, false},
     {"test_legacy_event_clock", test_legacy_event_clock, false},
     {"test_legacy_wait_counts", test_legacy_wait_counts, false},
     {"test_reuse_waits_for_later_work", test_reuse_waits_for_later_work, true},
