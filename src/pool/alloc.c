@@ -58,7 +58,7 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
   }
   tp__spin_lock(&s->lock);
   tp__cache *c = tp__cache_find(s, &p->caches);
-  tp__block *b = tp__cache_pop_large(c, r);
+  tp__block *b = tp__cache_pop_large(c, r, p->space.gran);
   if (TP_LIKELY(b != NULL)) {
     bool rose = tp__cache_count_up(c, (int64_t)size, peak_gen(p));
     tp__spin_unlock(&s->lock);

@@ -89,12 +89,18 @@ static inline bool tp__cache_pop_small(tp__cache *c, unsigned cls,
 }
 
 /* Takes the smallest cached large block that holds `r` bytes with at most
- * a 64th to spare; stream lock held. */
-static inline tp__block *tp__cache_pop_large(tp__cache *c, size_t r) {
+ * a 64th to spare, and whose spare reaches into no chunk the `r` bytes do
+ * not (`gran`: the chunk size): a live block that did would hold a chunk
+ * that no release could give back (the fuzzer: 2 MiB - 512 bytes served
+ * from a freed 2 MiB + 512 kept 4 MiB reserved at threshold 0). Stream lock
+ * held. */
+static inline tp__block *tp__cache_pop_large(tp__cache *c, size_t r,
+                                             size_t gran) {
   int best = -1;
   for (uint32_t i = 0; c && i < c->nlarge; i++) {
     tp__block *b = c->large[i].owner;
     if (b->size >= r && b->size - r <= r / 64 &&
+        (b->addr + r - 1) / gran == (b->addr + b->size - 1) / gran &&
         (best < 0 || b->size < ((tp__block *)c->large[best].owner)->size))
       best = (int)i;
   }

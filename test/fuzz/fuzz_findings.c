@@ -156,6 +156,33 @@ static void test_destroyed_stream_free_needs_sync(void) {
   CHECK_OK(tp_pool_destroy(pool));
 }
 
+/* A stream's cache served a request of 2 MiB - 512 bytes with a freed block
+ * of 2 MiB + 512 (within its 64th of spare), whose last 512 bytes lie in a
+ * second chunk: the live block then held that chunk, and neither a
+ * synchronize nor a trim gave it back (fuzz input: reserved 4 MiB at
+ * threshold 0 with live blocks needing one chunk). */
+static void test_cached_block_pins_no_chunk(void) {
+  tp_pool_t pool = NULL;
+  tp_pool_props_t props;
+  memset(&props, 0, sizeof props);
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  tp_stream_t s = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  void *a = NULL, *b = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&a, 2 * MiB + 1, pool, s));
+  CHECK_OK(tp_free_async(a, s));
+  REQUIRE_OK(tp_malloc_from_pool_async(&b, 2 * MiB - 512, pool, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_pool_trim_to(pool, 0));
+  CHECK_EQ_U64(attr_u64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 2 * MiB);
+  CHECK_OK(tp_free_async(b, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_stream_destroy(s));
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
 /* Whether `s` finishes its work within a second. */
 static bool completes_soon(tp_stream_t s) {
   return check_poll_stream(s, 1000) == TP_SUCCESS;
@@ -311,6 +338,7 @@ static const struct {
      test_free_on_destroyed_stream_released, false},
     {"test_destroyed_stream_free_needs_sync",
      test_destroyed_stream_free_needs_sync, false},
+    {"test_cached_block_pins_no_chunk", test_cached_block_pins_no_chunk, false},
     {"test_legacy_event_clock", test_legacy_event_clock, false},
     {"test_legacy_wait_counts", test_legacy_wait_counts, false},
     {"test_reuse_waits_for_later_work", test_reuse_waits_for_later_work, true},
