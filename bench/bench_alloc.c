@@ -1,6 +1,8 @@
 /* bench_alloc: the allocation benchmark. It times stream-ordered
- * malloc+free through a table of allocator backends (today only tidepool) and
- * prints each figure next to the H200 driver anchor recorded in docs/design.md.
+ * malloc+free through a table of allocator backends and prints each figure
+ * next to the H200 driver anchor recorded in docs/design.md, then side by side
+ * with the other backends of the same run: the driver's allocators on the
+ * cuda platform, glibc's malloc and free on the host platform.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -205,11 +207,51 @@ static const char *cu_error_name_(int code) {
   return name;
 }
 
-static backend backends[3] = {
+/* ---- the C library's malloc and free, side by side on the host platform
+ * ----
+ * What a host allocator costs on this machine: the yardstick for the cost of
+ * tidepool's own bookkeeping, which is all a host-platform pair measures.
+ * Streams mean nothing to it. */
+static int libc_prepare(void) {
+  return 0;
+}
+static int libc_stream_create(void **stream) {
+  static char token;
+  *stream = &token;
+  return 0;
+}
+static int libc_stream_nop(void *stream) {
+  (void)stream;
+  return 0;
+}
+static int libc_alloc(void **ptr, size_t size, void *stream) {
+  (void)stream;
+  *ptr = malloc(size);
+  return *ptr ? 0 : 1;
+}
+static int libc_dealloc(void *ptr, void *stream) {
+  (void)stream;
+  free(ptr);
+  return 0;
+}
+static const char *libc_error_name(int code) {
+  return code ? "out of memory" : "success";
+}
+
+static backend backends[4] = {
     {"tidepool", tp_prepare, tp_stream_create_, tp_stream_destroy_,
      tp_stream_synchronize_, tp_alloc_, tp_dealloc_, tp_error_name_},
 };
 static size_t N_BACKENDS = 1;
+/* The index of tidepool on streams the driver made (as PyTorch's are), when
+ * it runs: the driver's figures are compared with it as well. */
+static size_t FOREIGN = 0;
+
+static void add_libc_backend(void) {
+  backends[N_BACKENDS++] = (backend){
+      "glibc malloc+free", libc_prepare, libc_stream_create, libc_stream_nop,
+      libc_stream_nop,     libc_alloc,   libc_dealloc,       libc_error_name};
+}
 
 /* On the cuda platform the driver's two allocators run in the same process,
  * after tidepool, for ratios measured side by side. */
@@ -218,6 +260,17 @@ static void add_driver_backends(bool with_plain) {
     printf("note: libcuda could not be loaded; no side-by-side figures\n");
     return;
   }
+  /* tidepool's allocations on driver streams: streams tidepool did not
+   * make, which it must recognise on every call. */
+  FOREIGN = N_BACKENDS;
+  backends[N_BACKENDS++] = (backend){"tidepool on driver streams",
+                                     tp_prepare,
+                                     cu_stream_create_,
+                                     cu_stream_destroy_,
+                                     tp_stream_synchronize_,
+                                     tp_alloc_,
+                                     tp_dealloc_,
+                                     tp_error_name_};
   backends[N_BACKENDS++] = (backend){"driver cudaMallocAsync (cuMemAllocAsync)",
                                      cu_prepare_async,
                                      cu_stream_create_,
@@ -590,10 +643,11 @@ static void run_backend(const backend *b, const config *cfg, results *r) {
 /* tidepool against another backend of the same run: their ratio, above 1
  * when tidepool is faster. */
 static void print_side_by_side(const config *cfg, const backend *other,
-                               const results *tp, const results *o) {
-  printf("\n== side by side in this run: %s / tidepool (above 1: tidepool "
+                               const backend *ours, const results *tp,
+                               const results *o) {
+  printf("\n== side by side in this run: %s / %s (above 1: tidepool "
          "faster)\n",
-         other->name);
+         other->name, ours->name);
   for (size_t i = 0; i < N_SIZES; i++) {
     char sz[32];
     format_size(sz, sizeof sz, tp->pairs[i].size);
@@ -793,13 +847,19 @@ int main(int argc, char **argv) {
 
   if (strcmp(platform, "cuda") == 0)
     add_driver_backends(!cfg.no_plain);
-  results all[3];
+  else if (strcmp(platform, "host") == 0)
+    add_libc_backend();
+  results all[4];
   memset(all, 0, sizeof all);
   for (size_t k = 0; k < N_BACKENDS; k++)
     run_backend(&backends[k], &cfg, &all[k]);
 
   for (size_t k = 1; k < N_BACKENDS; k++)
-    print_side_by_side(&cfg, &backends[k], &all[0], &all[k]);
+    if (k != FOREIGN)
+      print_side_by_side(&cfg, &backends[k], &backends[0], &all[0], &all[k]);
+  for (size_t k = FOREIGN + 1; FOREIGN && k < N_BACKENDS; k++)
+    print_side_by_side(&cfg, &backends[k], &backends[FOREIGN], &all[FOREIGN],
+                       &all[k]);
   if (cfg.json_path) {
     write_json(cfg.json_path, &cfg, platform, all);
     printf("\nwrote %s\n", cfg.json_path);

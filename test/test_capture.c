@@ -986,11 +986,9 @@ static void *drv_end_elsewhere(void *arg) {
   return NULL;
 }
 
-static void test_driver_answers(void) {
-  if (check_on_host()) {
-    printf("   (host: the driver answers on a GPU)\n");
-    return;
-  }
+/* Loads the driver's calls and makes device 0's primary context current;
+ * false (with a failed check) where that cannot be done. */
+static bool drv_load(void) {
   const dl_sym syms[] = {{&drv.device_get, "cuDeviceGet"},
                          {&drv.ctx_retain, "cuDevicePrimaryCtxRetain"},
                          {&drv.ctx_set, "cuCtxSetCurrent"},
@@ -1011,11 +1009,19 @@ static void test_driver_answers(void) {
       dl_table_load("libcuda.so.1", syms, sizeof syms / sizeof syms[0]);
   if (missing) {
     CHECK_FAIL("libcuda.so.1 lacks %s", *missing ? missing : "(library)");
-    return;
+    return false;
   }
   int dev = 0;
-  REQUIRE(drv.device_get(&dev, 0) == 0 && drv.ctx_retain(&drv_ctx, dev) == 0 &&
-          drv.ctx_set(drv_ctx) == 0);
+  return CHECK(drv.device_get(&dev, 0) == 0 &&
+               drv.ctx_retain(&drv_ctx, dev) == 0 && drv.ctx_set(drv_ctx) == 0);
+}
+
+static void test_driver_answers(void) {
+  if (check_on_host()) {
+    printf("   (host: the driver answers on a GPU)\n");
+    return;
+  }
+  REQUIRE(drv_load());
   void *s1 = NULL, *s2 = NULL, *s3 = NULL, *ev = NULL, *fresh = NULL;
   REQUIRE(drv.stream_create(&s1, 1) == 0 && drv.stream_create(&s2, 1) == 0 &&
           drv.stream_create(&s3, 1) == 0 && drv.event_create(&ev, 2) == 0 &&
@@ -1100,6 +1106,81 @@ static void test_driver_answers(void) {
   drv.event_destroy(fresh);
 }
 
+/* ---- streams the driver made --------------------------------------------
+ * tidepool knows such a stream on later calls by its handle and its id, the
+ * id because the driver gives a destroyed stream's handle to a new stream
+ * without telling anyone. */
+static void wait_gate(void *arg) {
+  double deadline = check_now_s() + 30;
+  while (!atomic_load((atomic_int *)arg) && check_now_s() < deadline)
+    check_sleep_us(100);
+}
+
+static void test_foreign_streams(void) {
+  if (check_on_host()) {
+    printf("   (host: every stream is tidepool's)\n");
+    return;
+  }
+  REQUIRE(drv_load());
+  enum { MIB = 1 << 20 };
+  void *a = NULL, *c = NULL;
+  REQUIRE(drv.stream_create(&a, 1) == 0 && drv.stream_create(&c, 1) == 0);
+  static atomic_int gate;
+  atomic_store(&gate, 0);
+  void *p = NULL, *q = NULL;
+  REQUIRE_OK(tp_malloc_async(&p, MIB, (tp_stream_t)a));
+  CHECK_OK(tp_launch_host_func((tp_stream_t)a, wait_gate, &gate));
+  CHECK_OK(tp_free_async(p, (tp_stream_t)a));
+  /* Known by handle and id now: the same stream reuses its pending free. */
+  CHECK_OK(tp_malloc_async(&q, MIB, (tp_stream_t)a));
+  CHECK_EQ_PTR(q, p);
+  CHECK_OK(tp_free_async(q, (tp_stream_t)a));
+
+  /* A known stream that begins a capture behind tidepool's back: the next
+   * allocation is the capture's, not the pool's. */
+  void *x = NULL;
+  REQUIRE_OK(tp_malloc_async(&x, 4096, (tp_stream_t)c));
+  CHECK_OK(tp_free_async(x, (tp_stream_t)c));
+  tp_pool_t pool;
+  REQUIRE_OK(tp_device_get_default_mem_pool(&pool, 0));
+  uint64_t used0 = 0, used1 = 0;
+  CHECK_OK(tp_pool_get_attribute(pool, TP_POOL_ATTR_USED_MEM_CURRENT, &used0));
+  REQUIRE(drv.begin(c, 1 /* thread-local */) == 0);
+  CHECK_OK(tp_malloc_async(&x, 4096, (tp_stream_t)c));
+  CHECK_OK(tp_pool_get_attribute(pool, TP_POOL_ATTR_USED_MEM_CURRENT, &used1));
+  CHECK_EQ_U64(used1, used0);
+  CHECK_OK(tp_free_async(x, (tp_stream_t)c));
+  void *g = NULL;
+  CHECK(drv.end(c, &g) == 0);
+  if (g)
+    drv.graph_destroy(g);
+
+  /* A destroyed stream's handle on a new stream: not the old stream, so
+   * the free still pending on the old one is not the new one's to take. */
+  CHECK(drv.stream_destroy(a) == 0);
+  void *b = NULL;
+  for (int i = 0; i < 16; i++) {
+    REQUIRE(drv.stream_create(&b, 1) == 0);
+    if (b == a)
+      break;
+    drv.stream_destroy(b);
+    b = NULL;
+  }
+  if (b) {
+    void *r = NULL;
+    CHECK_OK(tp_malloc_async(&r, MIB, (tp_stream_t)b));
+    CHECK(r != p);
+    CHECK_OK(tp_free_async(r, (tp_stream_t)b));
+  } else {
+    printf("   (the driver gave no stream the destroyed one's handle)\n");
+  }
+  atomic_store(&gate, 1);
+  CHECK_OK(tp_device_synchronize());
+  if (b)
+    drv.stream_destroy(b);
+  drv.stream_destroy(c);
+}
+
 int main(void) {
   const char *platform = tp_platform_name();
   if (!platform) {
@@ -1123,5 +1204,6 @@ int main(void) {
   RUN_TEST(test_other_device);
   RUN_TEST(test_threads);
   RUN_TEST(test_driver_answers);
+  RUN_TEST(test_foreign_streams);
   return check_done();
 }

@@ -5,8 +5,13 @@
 
 #include "pool/pool.h"
 
-/* Initialises the platform and the core once; every entry point calls it. */
-tp_error_t tp__api_init(void);
+/* Initialises the platform and the core once; every entry point calls it.
+ * After a thread's first call it is one thread-local load. */
+extern TP_TLS bool tp__api_ready;
+tp_error_t tp__api_init_slow(void);
+static inline tp_error_t tp__api_init(void) {
+  return TP_LIKELY(tp__api_ready) ? TP_SUCCESS : tp__api_init_slow();
+}
 
 /* INVALID_DEVICE unless 0 <= device < count. */
 tp_error_t tp__check_device(int device);

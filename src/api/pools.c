@@ -313,10 +313,11 @@ TP_API tp_error_t tp_pool_set_access(tp_pool_t pool,
 /* ---- allocation ---------------------------------------------------------- */
 
 /* An allocation on `s` from `pool`: a graph's when the stream is being
- * captured, else the pool's. */
+ * captured, else the pool's. `idle`: resolving the stream just showed that
+ * it does not capture. */
 static tp_error_t malloc_on(void **ptr, size_t size, tp_pool_t pool,
-                            tp__pool *p, tp__stream *s) {
-  if (TP_UNLIKELY(tp__graph_capturing(s)))
+                            tp__pool *p, tp__stream *s, bool idle) {
+  if (TP_UNLIKELY(!idle && tp__graph_capturing(s)))
     return tp__graph_malloc(ptr, size, pool, s);
   return tp__pool_malloc(p, ptr, size, s);
 }
@@ -328,15 +329,17 @@ static tp_error_t malloc_on(void **ptr, size_t size, tp_pool_t pool,
  * error stands). Should a destroyed pool still be found there (made current
  * while it was being destroyed), the slot goes back to the default pool,
  * which cannot be destroyed. */
-static tp_error_t malloc_current(void **ptr, size_t size, tp__stream *s) {
+static tp_error_t malloc_current(void **ptr, size_t size, tp__stream *s,
+                                 bool idle) {
   for (int tries = 0;; tries++) {
     tp_pool_t pool;
     tp__pool *p;
     TP_FORWARD(current_of(s->device * 2, &pool));
-    tp_error_t err = tp__pool_get(pool, &p);
+    tp_error_t err = tp__pool_get_known(pool, &p);
     if (err == TP_SUCCESS)
-      err = malloc_on(ptr, size, pool, p, s);
-    if (err != TP_ERROR_INVALID_VALUE || tp__pool_get(pool, &p) == TP_SUCCESS)
+      err = malloc_on(ptr, size, pool, p, s, idle);
+    if (err != TP_ERROR_INVALID_VALUE ||
+        tp__pool_get_known(pool, &p) == TP_SUCCESS)
       return err;
     if (tries > 0)
       tp__current_pools_forget(pool);
@@ -347,12 +350,13 @@ TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream) {
   TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);
   TP_FORWARD(tp__api_init());
   tp__stream *s;
-  TP_FORWARD(tp__stream_get(stream, &s));
+  bool idle;
+  TP_FORWARD(tp__stream_resolve(stream, &s, &idle));
   if (size == 0) {
     *ptr = NULL;
     return TP_SUCCESS;
   }
-  return TP_GUARDED(malloc_current(ptr, size, s));
+  return TP_GUARDED(malloc_current(ptr, size, s, idle));
 }
 
 static tp_error_t malloc_from(void **ptr, size_t size, tp_pool_t pool,
@@ -361,12 +365,13 @@ static tp_error_t malloc_from(void **ptr, size_t size, tp_pool_t pool,
   TP_FORWARD(tp__pool_get(pool, &p));
   TP_RETURN_IF(p->imported, TP_ERROR_INVALID_VALUE);
   tp__stream *s;
-  TP_FORWARD(tp__stream_get(stream, &s));
+  bool idle;
+  TP_FORWARD(tp__stream_resolve(stream, &s, &idle));
   if (size == 0) {
     *ptr = NULL;
     return TP_SUCCESS;
   }
-  return malloc_on(ptr, size, pool, p, s);
+  return malloc_on(ptr, size, pool, p, s, idle);
 }
 
 TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
@@ -378,9 +383,10 @@ TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
 }
 
 /* A free of a graph's allocation, or during a capture, is the graph's; with
- * no capture anywhere, a pointer of a pool is the pool's at once. */
-static tp_error_t free_on(void *ptr, tp__stream *s) {
-  if (TP_LIKELY(tp__no_capture())) {
+ * no capture anywhere, or none on `s` (`idle`: resolving it just showed so),
+ * a pointer of a pool is the pool's at once. */
+static tp_error_t free_on(void *ptr, tp__stream *s, bool idle) {
+  if (TP_LIKELY(idle || tp__no_capture())) {
     tp__pool *p = tp__registry_find((uintptr_t)ptr);
     if (TP_LIKELY(p != NULL))
       return tp__pool_free_in(p, ptr, s);
@@ -394,8 +400,9 @@ static tp_error_t free_on(void *ptr, tp__stream *s) {
 TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream) {
   TP_FORWARD(tp__api_init());
   tp__stream *s;
-  TP_FORWARD(tp__stream_get(stream, &s));
+  bool idle;
+  TP_FORWARD(tp__stream_resolve(stream, &s, &idle));
   if (!ptr)
     return TP_SUCCESS;
-  return TP_GUARDED(free_on(ptr, s));
+  return TP_GUARDED(free_on(ptr, s, idle));
 }

@@ -11,7 +11,7 @@
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static tp_error_t init_err = TP_ERROR_NO_DEVICE;
 static int ndevices;
-static _Thread_local bool thread_ready;
+TP_TLS bool tp__api_ready;
 
 static void init_once(void) {
   init_err = tp__platform_init();
@@ -23,15 +23,13 @@ static void init_once(void) {
     ndevices = TP_MAX_DEVICES;
 }
 
-tp_error_t tp__api_init(void) {
-  if (TP_LIKELY(thread_ready))
-    return TP_SUCCESS;
+tp_error_t tp__api_init_slow(void) {
   pthread_once(&once, init_once);
   TP_FORWARD(init_err);
   /* A thread starts on device 0, like a CUDA runtime thread. */
   if (ndevices > 0)
     TP_FORWARD(tp__platform->set_device(tp__current_device()));
-  thread_ready = true;
+  tp__api_ready = true;
   return TP_SUCCESS;
 }
 

@@ -37,7 +37,7 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_key_t key;
 bool tp__guard_expedited;
 
-_Thread_local tp__guard_tls tp__guard_me;
+TP_TLS tp__guard_tls tp__guard_me;
 
 static void release_rec(void *r) {
   atomic_store_explicit(&((rec *)r)->taken, false, memory_order_release);

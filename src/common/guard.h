@@ -21,7 +21,7 @@ typedef struct tp__guard_tls {
   tp__guard_rec *rec;
   unsigned depth;
 } tp__guard_tls;
-extern _Thread_local tp__guard_tls tp__guard_me;
+extern TP_TLS tp__guard_tls tp__guard_me;
 extern _Atomic uint64_t tp__guard_epoch;
 extern bool tp__guard_expedited;
 extern _Atomic uint32_t tp__guard_limbo;

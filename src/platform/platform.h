@@ -85,6 +85,13 @@ typedef struct tp__platform_ops {
    * captures): the stream is then known by its handle, and its flags are
    * unknown (0). */
   tp_error_t (*stream_adopt)(tp_stream_t handle, tp__stream_desc *desc);
+  /* The cheap question asked on every call that names a stream adopted
+   * before: its capture status and, when it does not capture, its uid, by
+   * which the core tells a live stream from a new one that took a destroyed
+   * one's handle. Any error sends the core the full way (stream_adopt).
+   * NULL where every stream is the core's own (host). */
+  tp_error_t (*stream_identify)(tp_stream_t handle, uint64_t *uid,
+                                tp_capture_status_t *status);
   tp_error_t (*stream_synchronize)(tp__pstream *ps); /* or ILLEGAL_ADDRESS */
   tp_error_t (*stream_query)(tp__pstream *ps);       /* SUCCESS / NOT_READY */
   tp_error_t (*stream_wait_event)(tp__pstream *ps, tp__pevent *ev);

@@ -72,13 +72,13 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
 
 /* A freed block goes into its stream's cache with the free's position; the
  * pool lock only when the cache is full or missing. */
-static void free_entry(tp__pool *p, tp__stream *s, unsigned cls, bool large,
-                       uintptr_t addr, void *owner, int64_t req) {
+static inline void free_entry(tp__pool *p, tp__stream *s, unsigned cls,
+                              bool large, uintptr_t addr, void *owner,
+                              int64_t req) {
   tp__spin_lock(&s->lock);
   tp__tag t = tp__stream_tag(s);
   tp__centry e = {addr, owner, t.epoch, t.lseq};
-  bool kept =
-      tp__cache_push(tp__cache_find(s, &p->caches), cls, large, &e, req);
+  bool kept = tp__cache_push(tp__cache_find(s, &p->caches), cls, large, e, req);
   tp__spin_unlock(&s->lock);
   if (!kept)
     free_slow(p, s, cls, large, &e, req);
@@ -241,7 +241,7 @@ static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
   tp__spin_lock(&s->lock);
   if (c)
     nout = tp__cache_evict(c, cls, large, out);
-  bool kept = tp__cache_push(c, cls, large, e, req);
+  bool kept = tp__cache_push(c, cls, large, *e, req);
   tp__spin_unlock(&s->lock);
   if (!kept) {
     out[nout++] = *e;
@@ -336,7 +336,7 @@ typedef struct peak_slot {
   uint64_t serial, gen;
   int64_t count, mark;
 } peak_slot;
-static _Thread_local peak_slot peak_slots[8];
+static TP_TLS peak_slot peak_slots[4];
 
 static uint64_t peak_gen(const tp__pool *p) {
   return atomic_load_explicit(&p->peak_gen, memory_order_relaxed);
@@ -351,7 +351,7 @@ static void peak_slot_reset(peak_slot *t, const tp__pool *p, uint64_t gen) {
 /* Notes a change of the calling thread's bytes in use, after it was
  * counted; `rose`: the cache's count passed its mark. */
 static inline void peak_note(tp__pool *p, int64_t delta, bool rose) {
-  peak_slot *t = &peak_slots[p->serial % 8];
+  peak_slot *t = &peak_slots[p->serial % 4];
   uint64_t gen = peak_gen(p);
   if (TP_UNLIKELY(t->serial != p->serial || t->gen != gen))
     peak_slot_reset(t, p, gen);

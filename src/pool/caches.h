@@ -114,13 +114,19 @@ static inline tp__block *tp__cache_pop_large(tp__cache *c, size_t r,
 /* Keeps a freed block's entry when there is room, counting the free: true
  * when kept. Stream lock held. */
 static inline bool tp__cache_push(tp__cache *c, unsigned cls, bool large,
-                                  const tp__centry *e, int64_t req) {
+                                  tp__centry e, int64_t req) {
   if (!c)
     return false;
   uint32_t *n = large ? &c->nlarge : &c->cls[cls].n;
   if (*n == (large ? TP_LARGE_CACHE : TP_SMALL_CACHE))
     return false;
-  (large ? c->large : c->cls[cls].v)[(*n)++] = *e;
+  /* Field by field: a copy of the whole entry, just built, would read it
+   * back wider than it was written and stall store forwarding. */
+  tp__centry *d = &(large ? c->large : c->cls[cls].v)[(*n)++];
+  d->addr = e.addr;
+  d->owner = e.owner;
+  d->epoch = e.epoch;
+  d->lseq = e.lseq;
   tp__cache_count(c, -req);
   return true;
 }

@@ -77,11 +77,5 @@ bool tp__handle_known(tp_pool_t h) {
 
 tp_error_t tp__pool_get(tp_pool_t handle, tp__pool **out) {
   TP_RETURN_IF(!tp__handle_known(handle), TP_ERROR_INVALID_VALUE);
-  TP_RETURN_IF(atomic_load_explicit(&handle->state, memory_order_acquire) !=
-                   TP_POOL_LIVE,
-               TP_ERROR_INVALID_VALUE);
-  tp__pool *p = atomic_load_explicit(&handle->pool, memory_order_relaxed);
-  TP_RETURN_IF(!p, TP_ERROR_INVALID_VALUE);
-  *out = p;
-  return TP_SUCCESS;
+  return tp__pool_get_known(handle, out);
 }

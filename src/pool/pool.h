@@ -98,6 +98,16 @@ bool tp__handle_known(tp_pool_t h);
 /* The live pool of a handle; INVALID_VALUE for anything else. The pool
  * stays readable while the caller is inside the guard (common/guard.h). */
 tp_error_t tp__pool_get(tp_pool_t handle, tp__pool **out);
+/* The same for a handle known to be a slot of the table (one the library
+ * stored itself, such as a current pool): the state alone decides. */
+static inline tp_error_t tp__pool_get_known(tp_pool_t handle, tp__pool **out) {
+  tp__pool *p = NULL;
+  if (TP_LIKELY(atomic_load_explicit(&handle->state, memory_order_acquire) ==
+                TP_POOL_LIVE))
+    p = atomic_load_explicit(&handle->pool, memory_order_relaxed);
+  *out = p;
+  return p ? TP_SUCCESS : TP_ERROR_INVALID_VALUE;
+}
 
 /* ---- registry.c ---------------------------------------------------------
  * The pool whose virtual range holds an address, read without a lock by
@@ -105,7 +115,24 @@ tp_error_t tp__pool_get(tp_pool_t handle, tp__pool **out);
 #define TP_REGISTRY_SHIFT 30
 tp_error_t tp__registry_add(uintptr_t base, size_t size, tp__pool *p);
 void tp__registry_remove(uintptr_t base, size_t size);
-tp__pool *tp__registry_find(uintptr_t addr);
+#define TP_REGISTRY_L2_BITS 12
+#define TP_REGISTRY_L1_BITS 7 /* 2^(30 + 12 + 7) = 512 TiB of addresses */
+typedef struct tp__registry_leaf {
+  _Atomic(tp__pool *) slot[1u << TP_REGISTRY_L2_BITS];
+} tp__registry_leaf;
+extern _Atomic(tp__registry_leaf *)
+    tp__registry_root[1u << TP_REGISTRY_L1_BITS];
+static inline tp__pool *tp__registry_find(uintptr_t addr) {
+  uint64_t g = (uint64_t)addr >> TP_REGISTRY_SHIFT;
+  if (g >> (TP_REGISTRY_L1_BITS + TP_REGISTRY_L2_BITS))
+    return NULL;
+  tp__registry_leaf *l = atomic_load_explicit(
+      &tp__registry_root[g >> TP_REGISTRY_L2_BITS], memory_order_acquire);
+  return l ? atomic_load_explicit(
+                 &l->slot[g & ((1u << TP_REGISTRY_L2_BITS) - 1)],
+                 memory_order_acquire)
+           : NULL;
+}
 
 /* ---- alloc.c: allocation and free -----------------------------------------
  */

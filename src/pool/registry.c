@@ -3,16 +3,15 @@
  * so a two-level table indexed by the address's gigabyte finds them. */
 #include "pool/pool.h"
 
-#define L2_BITS 12
-#define L1_BITS 7 /* 2^(30 + 12 + 7) = 512 TiB of address space */
+#define L2_BITS TP_REGISTRY_L2_BITS
+#define L1_BITS TP_REGISTRY_L1_BITS
 #define L2_SIZE (1u << L2_BITS)
 #define L1_SIZE (1u << L1_BITS)
 
-typedef struct leaf {
-  _Atomic(tp__pool *) slot[L2_SIZE];
-} leaf;
+typedef tp__registry_leaf leaf;
 
-static _Atomic(leaf *) root[L1_SIZE];
+_Atomic(tp__registry_leaf *) tp__registry_root[L1_SIZE];
+#define root tp__registry_root
 static tp__mutex table_lock = TP_MUTEX_INIT(TP_RANK_ADDRESSES);
 
 static bool split(uintptr_t addr, size_t *i1, size_t *i2) {
@@ -65,12 +64,4 @@ void tp__registry_remove(uintptr_t base, size_t size) {
   tp__mutex_lock(&table_lock);
   set_range(base, size, NULL);
   tp__mutex_unlock(&table_lock);
-}
-
-tp__pool *tp__registry_find(uintptr_t addr) {
-  size_t i1, i2;
-  if (!split(addr, &i1, &i2))
-    return NULL;
-  leaf *l = atomic_load_explicit(&root[i1], memory_order_acquire);
-  return l ? atomic_load_explicit(&l->slot[i2], memory_order_acquire) : NULL;
 }

@@ -21,15 +21,11 @@ uint32_t tp__class_size(unsigned cls) {
 
 /* The class of each size in 512-byte steps, so that the fast path looks a
  * class up instead of searching for it. */
-static const uint8_t class_of_steps[TP_SMALL_MAX / TP_GRANULE + 1] = {
+const uint8_t tp__class_of_steps[TP_SMALL_MAX / TP_GRANULE + 1] = {
     0,  0,  1,  2,  3,  4,  5,  6,  7,  8,  8,  9,  9,  10, 10, 11, 11,
     12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15, 16,
     16, 16, 16, 16, 16, 16, 16, 17, 17, 17, 17, 17, 17, 17, 17, 18, 18,
     18, 18, 18, 18, 18, 18, 19, 19, 19, 19, 19, 19, 19, 19};
-
-unsigned tp__class_of(size_t rounded) {
-  return class_of_steps[rounded >> TP_GRANULE_SHIFT];
-}
 
 static uint32_t blocks_per_slab(uint32_t bsize) {
   uint32_t n = SLAB_TARGET / bsize;

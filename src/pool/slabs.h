@@ -51,7 +51,12 @@ static inline int64_t tp__slab_index(const tp__slab *s, uintptr_t addr) {
   return i * s->bsize == off ? (int64_t)i : -1;
 }
 
-unsigned tp__class_of(size_t rounded);
+/* The class of a size rounded to granules: a table lookup, on every small
+ * allocation. */
+extern const uint8_t tp__class_of_steps[TP_SMALL_MAX / TP_GRANULE + 1];
+static inline unsigned tp__class_of(size_t rounded) {
+  return tp__class_of_steps[rounded >> TP_GRANULE_SHIFT];
+}
 uint32_t tp__class_size(unsigned cls);
 /* The bytes of the large block a slab of the class is carved from. */
 size_t tp__slab_bytes(unsigned cls);

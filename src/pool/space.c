@@ -40,8 +40,13 @@ tp_error_t tp__space_init(tp__space *sp, const tp__mem_kind *kind, size_t gran,
   if (va < TP_VA_MIN || va / 4 != limit)
     va = va < TP_VA_MIN ? TP_VA_MIN : UINT64_C(1) << 46;
   va = tp__align_up(va, TP_VA_MIN);
+  /* Chunk sizes are powers of two (CUDA's granularities are), which the
+   * granule lookup's shifts rely on. */
+  TP_RETURN_IF(gran == 0 || (gran & (gran - 1)) || gran < TP_GRANULE,
+               TP_ERROR_NOT_SUPPORTED);
   sp->kind = *kind;
   sp->gran = gran;
+  sp->gran_shift = (unsigned)__builtin_ctzll(gran);
   sp->limit = limit;
   sp->va_size = va;
   sp->nchunks = va / gran;
@@ -64,18 +69,17 @@ tp_error_t tp__space_init(tp__space *sp, const tp__mem_kind *kind, size_t gran,
   return err;
 }
 
-_Atomic uintptr_t *tp__space_entry(tp__space *sp, uintptr_t addr, bool create) {
-  size_t off = addr - sp->base;
-  size_t c = off / sp->gran;
+_Atomic uintptr_t *tp__space_entry_make(tp__space *sp, uintptr_t addr) {
+  size_t c = tp__space_chunk(sp, addr);
   _Atomic uintptr_t *t =
       atomic_load_explicit(&sp->gtab[c], memory_order_acquire);
-  if (!t && create) {
+  if (!t) {
     t = calloc(sp->gran >> TP_GRANULE_SHIFT, sizeof *t);
     if (!t)
       return NULL;
     atomic_store_explicit(&sp->gtab[c], t, memory_order_release);
   }
-  return t ? &t[(off % sp->gran) >> TP_GRANULE_SHIFT] : NULL;
+  return &t[((addr - sp->base) & (sp->gran - 1)) >> TP_GRANULE_SHIFT];
 }
 
 /* ---- the chunk map ------------------------------------------------------- */

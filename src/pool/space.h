@@ -28,6 +28,7 @@ typedef struct tp__space {
   tp__mem_kind kind;
   uintptr_t base;
   size_t va_size, gran, nchunks;
+  unsigned gran_shift; /* gran is 1 << gran_shift */
   uint64_t limit;      /* physical bytes the space may hold */
   tp__phys *phys;      /* per chunk: the physical chunk mapped there, or 0 */
   uint64_t *mapbits;   /* per chunk: mapped and part of a segment */
@@ -55,11 +56,21 @@ void tp__space_fini(tp__space *sp);
 void tp__space_free(tp__space *sp);
 
 /* The granule entry of `addr` (inside the range), made on first use when
- * `create`; NULL when it does not exist (or memory is short). */
-_Atomic uintptr_t *tp__space_entry(tp__space *sp, uintptr_t addr, bool create);
+ * `create`; NULL when it does not exist (or memory is short). Every free
+ * reads one, hence the shifts rather than divisions. */
+_Atomic uintptr_t *tp__space_entry_make(tp__space *sp, uintptr_t addr);
+static inline _Atomic uintptr_t *tp__space_entry(tp__space *sp, uintptr_t addr,
+                                                 bool create) {
+  size_t off = addr - sp->base;
+  _Atomic uintptr_t *t = atomic_load_explicit(&sp->gtab[off >> sp->gran_shift],
+                                              memory_order_acquire);
+  if (TP_UNLIKELY(!t))
+    return create ? tp__space_entry_make(sp, addr) : NULL;
+  return &t[(off & (sp->gran - 1)) >> TP_GRANULE_SHIFT];
+}
 
 static inline size_t tp__space_chunk(const tp__space *sp, uintptr_t addr) {
-  return (addr - sp->base) / sp->gran;
+  return (addr - sp->base) >> sp->gran_shift;
 }
 static inline uintptr_t tp__space_addr(const tp__space *sp, size_t chunk) {
   return sp->base + chunk * sp->gran;

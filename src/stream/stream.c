@@ -84,17 +84,27 @@ static tp__mutex reg_lock = TP_MUTEX_INIT(TP_RANK_STREAM_TABLE);
 static tp__stream **reg;
 static uint32_t nreg, capreg;
 static _Atomic(tp__stream *) legacy_streams[TP_MAX_DEVICES];
-static _Atomic uint64_t reg_gen = 1;
+_Atomic uint64_t tp__stream_gen = 1;
+TP_TLS tp__stream_last tp__stream_last_used;
 
 #define TLS_WAYS 4
-static _Thread_local struct {
+static TP_TLS struct {
   tp_stream_t handle[TLS_WAYS];
   tp__stream *stream[TLS_WAYS];
   uint64_t gen;
   unsigned next;
 } tls_cache;
 
-static _Thread_local int current_device;
+static TP_TLS int current_device;
+
+/* Streams of others, by handle and the uid they had (see foreign_cached).
+ * Never invalidated: such streams stay registered, and the uid decides. */
+static _Thread_local struct {
+  tp_stream_t handle[TLS_WAYS];
+  uint64_t uid[TLS_WAYS];
+  tp__stream *stream[TLS_WAYS];
+  unsigned next;
+} foreign_cache;
 
 int tp__current_device(void) {
   return current_device;
@@ -216,37 +226,48 @@ static tp_error_t legacy_get(int device, tp__stream **out) {
   return err;
 }
 
-tp_error_t tp__stream_get(tp_stream_t handle, tp__stream **out) {
-  if (handle == NULL)
-    return legacy_get(current_device, out);
-  uint64_t gen = atomic_load_explicit(&reg_gen, memory_order_acquire);
-  if (TP_LIKELY(tls_cache.gen == gen)) {
-    for (unsigned i = 0; i < TLS_WAYS; i++) {
-      if (tls_cache.handle[i] == handle) {
-        *out = tls_cache.stream[i];
-        return TP_SUCCESS;
-      }
-    }
-  } else {
-    memset(&tls_cache, 0, sizeof tls_cache);
-    tls_cache.gen = gen;
-  }
-  tp__mutex_lock(&reg_lock);
-  tp__stream *s = reg_find_handle(handle);
-  tp__mutex_unlock(&reg_lock);
-  if (s) {
-    unsigned way = tls_cache.next++ % TLS_WAYS;
-    tls_cache.handle[way] = handle;
-    tls_cache.stream[way] = s;
-    *out = s;
-    return TP_SUCCESS;
-  }
+/* Another's stream met before on this thread: its handle and the uid it had
+ * then. A hit costs the platform's identify (two driver calls on cuda) and
+ * no lock; the uid tells the stream from a new one that took the handle of
+ * a destroyed one, which tidepool is never told about. */
+static bool foreign_cached(tp_stream_t handle, tp__stream **out, bool *idle) {
+  unsigned way = 0;
+  while (way < TLS_WAYS && foreign_cache.handle[way] != handle)
+    way++;
+  if (way == TLS_WAYS || !tp__platform->stream_identify)
+    return false;
+  uint64_t uid;
+  tp_capture_status_t status;
+  /* Any doubt (an error, a capture, another uid) takes the full way, which
+   * gives the definitive answer. */
+  tp_error_t err = tp__platform->stream_identify(handle, &uid, &status);
+  if (err != TP_SUCCESS || status != TP_CAPTURE_STATUS_NONE ||
+      uid != foreign_cache.uid[way])
+    return false;
+  *out = foreign_cache.stream[way];
+  if (idle)
+    *idle = true;
+  return true;
+}
+
+static void foreign_remember(tp_stream_t handle, tp__stream *s) {
+  if (!s->uid || (s->uid & TP_STREAM_UNNAMED))
+    return;
+  unsigned way = foreign_cache.next++ % TLS_WAYS;
+  foreign_cache.handle[way] = handle;
+  foreign_cache.uid[way] = s->uid;
+  foreign_cache.stream[way] = s;
+}
+
+/* A stream tidepool did not make: described by the platform, then found by
+ * uid (or, while it captures, by handle) or registered. */
+static tp_error_t adopt(tp_stream_t handle, tp__stream **out) {
   tp__stream_desc d;
   TP_FORWARD(tp__platform->stream_adopt(handle, &d));
   if (d.legacy)
     return legacy_get(d.device, out);
   tp__mutex_lock(&reg_lock);
-  s = d.uid ? reg_find_uid(d.uid) : reg_find_foreign(handle);
+  tp__stream *s = d.uid ? reg_find_uid(d.uid) : reg_find_foreign(handle);
   if (!s && (s = stream_alloc(&d)) != NULL) {
     s->handle = handle;
     /* A stream met first where the platform could not name it keeps a
@@ -262,6 +283,41 @@ tp_error_t tp__stream_get(tp_stream_t handle, tp__stream **out) {
   }
   tp__mutex_unlock(&reg_lock);
   TP_RETURN_IF(!s, TP_ERROR_OUT_OF_MEMORY);
+  if (d.uid)
+    foreign_remember(handle, s);
+  *out = s;
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__stream_get_slow(tp_stream_t handle, tp__stream **out,
+                               bool *idle) {
+  if (handle == NULL)
+    return legacy_get(current_device, out);
+  uint64_t gen = atomic_load_explicit(&tp__stream_gen, memory_order_acquire);
+  if (TP_LIKELY(tls_cache.gen == gen)) {
+    for (unsigned i = 0; i < TLS_WAYS; i++) {
+      if (tls_cache.handle[i] == handle) {
+        tp__stream_last_used =
+            (tp__stream_last){handle, tls_cache.stream[i], gen};
+        *out = tls_cache.stream[i];
+        return TP_SUCCESS;
+      }
+    }
+  } else {
+    memset(&tls_cache, 0, sizeof tls_cache);
+    tls_cache.gen = gen;
+  }
+  if (foreign_cached(handle, out, idle))
+    return TP_SUCCESS;
+  tp__mutex_lock(&reg_lock);
+  tp__stream *s = reg_find_handle(handle);
+  tp__mutex_unlock(&reg_lock);
+  if (!s)
+    return adopt(handle, out);
+  unsigned way = tls_cache.next++ % TLS_WAYS;
+  tls_cache.handle[way] = handle;
+  tls_cache.stream[way] = s;
+  tp__stream_last_used = (tp__stream_last){handle, s, gen};
   *out = s;
   return TP_SUCCESS;
 }
@@ -485,7 +541,7 @@ tp_error_t tp__stream_retire(tp__stream *s) {
   bool found = i < nreg;
   if (found) {
     reg[i] = reg[--nreg];
-    atomic_fetch_add_explicit(&reg_gen, 1, memory_order_release);
+    atomic_fetch_add_explicit(&tp__stream_gen, 1, memory_order_release);
   }
   tp__mutex_unlock(&reg_lock);
   TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);

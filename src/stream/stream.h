@@ -88,7 +88,7 @@ tp_error_t tp__streams_init(void);
 /* Resolves a user stream handle (NULL: the current device's legacy stream).
  * The stream stays valid until the caller's call returns unless the user
  * destroys it concurrently, which CUDA leaves undefined as well. */
-tp_error_t tp__stream_get(tp_stream_t handle, tp__stream **out);
+static inline tp_error_t tp__stream_get(tp_stream_t handle, tp__stream **out);
 tp_error_t tp__stream_create(unsigned flags, tp_stream_t *handle);
 /* Destruction in two steps, so that the pool layer can give back the
  * stream's caches in between: retire takes the stream out of the registry
@@ -187,5 +187,38 @@ bool tp__event_recorded(const tp__event *e);
  * unrefs them and frees the array), so that the layers above can settle
  * what completed. */
 tp_error_t tp__event_synchronize(tp__event *e, tp__stream ***done, size_t *n);
+
+/* The fast path of tp__stream_get: the handle the thread resolved last,
+ * while no stream was destroyed since (a generation count that every
+ * destruction bumps). Only the core's own streams take it: another's
+ * handle may name a new stream at any time. */
+typedef struct tp__stream_last {
+  tp_stream_t handle;
+  tp__stream *stream;
+  uint64_t gen;
+} tp__stream_last;
+extern TP_TLS tp__stream_last tp__stream_last_used;
+extern _Atomic uint64_t tp__stream_gen;
+/* `idle`, where not NULL, is set when resolving the stream showed that it
+ * does not capture, so that the caller need not ask again. */
+tp_error_t tp__stream_get_slow(tp_stream_t handle, tp__stream **out,
+                               bool *idle);
+/* Resolves a handle as tp__stream_get does, with *idle as above. */
+static inline tp_error_t tp__stream_resolve(tp_stream_t handle,
+                                            tp__stream **out, bool *idle) {
+  tp__stream_last *l = &tp__stream_last_used;
+  *idle = false;
+  if (TP_LIKELY(l->handle == handle && handle != NULL &&
+                l->gen == atomic_load_explicit(&tp__stream_gen,
+                                               memory_order_acquire))) {
+    *out = l->stream;
+    return TP_SUCCESS;
+  }
+  return tp__stream_get_slow(handle, out, idle);
+}
+static inline tp_error_t tp__stream_get(tp_stream_t handle, tp__stream **out) {
+  bool idle;
+  return tp__stream_resolve(handle, out, &idle);
+}
 
 #endif /* TP_STREAM_H */

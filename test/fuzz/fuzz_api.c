@@ -719,11 +719,11 @@ static const char *sname(int s) {
 
 /* A live stream chosen by a byte (the legacy streams included). */
 static int pick_stream(reader *r) {
-  int live[MAX_STREAMS], n = 0;
+  int live[MAX_STREAMS] = {0}, n = 0;
   for (int s = 0; s < M.nstreams; s++)
     if (M.streams[s].live)
       live[n++] = s;
-  return live[rd8(r) % n];
+  return n ? live[rd8(r) % n] : 0;
 }
 
 static int pick_pool(reader *r, bool live_only, bool allow_imported) {

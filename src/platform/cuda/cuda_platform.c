@@ -19,6 +19,7 @@ const tp__platform_ops tp__cuda_platform = {
     .stream_destroy = tp__cu_stream_destroy,
     .stream_legacy = tp__cu_stream_legacy,
     .stream_adopt = tp__cu_stream_adopt,
+    .stream_identify = tp__cu_stream_identify,
     .stream_synchronize = tp__cu_stream_synchronize,
     .stream_query = tp__cu_stream_query,
     .stream_wait_event = tp__cu_stream_wait_event,

@@ -155,6 +155,32 @@ tp_error_t tp__cu_stream_adopt(tp_stream_t handle, tp__stream_desc *desc) {
   return TP_SUCCESS;
 }
 
+/* Two driver calls, where adopting takes four: the capture question first,
+ * since the id is refused (and the capture invalidated) while the stream
+ * captures. */
+tp_error_t tp__cu_stream_identify(tp_stream_t handle, uint64_t *uid,
+                                  tp_capture_status_t *status) {
+  CUstream s = (CUstream)handle;
+  *uid = 0;
+  *status = TP_CAPTURE_STATUS_NONE;
+  /* The per-thread stream is asked in the current context, whose stream
+   * it means; the legacy stream is never adopted. */
+  TP_RETURN_IF((uintptr_t)s < TP_CU_SPECIAL_LIMIT && s != CU_STREAM_PER_THREAD,
+               TP_ERROR_NOT_SUPPORTED);
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = tp__cu.cuStreamIsCapturing ? tp__cu.cuStreamIsCapturing(s, &st)
+                                          : CUDA_SUCCESS;
+  TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
+  *status = (tp_capture_status_t)st;
+  if (st != CU_STREAM_CAPTURE_STATUS_NONE)
+    return TP_SUCCESS;
+  unsigned long long id = 0;
+  r = tp__cu.cuStreamGetId(s, &id);
+  TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
+  *uid = id;
+  return TP_SUCCESS;
+}
+
 tp_error_t tp__cu_stream_synchronize(tp__pstream *ps) {
   TP_CU_ON_STREAM(ps, tp__cu.cuStreamSynchronize(s_));
 }
