@@ -34,7 +34,7 @@
  * default model of a shared library calls __tls_get_addr (14 calls, a fifth
  * of a same-stream pair's instructions, before). The price is static TLS,
  * which a library loaded by dlopen takes from glibc's small surplus: keep
- * what is marked so well under 512 bytes (mimalloc and jemalloc do the
+ * the library's whole TLS well under 512 bytes (mimalloc and jemalloc do the
  * same). */
 #define TP_TLS _Thread_local __attribute__((tls_model("initial-exec")))
 #define TP_UNLIKELY(x) __builtin_expect(!!(x), 0)

@@ -4,12 +4,10 @@
  * those older than every thread inside. */
 #include "common/guard.h"
 
+#include "common/fence.h"
 #include "common/lock.h"
 
-#include <linux/membarrier.h>
 #include <pthread.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 typedef tp__guard_rec rec;
 
@@ -35,7 +33,6 @@ static _Atomic uint64_t newest_retired;
  * reader fences. */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_key_t key;
-bool tp__guard_expedited;
 
 TP_TLS tp__guard_tls tp__guard_me;
 
@@ -45,9 +42,7 @@ static void release_rec(void *r) {
 
 static void init_once(void) {
   (void)pthread_key_create(&key, release_rec);
-  tp__guard_expedited =
-      syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0,
-              0) == 0;
+  tp__fence_init();
 }
 
 /* A record for the calling thread: a free one from a thread that ended, or
@@ -91,10 +86,7 @@ void tp__guard_enter_slow(tp__guard_tls *g) {
       &g->rec->epoch,
       atomic_load_explicit(&tp__guard_epoch, memory_order_acquire),
       memory_order_relaxed);
-  if (tp__guard_expedited)
-    atomic_signal_fence(memory_order_seq_cst);
-  else
-    atomic_thread_fence(memory_order_seq_cst);
+  tp__fence_light();
 }
 
 /* The outermost exit of a thread without a record, or of one while objects
@@ -113,10 +105,7 @@ void tp__guard_exit_slow(tp__guard_tls *g, uint64_t entered) {
 /* The oldest epoch a thread inside the library entered at (UINT64_MAX when
  * none is inside), after every thread's store of its epoch is visible. */
 static uint64_t oldest_inside(void) {
-  if (tp__guard_expedited)
-    (void)syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
-  else
-    atomic_thread_fence(memory_order_seq_cst);
+  tp__fence_heavy();
   if (atomic_load(&unrecorded))
     return 0;
   uint64_t oldest = UINT64_MAX;

@@ -5,7 +5,7 @@
 #ifndef TP_GUARD_H
 #define TP_GUARD_H
 
-#include "common/common.h"
+#include "common/fence.h"
 
 /* A thread's record, on a cache line of its own: only its thread writes
  * it, so that entering the guard touches nothing another thread writes. */
@@ -23,7 +23,6 @@ typedef struct tp__guard_tls {
 } tp__guard_tls;
 extern TP_TLS tp__guard_tls tp__guard_me;
 extern _Atomic uint64_t tp__guard_epoch;
-extern bool tp__guard_expedited;
 extern _Atomic uint32_t tp__guard_limbo;
 void tp__guard_enter_slow(tp__guard_tls *g);
 void tp__guard_exit_slow(tp__guard_tls *g, uint64_t entered);
@@ -43,10 +42,7 @@ static inline void tp__guard_enter(void) {
       &g->rec->epoch,
       atomic_load_explicit(&tp__guard_epoch, memory_order_acquire),
       memory_order_relaxed);
-  if (TP_LIKELY(tp__guard_expedited))
-    atomic_signal_fence(memory_order_seq_cst);
-  else
-    atomic_thread_fence(memory_order_seq_cst);
+  tp__fence_light();
 }
 
 static inline void tp__guard_exit(void) {

@@ -19,6 +19,38 @@ void tp__spin_lock_slow(tp__spin *s) {
   }
 }
 
+/* Takes the spin lock; then claims the bias when nobody has it (it serves
+ * from the next acquisition on), or revokes another thread's and waits
+ * until that thread is out. The wait is also needed after a revocation:
+ * an owner that read the bias before it was revoked sets `busy` for a
+ * moment before it sees `revoked` and backs off. */
+void tp__blspin_lock_slow(tp__blspin *b) {
+  tp__spin_lock(&b->spin);
+  const void *owner = atomic_load_explicit(&b->owner, memory_order_relaxed);
+  if (owner == tp__self())
+    return;
+  if (!owner) {
+    tp__fence_init();
+    if (tp__fence_expedited &&
+        !atomic_load_explicit(&b->revoked, memory_order_relaxed))
+      atomic_store_explicit(&b->owner, tp__self(), memory_order_relaxed);
+    return;
+  }
+  if (!atomic_load_explicit(&b->revoked, memory_order_relaxed)) {
+    atomic_store_explicit(&b->revoked, 1, memory_order_relaxed);
+    tp__fence_heavy();
+  }
+  for (unsigned spins = 0; atomic_load_explicit(&b->busy, memory_order_acquire);
+       spins++) {
+    if (spins >= 64)
+      sched_yield();
+#if defined(__x86_64__) || defined(__i386__)
+    else
+      __builtin_ia32_pause();
+#endif
+  }
+}
+
 void tp__mutex_init(tp__mutex *l, tp__rank rank) {
   pthread_mutex_init(&l->m, NULL);
   l->rank = rank;
@@ -30,47 +62,33 @@ void tp__mutex_destroy(tp__mutex *l) {
 }
 
 #ifdef TP_DEBUG
-#define HELD_MAX 16
-
+/* The locks the thread holds, one per rank at most (ranks only rise), kept
+ * small since it is static TLS (see TP_TLS). */
+#define NRANKS (TP_RANK_LIMBO + 1)
 static _Thread_local struct {
-  const void *lock[HELD_MAX];
-  tp__rank rank[HELD_MAX];
-  int n;
+  const void *lock[NRANKS];
+  uint16_t mask; /* the ranks held */
 } held;
 
-static _Thread_local char mark;
-
 const void *tp__thread_mark(void) {
-  return &mark;
+  return tp__self();
 }
 
 void tp__rank_enter(const void *lock, tp__rank rank) {
   if (rank == TP_RANK_NONE)
     return;
-  for (int i = 0; i < held.n; i++) {
-    /* Taking a lock of a rank not above every held one can deadlock. */
-    TP_CHECK(held.lock[i] != lock);
-    TP_CHECK(held.rank[i] < rank);
-  }
-  TP_CHECK(held.n < HELD_MAX);
-  held.lock[held.n] = lock;
-  held.rank[held.n] = rank;
-  held.n++;
+  /* Taking a lock of a rank not above every held one can deadlock. */
+  TP_CHECK(rank < NRANKS);
+  TP_CHECK((held.mask >> rank) == 0);
+  held.lock[rank] = lock;
+  held.mask |= (uint16_t)(1u << rank);
 }
 
 void tp__rank_leave(const void *lock, tp__rank rank) {
   if (rank == TP_RANK_NONE)
     return;
-  for (int i = held.n - 1; i >= 0; i--) {
-    if (held.lock[i] != lock)
-      continue;
-    for (int j = i; j + 1 < held.n; j++) {
-      held.lock[j] = held.lock[j + 1];
-      held.rank[j] = held.rank[j + 1];
-    }
-    held.n--;
-    return;
-  }
-  TP_CHECK(!"a lock released by a thread that does not hold it");
+  TP_CHECK(((held.mask >> rank) & 1) && held.lock[rank] == lock);
+  held.lock[rank] = NULL;
+  held.mask &= (uint16_t) ~(1u << rank);
 }
 #endif

@@ -10,6 +10,7 @@
 #include <pthread.h>
 
 #include "common/common.h"
+#include "common/fence.h"
 
 /* Outermost first. */
 typedef enum tp__rank {
@@ -87,6 +88,52 @@ static inline void tp__spin_lock(tp__spin *s) {
 static inline void tp__spin_unlock(tp__spin *s) {
   atomic_store_explicit(&s->held, 0, memory_order_release);
   tp__rank_leave(s, s->rank);
+}
+
+/* A spin lock biased to the first thread that takes it twice: that thread
+ * then enters with plain stores and a light fence, no read-modify-write.
+ * Another thread that takes the lock revokes the bias for good (one heavy
+ * fence) and waits for the owner to be out; from then on it is a plain
+ * spin lock. A stream's lock, taken on every allocation and free, is one:
+ * most streams are used by one thread at a time, or by one thread
+ * only. Without membarrier no bias is given, since the light fence would
+ * cost as much as the lock. */
+typedef struct tp__blspin {
+  tp__spin spin;               /* taken by all but the owner in bias */
+  _Atomic(const void *) owner; /* tp__self() of the owner, set once */
+  atomic_int busy;             /* the owner is inside without `spin` */
+  atomic_int revoked;          /* the bias was given up */
+} tp__blspin;
+static inline void tp__blspin_init(tp__blspin *b, tp__rank rank) {
+  tp__spin_init(&b->spin, rank);
+  atomic_init(&b->owner, NULL);
+  atomic_init(&b->busy, 0);
+  atomic_init(&b->revoked, 0);
+}
+void tp__blspin_lock_slow(tp__blspin *b);
+static inline void tp__blspin_lock(tp__blspin *b) {
+  if (TP_LIKELY(atomic_load_explicit(&b->owner, memory_order_relaxed) ==
+                tp__self())) {
+    atomic_store_explicit(&b->busy, 1, memory_order_relaxed);
+    tp__fence_light();
+    if (TP_LIKELY(!atomic_load_explicit(&b->revoked, memory_order_relaxed))) {
+      tp__rank_enter(b, b->spin.rank);
+      return;
+    }
+    atomic_store_explicit(&b->busy, 0, memory_order_release);
+  }
+  tp__blspin_lock_slow(b);
+}
+/* Only the owner ever sets `busy`, and it is set while the owner is inside
+ * in bias; any other holder took `spin`. */
+static inline void tp__blspin_unlock(tp__blspin *b) {
+  if (atomic_load_explicit(&b->owner, memory_order_relaxed) == tp__self() &&
+      atomic_load_explicit(&b->busy, memory_order_relaxed)) {
+    tp__rank_leave(b, b->spin.rank);
+    atomic_store_explicit(&b->busy, 0, memory_order_release);
+    return;
+  }
+  tp__spin_unlock(&b->spin);
 }
 
 /* Checks, in debug builds, that the calling thread holds `l`. */

@@ -634,9 +634,9 @@ static tp_error_t export_free(tp__pool *p, uintptr_t addr, tp__stream *s,
   } else if (e) {
     /* Stays out of reuse until the last importer releases it; the tag is
      * taken now, as the free would have taken it. */
-    tp__spin_lock(&s->lock);
+    tp__blspin_lock(&s->lock);
     e->tag = tp__stream_tag(s);
-    tp__spin_unlock(&s->lock);
+    tp__blspin_unlock(&s->lock);
     tp__stream_ref(s);
     e->freed = true;
     *kept = true;

@@ -44,29 +44,29 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
   if (r <= TP_SMALL_MAX) {
     unsigned cls = tp__class_of(r);
     tp__centry e;
-    tp__spin_lock(&s->lock);
+    tp__blspin_lock(&s->lock);
     tp__cache *c = tp__cache_find(s, &p->caches);
     if (TP_LIKELY(tp__cache_pop_small(c, cls, &e))) {
       bool rose = tp__cache_count_up(c, (int64_t)size, peak_gen(p));
-      tp__spin_unlock(&s->lock);
+      tp__blspin_unlock(&s->lock);
       *ptr = finish_small(&e, size);
       peak_note(p, (int64_t)size, rose);
       return TP_SUCCESS;
     }
-    tp__spin_unlock(&s->lock);
+    tp__blspin_unlock(&s->lock);
     return small_slow(p, s, cls, size, ptr);
   }
-  tp__spin_lock(&s->lock);
+  tp__blspin_lock(&s->lock);
   tp__cache *c = tp__cache_find(s, &p->caches);
   tp__block *b = tp__cache_pop_large(c, r, p->space.gran);
   if (TP_LIKELY(b != NULL)) {
     bool rose = tp__cache_count_up(c, (int64_t)size, peak_gen(p));
-    tp__spin_unlock(&s->lock);
+    tp__blspin_unlock(&s->lock);
     *ptr = finish_large(p, b, size);
     peak_note(p, (int64_t)size, rose);
     return TP_SUCCESS;
   }
-  tp__spin_unlock(&s->lock);
+  tp__blspin_unlock(&s->lock);
   return large_slow(p, s, r, size, ptr);
 }
 
@@ -75,11 +75,11 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
 static inline void free_entry(tp__pool *p, tp__stream *s, unsigned cls,
                               bool large, uintptr_t addr, void *owner,
                               int64_t req) {
-  tp__spin_lock(&s->lock);
+  tp__blspin_lock(&s->lock);
   tp__tag t = tp__stream_tag(s);
   tp__centry e = {addr, owner, t.epoch, t.lseq};
   bool kept = tp__cache_push(tp__cache_find(s, &p->caches), cls, large, e, req);
-  tp__spin_unlock(&s->lock);
+  tp__blspin_unlock(&s->lock);
   if (!kept)
     free_slow(p, s, cls, large, &e, req);
   peak_note(p, -req, false);
@@ -176,12 +176,12 @@ static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
   }
   if (n > 0) {
     /* The first block is the caller's; the rest wait in the cache. */
-    tp__spin_lock(&s->lock);
+    tp__blspin_lock(&s->lock);
     uint32_t kept = 1;
     while (kept < n && c->cls[cls].n < TP_SMALL_CACHE)
       c->cls[cls].v[c->cls[cls].n++] = got[kept++];
     rose = tp__cache_count_up(c, (int64_t)size, peak_gen(p));
-    tp__spin_unlock(&s->lock);
+    tp__blspin_unlock(&s->lock);
     tp__cache_give_back(&p->caches, s, cls, false, got + kept, n - kept);
   }
   TP_DEBUG_WALK(p);
@@ -216,10 +216,10 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
   if (err == TP_SUCCESS) {
     tp__tag_clear(&b->tag); /* the user's now, in stream order on `s` */
     *ptr = finish_large(p, b, size);
-    tp__spin_lock(&s->lock);
+    tp__blspin_lock(&s->lock);
     rose = tp__cache_count_up(tp__cache_find(s, &p->caches), (int64_t)size,
                               peak_gen(p));
-    tp__spin_unlock(&s->lock);
+    tp__blspin_unlock(&s->lock);
   }
   TP_DEBUG_WALK(p);
   tp__mutex_unlock(&p->lock);
@@ -238,11 +238,11 @@ static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
   uint32_t nout = 0;
   tp__mutex_lock(&p->lock);
   tp__cache *c = p->torn_down ? NULL : tp__cache_ensure(&p->caches, s);
-  tp__spin_lock(&s->lock);
+  tp__blspin_lock(&s->lock);
   if (c)
     nout = tp__cache_evict(c, cls, large, out);
   bool kept = tp__cache_push(c, cls, large, *e, req);
-  tp__spin_unlock(&s->lock);
+  tp__blspin_unlock(&s->lock);
   if (!kept) {
     out[nout++] = *e;
     atomic_fetch_add_explicit(&p->caches.base, -req, memory_order_relaxed);

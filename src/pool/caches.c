@@ -6,14 +6,15 @@
 #include <string.h>
 
 tp__cache *tp__cache_ensure(tp__caches *set, tp__stream *s) {
-  tp__spin_lock(&s->lock);
+  tp__blspin_lock(&s->lock);
   tp__cache *c = tp__cache_find(s, set);
-  tp__spin_unlock(&s->lock);
+  tp__blspin_unlock(&s->lock);
   if (c)
     return c;
-  c = calloc(1, sizeof *c);
+  c = aligned_alloc(_Alignof(tp__cache), sizeof *c);
   if (!c)
     return NULL;
+  memset(c, 0, sizeof *c);
   c->set = set;
   c->stream = s;
   tp__stream_ref(s);
@@ -21,11 +22,11 @@ tp__cache *tp__cache_ensure(tp__caches *set, tp__stream *s) {
   if (c->next_in_set)
     c->next_in_set->prev_in_set = c;
   set->list = c;
-  tp__spin_lock(&s->lock);
+  tp__blspin_lock(&s->lock);
   c->next_in_stream = s->caches;
   s->caches = c;
   s->hint = c;
-  tp__spin_unlock(&s->lock);
+  tp__blspin_unlock(&s->lock);
   return c;
 }
 
@@ -66,7 +67,7 @@ static void drain(tp__caches *set, tp__cache *c, bool locked) {
   for (unsigned cls = 0; cls <= TP_NCLASSES; cls++) {
     bool large = cls == TP_NCLASSES;
     if (locked)
-      tp__spin_lock(&s->lock);
+      tp__blspin_lock(&s->lock);
     uint32_t n = large ? c->nlarge : c->cls[cls].n;
     memcpy(v, large ? c->large : c->cls[cls].v, n * sizeof v[0]);
     if (large)
@@ -74,7 +75,7 @@ static void drain(tp__caches *set, tp__cache *c, bool locked) {
     else
       c->cls[cls].n = 0;
     if (locked)
-      tp__spin_unlock(&s->lock);
+      tp__blspin_unlock(&s->lock);
     tp__cache_give_back(set, s, cls, large, v, n);
   }
 }
@@ -89,9 +90,9 @@ void tp__caches_drain_all(tp__caches *set) {
 }
 
 tp__cache *tp__caches_drain_one(tp__caches *set, tp__stream *s) {
-  tp__spin_lock(&s->lock);
+  tp__blspin_lock(&s->lock);
   tp__cache *c = tp__cache_find(s, set);
-  tp__spin_unlock(&s->lock);
+  tp__blspin_unlock(&s->lock);
   if (c)
     drain(set, c, true);
   return c;
@@ -99,14 +100,14 @@ tp__cache *tp__caches_drain_one(tp__caches *set, tp__stream *s) {
 
 void tp__cache_free(tp__caches *set, tp__cache *c) {
   tp__stream *s = c->stream;
-  tp__spin_lock(&s->lock);
+  tp__blspin_lock(&s->lock);
   tp__cache **pp = &s->caches;
   while (*pp != c)
     pp = &(*pp)->next_in_stream;
   *pp = c->next_in_stream;
   if (s->hint == c)
     s->hint = NULL;
-  tp__spin_unlock(&s->lock);
+  tp__blspin_unlock(&s->lock);
   drain(set, c, false);
   atomic_fetch_add_explicit(
       &set->base, atomic_load_explicit(&c->used, memory_order_relaxed),

@@ -15,7 +15,7 @@
 typedef struct tp__caches tp__caches;
 
 struct tp__cache {
-  tp__caches *set; /* the pool's; what a stream's lookup compares */
+  _Alignas(64) tp__caches *set; /* the pool's; what a lookup compares */
   tp__stream *stream;
   tp__cache *next_in_stream, *next_in_set, *prev_in_set;
   struct {

@@ -204,9 +204,9 @@ void tp__pools_drop_stream(tp__stream *s) {
   for (uint32_t i = 0; i < npools; i++) {
     tp__pool *p = pools[i];
     tp__mutex_lock(&p->lock);
-    tp__spin_lock(&s->lock);
+    tp__blspin_lock(&s->lock);
     tp__cache *c = tp__cache_find(s, &p->caches);
-    tp__spin_unlock(&s->lock);
+    tp__blspin_unlock(&s->lock);
     if (c)
       tp__cache_free(&p->caches, c);
     tp__mutex_unlock(&p->lock);

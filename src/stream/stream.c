@@ -120,10 +120,11 @@ tp_error_t tp__streams_init(void) {
 }
 
 static tp__stream *stream_alloc(const tp__stream_desc *d) {
-  tp__stream *s = calloc(1, sizeof *s);
+  tp__stream *s = aligned_alloc(_Alignof(tp__stream), sizeof *s);
   if (!s)
     return NULL;
-  tp__spin_init(&s->lock, TP_RANK_STREAM);
+  memset(s, 0, sizeof *s);
+  tp__blspin_init(&s->lock, TP_RANK_STREAM);
   s->uid = d->uid;
   s->device = d->device;
   s->flags = d->flags;
@@ -388,15 +389,15 @@ static void markers_trim(tp__stream *s) {
 
 void tp__stream_mark_done(tp__stream *s, uint64_t epoch) {
   tp__atomic_max(&s->done_epoch, epoch);
-  tp__spin_lock(&s->lock);
+  tp__blspin_lock(&s->lock);
   markers_trim(s);
-  tp__spin_unlock(&s->lock);
+  tp__blspin_unlock(&s->lock);
 }
 
 uint64_t tp__stream_advance(tp__stream *s) {
-  tp__spin_lock(&s->lock);
+  tp__blspin_lock(&s->lock);
   uint64_t e = atomic_fetch_add_explicit(&s->epoch, 1, memory_order_relaxed);
-  tp__spin_unlock(&s->lock);
+  tp__blspin_unlock(&s->lock);
   return e;
 }
 
@@ -450,7 +451,7 @@ bool tp__stream_poll(const tp__tag *t) {
   if (tp__stream_done(t))
     return true;
   tp__stream *s = t->stream;
-  tp__spin_lock(&s->lock);
+  tp__blspin_lock(&s->lock);
   /* One stream completes in order: the first marker not done ends the scan. */
   while (s->nmarkers &&
          tp__platform->event_query(s->markers[0]->ev) == TP_SUCCESS) {
@@ -461,7 +462,7 @@ bool tp__stream_poll(const tp__tag *t) {
     ask_stream(s);
   if (!tp__stream_done(t))
     (void)marker_covering(s, t->epoch);
-  tp__spin_unlock(&s->lock);
+  tp__blspin_unlock(&s->lock);
   return tp__stream_done(t);
 }
 
@@ -469,21 +470,21 @@ tp_error_t tp__stream_wait_host(const tp__tag *t) {
   if (tp__stream_done(t))
     return TP_SUCCESS;
   tp__stream *s = t->stream;
-  tp__spin_lock(&s->lock);
+  tp__blspin_lock(&s->lock);
   tp__marker *m = marker_covering(s, t->epoch);
   if (m)
     m->refs++;
-  tp__spin_unlock(&s->lock);
+  tp__blspin_unlock(&s->lock);
   TP_RETURN_IF(!m, tp__stream_done(t) ? TP_SUCCESS : TP_ERROR_PLATFORM);
   tp_error_t err = tp__platform->event_synchronize(m->ev);
-  tp__spin_lock(&s->lock);
+  tp__blspin_lock(&s->lock);
   if (err == TP_SUCCESS)
     tp__atomic_max(&s->done_epoch, m->epoch);
   m->refs--;
   if (!m->listed)
     marker_retire(s, m);
   markers_trim(s);
-  tp__spin_unlock(&s->lock);
+  tp__blspin_unlock(&s->lock);
   return err;
 }
 
@@ -491,16 +492,16 @@ tp_error_t tp__stream_make_wait(tp__stream *waiter, const tp__tag *t) {
   if (tp__stream_done(t) || t->stream == waiter)
     return TP_SUCCESS;
   tp__stream *s = t->stream;
-  tp__spin_lock(&s->lock);
+  tp__blspin_lock(&s->lock);
   tp__marker *m = marker_covering(s, t->epoch);
   tp_error_t err = m ? tp__platform->stream_wait_event(waiter->ps, m->ev)
                      : TP_ERROR_PLATFORM;
   uint64_t covered = m ? m->epoch : 0;
-  tp__spin_unlock(&s->lock);
+  tp__blspin_unlock(&s->lock);
   TP_FORWARD(err);
-  tp__spin_lock(&waiter->lock);
+  tp__blspin_lock(&waiter->lock);
   bool ok = clock_raise(&waiter->clock, s->uid, covered);
-  tp__spin_unlock(&waiter->lock);
+  tp__blspin_unlock(&waiter->lock);
   (void)ok; /* a clock that could not grow only forgets a dependency */
   return TP_SUCCESS;
 }
@@ -509,11 +510,11 @@ bool tp__stream_follows(tp__stream *a, const tp__tag *t) {
   tp__stream *s = t->stream;
   if (!s || s == a)
     return true;
-  tp__spin_lock(&a->lock);
+  tp__blspin_lock(&a->lock);
   uint64_t seen = clock_get(&a->clock, s->uid);
   uint64_t legacy_seen =
       clock_get(&a->clock, TP_CLOCK_LEGACY | (uint64_t)s->device);
-  tp__spin_unlock(&a->lock);
+  tp__blspin_unlock(&a->lock);
   if (seen >= t->epoch)
     return true;
   bool a_blocking = !a->legacy && !(a->flags & TP_STREAM_NON_BLOCKING);
@@ -547,12 +548,12 @@ tp_error_t tp__stream_retire(tp__stream *s) {
   TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);
   /* The last marker covers every free issued on the stream, so that blocks
    * it cached stay resolvable once the platform stream is gone. */
-  tp__spin_lock(&s->lock);
+  tp__blspin_lock(&s->lock);
   tp__marker *m = marker_record(s);
   s->dead_syncs =
       atomic_load_explicit(&syncs_begun[s->device], memory_order_acquire);
   atomic_store_explicit(&s->destroyed, true, memory_order_release);
-  tp__spin_unlock(&s->lock);
+  tp__blspin_unlock(&s->lock);
   if (m)
     return TP_SUCCESS;
   tp_error_t err = tp__platform->stream_synchronize(s->ps);
@@ -701,11 +702,11 @@ tp_error_t tp__event_record(tp__event *e, tp__stream *s) {
     ok = clock_raise(&c, TP_CLOCK_LEGACY | (uint64_t)s->device,
                      tp__legacy_seq(s->device));
   }
-  tp__spin_lock(&s->lock);
+  tp__blspin_lock(&s->lock);
   uint64_t epoch =
       atomic_fetch_add_explicit(&s->epoch, 1, memory_order_relaxed);
   ok = ok && clock_merge(&c, &s->clock) && clock_raise(&c, s->uid, epoch);
-  tp__spin_unlock(&s->lock);
+  tp__blspin_unlock(&s->lock);
   tp_error_t err =
       ok ? tp__platform->event_record(e->pe, s->ps) : TP_ERROR_OUT_OF_MEMORY;
   if (err != TP_SUCCESS) {
@@ -737,9 +738,9 @@ tp_error_t tp__event_wait(tp__stream *s, tp__event *e) {
   TP_RETURN_IF(!event_clock_copy(e, &c), TP_ERROR_OUT_OF_MEMORY);
   tp_error_t err = tp__platform->stream_wait_event(s->ps, e->pe);
   if (err == TP_SUCCESS) {
-    tp__spin_lock(&s->lock);
+    tp__blspin_lock(&s->lock);
     (void)clock_merge(&s->clock, &c);
-    tp__spin_unlock(&s->lock);
+    tp__blspin_unlock(&s->lock);
   }
   clock_free(&c);
   return err;

@@ -51,8 +51,10 @@ typedef struct tp__marker {
   bool listed;
 } tp__marker;
 
+/* Aligned to cache lines, like each stream's caches, so that threads on
+ * different streams write no line in common. */
 struct tp__stream {
-  uint64_t uid;
+  _Alignas(64) uint64_t uid;
   int device;
   unsigned flags;
   bool legacy;
@@ -69,7 +71,7 @@ struct tp__stream {
    * after covers all its work (tp__stream_settles). */
   uint64_t dead_syncs;
 
-  tp__spin lock;          /* guards everything below, and the stream's caches */
+  tp__blspin lock; /* guards everything below, and the stream's caches */
   _Atomic uint64_t epoch; /* epoch given to frees issued now */
   _Atomic uint64_t done_epoch; /* frees with epoch <= this completed */
   tp__marker **markers;        /* recorded, not yet seen complete */
