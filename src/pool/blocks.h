@@ -54,6 +54,10 @@ typedef struct tp__heap {
   tp__block *bins[TP_NBINS];
   uint64_t binmap[TP_NBINS / 64];
   tp__block *spare; /* recycled descriptors (type-stable memory) */
+  /* The one stream that uses the pool, or NULL (the pool layer keeps it):
+   * a completed free range may join a range pending on that stream, which
+   * costs it nothing and no other stream anything. */
+  const tp__stream *sole;
 } tp__heap;
 
 /* Who takes a block, and what may be taken: blocks `a` may use now (their

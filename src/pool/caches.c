@@ -22,6 +22,7 @@ tp__cache *tp__cache_ensure(tp__caches *set, tp__stream *s) {
   if (c->next_in_set)
     c->next_in_set->prev_in_set = c;
   set->list = c;
+  set->heap->sole = c->next_in_set ? NULL : s;
   tp__blspin_lock(&s->lock);
   c->next_in_stream = s->caches;
   s->caches = c;
@@ -118,6 +119,8 @@ void tp__cache_free(tp__caches *set, tp__cache *c) {
     set->list = c->next_in_set;
   if (c->next_in_set)
     c->next_in_set->prev_in_set = c->prev_in_set;
+  set->heap->sole =
+      set->list && !set->list->next_in_set ? set->list->stream : NULL;
   free(c);
   tp__stream_unref(s);
 }
