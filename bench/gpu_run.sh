@@ -59,6 +59,7 @@ fi
 step ipc 180 ./test_ipc
 step ipc_example 60 ./example_ipc_producer_consumer
 step vmm_cost 300 ./vmm_cost
+step cu_call_cost 120 ./cu_call_cost
 step multidevice 120 ./test_multidevice
 step peer_copy 200 ./peer_copy
 step bench_cuda 400 ./bench_alloc --json "$OUT/bench_cuda.json"
