@@ -51,11 +51,22 @@ static void clock_free(tp__clock *c) {
 static struct {
   tp__mutex lock;
   _Atomic uint64_t seq;
+  /* The legacy stream's epoch when its last operation was queued: its
+   * frees up to this epoch were issued before an operation, which waits
+   * for the blocking streams' work they may have needed. A free is no
+   * operation, so the blocking streams' later work follows only these. */
+  _Atomic uint64_t op_epoch;
 } legacy_seqs[TP_MAX_DEVICES];
+static _Atomic(tp__stream *) legacy_streams[TP_MAX_DEVICES];
 
 void tp__legacy_begin(int device) {
   tp__mutex_lock(&legacy_seqs[device].lock);
   atomic_fetch_add_explicit(&legacy_seqs[device].seq, 1, memory_order_release);
+  tp__stream *l =
+      atomic_load_explicit(&legacy_streams[device], memory_order_acquire);
+  if (l)
+    atomic_store_explicit(&legacy_seqs[device].op_epoch, tp__stream_advance(l),
+                          memory_order_release);
 }
 
 void tp__legacy_end(int device) {
@@ -74,6 +85,15 @@ static uint64_t legacy_seq_settled(int device) {
   return v;
 }
 
+/* The legacy stream's epoch at its last queued operation (see op_epoch). */
+static uint64_t legacy_op_epoch_settled(int device) {
+  tp__mutex_lock(&legacy_seqs[device].lock);
+  uint64_t v =
+      atomic_load_explicit(&legacy_seqs[device].op_epoch, memory_order_relaxed);
+  tp__mutex_unlock(&legacy_seqs[device].lock);
+  return v;
+}
+
 /* ---- the stream registry --------------------------------------------------
  * Streams made by tp_stream_create are found by handle value, which the
  * platform keeps unique among live streams; others (cuda's foreign streams)
@@ -83,7 +103,6 @@ static uint64_t legacy_seq_settled(int device) {
 static tp__mutex reg_lock = TP_MUTEX_INIT(TP_RANK_STREAM_TABLE);
 static tp__stream **reg;
 static uint32_t nreg, capreg;
-static _Atomic(tp__stream *) legacy_streams[TP_MAX_DEVICES];
 _Atomic uint64_t tp__stream_gen = 1;
 TP_TLS tp__stream_last tp__stream_last_used;
 
@@ -506,6 +525,16 @@ tp_error_t tp__stream_make_wait(tp__stream *waiter, const tp__tag *t) {
   return TP_SUCCESS;
 }
 
+/* Whether a marker recorded on legacy stream `l` covers `epoch`, recording
+ * one where none does (not on a destroyed stream). */
+static bool legacy_marker_covers(tp__stream *l, uint64_t epoch) {
+  tp__blspin_lock(&l->lock);
+  bool yes = !atomic_load_explicit(&l->destroyed, memory_order_relaxed) &&
+             marker_covering(l, epoch) != NULL;
+  tp__blspin_unlock(&l->lock);
+  return yes;
+}
+
 bool tp__stream_follows(tp__stream *a, const tp__tag *t) {
   tp__stream *s = t->stream;
   if (!s || s == a)
@@ -522,9 +551,19 @@ bool tp__stream_follows(tp__stream *a, const tp__tag *t) {
   if (s->device == a->device) {
     if (a->legacy && s_blocking)
       return true;
-    if (s->legacy && a_blocking)
+    /* A free is no operation: later work of a blocking stream waits for
+     * the legacy stream's last operation, which need not cover the other
+     * blocking streams' work that the free itself would have waited for (a
+     * block used on one blocking stream and freed on the legacy stream).
+     * A legacy operation issued after the free covers it all (the
+     * fuzzer's legacy-free-blocking-taker). */
+    if ((s->legacy || s_blocking) && a_blocking &&
+        t->lseq < legacy_seq_settled(a->device))
       return true;
-    if (s_blocking && a_blocking && t->lseq < legacy_seq_settled(a->device))
+    /* A marker on the legacy stream is such an operation too: the free is
+     * followed once one covers it, and one is recorded now where none does
+     * (the driver's free would itself have been one). */
+    if (s->legacy && a_blocking && legacy_marker_covers(s, t->epoch))
       return true;
   }
   return s_blocking && t->lseq < legacy_seen;
@@ -687,11 +726,13 @@ tp_error_t tp__event_record(tp__event *e, tp__stream *s) {
   tp__clock c = {0};
   bool ok = true;
   /* A blocking stream's work follows the legacy stream's earlier work, and
-   * through it the earlier work of every blocking stream of the device. */
+   * through it the earlier work of every blocking stream of the device; of
+   * the legacy stream's frees, those issued before its last operation (the
+   * fuzzer's legacy-free-event). */
   if (!s->legacy && !(s->flags & TP_STREAM_NON_BLOCKING)) {
     tp__stream *l = NULL;
     if (legacy_get(s->device, &l) == TP_SUCCESS)
-      ok = clock_raise(&c, l->uid, tp__stream_advance(l));
+      ok = clock_raise(&c, l->uid, legacy_op_epoch_settled(s->device));
     ok = ok && clock_raise(&c, TP_CLOCK_LEGACY | (uint64_t)s->device,
                            legacy_seq_settled(s->device));
   } else if (s->legacy) {

@@ -71,7 +71,7 @@ struct tp__stream {
    * after covers all its work (tp__stream_settles). */
   uint64_t dead_syncs;
 
-  tp__blspin lock; /* guards everything below, and the stream's caches */
+  tp__blspin lock;        /* guards everything below, and the stream's caches */
   _Atomic uint64_t epoch; /* epoch given to frees issued now */
   _Atomic uint64_t done_epoch; /* frees with epoch <= this completed */
   tp__marker **markers;        /* recorded, not yet seen complete */
@@ -166,9 +166,12 @@ void tp__legacy_begin(int device);
 void tp__legacy_end(int device);
 uint64_t tp__legacy_seq(int device);
 
+/* The tag of a free issued now on `s`. Frees on the legacy stream and on
+ * blocking streams note the legacy sequence: a legacy operation issued after
+ * the free orders it before the later work of every blocking stream. */
 static inline tp__tag tp__stream_tag(tp__stream *s) {
   tp__tag t = {s, atomic_load_explicit(&s->epoch, memory_order_relaxed), 0};
-  if (!s->legacy && !(s->flags & TP_STREAM_NON_BLOCKING))
+  if (!(s->flags & TP_STREAM_NON_BLOCKING))
     t.lseq = tp__legacy_seq(s->device);
   return t;
 }

@@ -904,6 +904,20 @@ static void add_freed(uintptr_t lo, size_t size, int pool, int item,
  * has not completed must be ordered before s, or allowed by a policy; with
  * internal dependencies, s is made to wait, which the model then records.
  * Returns true when s must now wait. */
+/* Stream s waits for the free at position `free_item` from now on. On a
+ * legacy stream the library waits for a marker (an event) recorded there,
+ * perhaps only now: it covers every free the legacy stream issued so far,
+ * each of which waited for the device's blocking streams when it was
+ * issued, and s is ordered after all of them. */
+static void wait_for_free(int s, int free_item) {
+  int deps[2] = {free_item, -1};
+  int n = 1;
+  int fs = items[free_item].stream;
+  if (fs >= 0 && M.streams[fs].legacy && M.streams[fs].live)
+    deps[n++] = item_pos(fs);
+  item_new(s, -1, deps, n, false);
+}
+
 static bool check_reuse(int p, int s, uintptr_t lo, uintptr_t hi) {
   const mpool *m = &M.pools[p];
   bool waits = false;
@@ -927,6 +941,16 @@ static bool check_reuse(int p, int s, uintptr_t lo, uintptr_t hi) {
     }
     if (stream_follows(s, f->item, false))
       continue;
+    /* A blocking stream takes a free of its device's legacy stream once a
+     * legacy operation covers it, and the library records one (a marker)
+     * where none does: the taker then waits for the free. */
+    int fs = items[f->item].stream;
+    if (m->follow && fs >= 0 && M.streams[fs].legacy && !M.streams[s].legacy &&
+        M.streams[s].blocking && M.streams[s].device == M.streams[fs].device) {
+      wait_for_free(s, f->item);
+      waits = true;
+      continue;
+    }
     bool by_event = stream_follows(s, f->item, true);
     if (by_event && m->follow)
       continue;
@@ -951,8 +975,7 @@ static bool check_reuse(int p, int s, uintptr_t lo, uintptr_t hi) {
            by_event ? "only through an event (FOLLOW_EVENT_DEPENDENCIES off)"
                     : "in no way");
     /* Allowed, and s waits for the free from now on. */
-    int dep = f->item;
-    item_new(s, -1, &dep, 1, false);
+    wait_for_free(s, f->item);
     waits = true;
   }
   return waits;

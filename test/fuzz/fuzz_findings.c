@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 
@@ -327,6 +328,89 @@ static void test_legacy_wait_counts(void) {
   CHECK_OK(tp_stream_destroy(y));
 }
 
+/* A block used on one blocking stream and freed on the legacy stream (which
+ * CUDA makes wait for that use) went to another blocking stream at once:
+ * that stream's later work waits for the legacy stream's last operation,
+ * and a free is none, so its work could run beside the first stream's (fuzz
+ * input: a gate on a blocking stream, legacy work behind it, frees on the
+ * legacy stream, an allocation on a second blocking stream). The taker now
+ * gets it only once a legacy operation (a marker, recorded then) covers the
+ * free. The same through an event recorded on a blocking stream, which
+ * claimed every legacy free issued so far: it now claims those issued
+ * before the legacy stream's last operation. */
+static atomic_int legacy_gate_open, taker_ran;
+
+static void legacy_gate(void *arg) {
+  (void)arg;
+  double deadline = check_now_s() + 10.0;
+  while (!atomic_load(&legacy_gate_open) && check_now_s() < deadline)
+    check_sleep_us(100);
+}
+
+static void taker_runs(void *arg) {
+  (void)arg;
+  atomic_store(&taker_ran, 1);
+}
+
+/* A block used on gated blocking stream x, then freed on the legacy stream;
+ * a taker (blocking, or non-blocking after an event recorded on another
+ * blocking stream) allocates its size: if it got that block, its work must
+ * wait for x's. */
+static void legacy_free_case(bool through_event) {
+  tp_pool_t pool = NULL;
+  tp_pool_props_t props;
+  memset(&props, 0, sizeof props);
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  int off = 0;
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+                                 &off));
+  CHECK_OK(tp_pool_set_attribute(
+      pool, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off));
+  tp_stream_t x = NULL, taker = NULL, z = NULL;
+  REQUIRE_OK(tp_stream_create(&x, 0));
+  REQUIRE_OK(
+      tp_stream_create(&taker, through_event ? TP_STREAM_NON_BLOCKING : 0));
+  REQUIRE_OK(tp_stream_create(&z, 0));
+  tp_event_t ev = NULL;
+  REQUIRE_OK(tp_event_create(&ev));
+  void *p = NULL, *q = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&p, 3 * MiB, pool, NULL));
+  CHECK_OK(tp_stream_synchronize(NULL));
+  atomic_store(&legacy_gate_open, 0);
+  atomic_store(&taker_ran, 0);
+  CHECK_OK(tp_launch_host_func(x, legacy_gate, NULL));
+  CHECK_OK(tp_free_async(p, NULL));
+  if (through_event) {
+    CHECK_OK(tp_event_record(ev, z));
+    CHECK_OK(tp_stream_wait_event(taker, ev, 0));
+  }
+  CHECK_OK(tp_malloc_from_pool_async(&q, 3 * MiB, pool, taker));
+  CHECK_OK(tp_launch_host_func(taker, taker_runs, NULL));
+  check_sleep_us(20000);
+  if (q == p)
+    CHECK_EQ_INT(atomic_load(&taker_ran), 0);
+  atomic_store(&legacy_gate_open, 1);
+  CHECK_OK(tp_device_synchronize());
+  CHECK_EQ_INT(atomic_load(&taker_ran), 1);
+  CHECK_OK(tp_free_async(q, taker));
+  CHECK_OK(tp_device_synchronize());
+  CHECK_OK(tp_event_destroy(ev));
+  CHECK_OK(tp_stream_destroy(x));
+  CHECK_OK(tp_stream_destroy(taker));
+  CHECK_OK(tp_stream_destroy(z));
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
+static void test_legacy_free_blocking_taker(void) {
+  legacy_free_case(false);
+}
+
+static void test_legacy_free_event(void) {
+  legacy_free_case(true);
+}
+
 /* Fixed findings run as regression tests; open ones fail until fixed. */
 static const struct {
   const char *name;
@@ -341,6 +425,8 @@ static const struct {
     {"test_cached_block_pins_no_chunk", test_cached_block_pins_no_chunk, false},
     {"test_legacy_event_clock", test_legacy_event_clock, false},
     {"test_legacy_wait_counts", test_legacy_wait_counts, false},
+    {"test_legacy_free_blocking_taker", test_legacy_free_blocking_taker, false},
+    {"test_legacy_free_event", test_legacy_free_event, false},
     {"test_reuse_waits_for_later_work", test_reuse_waits_for_later_work, true},
     {"test_legacy_marker_serialises", test_legacy_marker_serialises, true},
 };
