@@ -353,6 +353,9 @@ typedef struct mpool {
 typedef struct mblock {
   bool live; /* between its malloc and its free */
   bool held; /* freed by the exporter while an importer holds it */
+  /* An importer let it go by destroying its pool while it was live: the
+   * release may not have reached the exporter by its free. */
+  bool release_in_flight;
   unsigned char *p;
   size_t size;
   int pool;
@@ -1117,6 +1120,15 @@ static size_t rd_size(reader *r) {
   }
 }
 
+/* The device whose memory a pool's chunks take, or -1 (host memory): the
+ * host platform places managed memory without a location on device 0. */
+static int memory_of(int q) {
+  const mpool *m = &M.pools[q];
+  if (m->loc_type == TP_LOCATION_NONE && m->alloc_type == TP_ALLOCATION_MANAGED)
+    return 0;
+  return m->device;
+}
+
 /* The model is empty enough that an allocation must succeed: everything
  * complete, the pool holding no block, and room on the device. */
 static bool must_fit(int p, size_t size) {
@@ -1135,7 +1147,7 @@ static bool must_fit(int p, size_t size) {
   uint64_t others = 0;
   for (int q = 0; q < M.npools; q++)
     if (q != p && M.pools[q].live && !M.pools[q].imported &&
-        M.pools[q].device == m->device)
+        memory_of(q) == m->device)
       others += attr_u64(q, TP_POOL_ATTR_RESERVED_MEM_CURRENT, "RESERVED");
   /* Destroyed pools still waiting for their last free hold memory too. */
   for (int b = 0; b < MAX_BLOCKS; b++)
@@ -1263,6 +1275,12 @@ static void op_free(reader *r) {
     return;
   }
   int hold = -1;
+  if (k->release_in_flight && !k->nhold_items) {
+    /* The exporter counts the block as used until that release arrives
+     * (op_quiesce waits for the figure to come down). */
+    k->release_in_flight = false;
+    m->held += k->size;
+  }
   if (k->nhold_items) {
     hold = item_pos_of(k->hold_items, k->nhold_items);
     /* The importers' frees were issued, but their releases reach the
@@ -1689,6 +1707,8 @@ static void op_pool_destroy(reader *r) {
       if (b->held && b->holds == 0) {
         b->held = false;
         add_freed((uintptr_t)b->p, b->size, b->pool, b->free_item, -1);
+      } else if (b->live) {
+        b->release_in_flight = true;
       }
     }
   }
