@@ -1847,7 +1847,11 @@ static void op_access(reader *r) {
       if (it->done || (it->mem_pool != p && it->mem_pool2 != p) ||
           it->stream < 0 || M.streams[it->stream].device != d)
         continue;
-      M.streams[it->stream].fault = 2;
+      /* A destroyed stream's fault still shows at a device synchronize. */
+      if (M.streams[it->stream].live)
+        M.streams[it->stream].fault = 2;
+      else
+        M.dev_fault_maybe[d] = true;
       atomic_fetch_add(&pool_gen[it->mem_pool], 1);
       if (it->mem_pool2 >= 0)
         atomic_fetch_add(&pool_gen[it->mem_pool2], 1);
