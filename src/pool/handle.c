@@ -1,7 +1,9 @@
 /* The public handles of pools: slots of a table that is never freed, so that
  * any value a caller passes can be checked without being dereferenced, and a
  * destroyed pool's handle is still recognised as such. */
-#include "pool/pool.h"
+#include "pool/handle.h"
+
+#include "common/lock.h"
 
 /* 4096 slots a chunk, chunks made as needed: 4M handles before a slot of a
  * destroyed pool is given to a new one. */
