@@ -5,17 +5,23 @@
 
 #include <sched.h>
 
+/* One round of waiting for a flag another thread clears: a pause, and a
+ * yield after a while, so that an oversubscribed machine makes progress. */
+static void backoff(unsigned spins) {
+  if (spins >= 64)
+    sched_yield();
+#if defined(__x86_64__) || defined(__i386__)
+  else
+    __builtin_ia32_pause();
+#endif
+}
+
 void tp__spin_lock_slow(tp__spin *s) {
   for (unsigned spins = 0;; spins++) {
     if (!atomic_load_explicit(&s->held, memory_order_relaxed) &&
         !atomic_exchange_explicit(&s->held, 1, memory_order_acquire))
       return;
-    if (spins >= 64)
-      sched_yield();
-#if defined(__x86_64__) || defined(__i386__)
-    else
-      __builtin_ia32_pause();
-#endif
+    backoff(spins);
   }
 }
 
@@ -41,14 +47,8 @@ void tp__blspin_lock_slow(tp__blspin *b) {
     tp__fence_heavy();
   }
   for (unsigned spins = 0; atomic_load_explicit(&b->busy, memory_order_acquire);
-       spins++) {
-    if (spins >= 64)
-      sched_yield();
-#if defined(__x86_64__) || defined(__i386__)
-    else
-      __builtin_ia32_pause();
-#endif
-  }
+       spins++)
+    backoff(spins);
 }
 
 void tp__mutex_init(tp__mutex *l, tp__rank rank) {

@@ -77,19 +77,13 @@ uint64_t tp__legacy_seq(int device) {
   return atomic_load_explicit(&legacy_seqs[device].seq, memory_order_acquire);
 }
 
-static uint64_t legacy_seq_settled(int device) {
+/* A field of a device's legacy bookkeeping once no operation is being
+ * queued: seq, or op_epoch. */
+static uint64_t legacy_settled(int device, bool op_epoch) {
   tp__mutex_lock(&legacy_seqs[device].lock);
-  uint64_t v =
-      atomic_load_explicit(&legacy_seqs[device].seq, memory_order_relaxed);
-  tp__mutex_unlock(&legacy_seqs[device].lock);
-  return v;
-}
-
-/* The legacy stream's epoch at its last queued operation (see op_epoch). */
-static uint64_t legacy_op_epoch_settled(int device) {
-  tp__mutex_lock(&legacy_seqs[device].lock);
-  uint64_t v =
-      atomic_load_explicit(&legacy_seqs[device].op_epoch, memory_order_relaxed);
+  uint64_t v = atomic_load_explicit(op_epoch ? &legacy_seqs[device].op_epoch
+                                             : &legacy_seqs[device].seq,
+                                    memory_order_relaxed);
   tp__mutex_unlock(&legacy_seqs[device].lock);
   return v;
 }
@@ -558,7 +552,7 @@ bool tp__stream_follows(tp__stream *a, const tp__tag *t) {
      * A legacy operation issued after the free covers it all (the
      * fuzzer's legacy-free-blocking-taker). */
     if ((s->legacy || s_blocking) && a_blocking &&
-        t->lseq < legacy_seq_settled(a->device))
+        t->lseq < legacy_settled(a->device, false))
       return true;
     /* A marker on the legacy stream is such an operation too: the free is
      * followed once one covers it, and one is recorded now where none does
@@ -732,9 +726,9 @@ tp_error_t tp__event_record(tp__event *e, tp__stream *s) {
   if (!s->legacy && !(s->flags & TP_STREAM_NON_BLOCKING)) {
     tp__stream *l = NULL;
     if (legacy_get(s->device, &l) == TP_SUCCESS)
-      ok = clock_raise(&c, l->uid, legacy_op_epoch_settled(s->device));
+      ok = clock_raise(&c, l->uid, legacy_settled(s->device, true));
     ok = ok && clock_raise(&c, TP_CLOCK_LEGACY | (uint64_t)s->device,
-                           legacy_seq_settled(s->device));
+                           legacy_settled(s->device, false));
   } else if (s->legacy) {
     /* The record is itself legacy operation n, which follows the frees of
      * blocking streams issued before it began: those with lseq < n (one
