@@ -267,7 +267,13 @@ static bool foreign_cached(tp_stream_t handle, tp__stream **out, bool *idle) {
 static void foreign_remember(tp_stream_t handle, tp__stream *s) {
   if (!s->uid || (s->uid & TP_STREAM_UNNAMED))
     return;
-  unsigned way = foreign_cache.next++ % TLS_WAYS;
+  /* A handle met again (on a new stream) takes its old way, which would
+   * otherwise shadow the new entry and miss on every call. */
+  unsigned way = 0;
+  while (way < TLS_WAYS && foreign_cache.handle[way] != handle)
+    way++;
+  if (way == TLS_WAYS)
+    way = foreign_cache.next++ % TLS_WAYS;
   foreign_cache.handle[way] = handle;
   foreign_cache.uid[way] = s->uid;
   foreign_cache.stream[way] = s;
