@@ -146,6 +146,7 @@ static tp__stream *stream_alloc(const tp__stream_desc *d) {
   atomic_init(&s->refs, 1);
   atomic_init(&s->epoch, 1);
   atomic_init(&s->done_epoch, 0);
+  atomic_init(&s->seen_epoch, 0);
   return s;
 }
 
@@ -394,9 +395,9 @@ static void marker_retire(tp__stream *s, tp__marker *m) {
   s->spare[s->nspare++] = m;
 }
 
-/* Drops the markers that the done epoch covers; stream lock held. */
+/* Drops the markers that the seen epoch covers; stream lock held. */
 static void markers_trim(tp__stream *s) {
-  uint64_t done = atomic_load_explicit(&s->done_epoch, memory_order_relaxed);
+  uint64_t done = atomic_load_explicit(&s->seen_epoch, memory_order_relaxed);
   uint32_t k = 0;
   while (k < s->nmarkers && s->markers[k]->epoch <= done)
     marker_retire(s, s->markers[k++]);
@@ -406,8 +407,14 @@ static void markers_trim(tp__stream *s) {
   }
 }
 
-void tp__stream_mark_done(tp__stream *s, uint64_t epoch) {
+/* What the host learned by synchronizing: complete for every policy. */
+static void done_to(tp__stream *s, uint64_t epoch) {
+  tp__atomic_max(&s->seen_epoch, epoch);
   tp__atomic_max(&s->done_epoch, epoch);
+}
+
+void tp__stream_mark_done(tp__stream *s, uint64_t epoch) {
+  done_to(s, epoch);
   tp__blspin_lock(&s->lock);
   markers_trim(s);
   tp__blspin_unlock(&s->lock);
@@ -461,28 +468,36 @@ static void ask_stream(tp__stream *s) {
   uint64_t epoch =
       atomic_fetch_add_explicit(&s->epoch, 1, memory_order_relaxed);
   if (tp__platform->stream_query(s->ps) == TP_SUCCESS) {
-    tp__atomic_max(&s->done_epoch, epoch);
+    tp__atomic_max(&s->seen_epoch, epoch);
     markers_trim(s);
   }
 }
 
+static bool seen_done(const tp__tag *t) {
+  return !t->stream || atomic_load_explicit(&t->stream->seen_epoch,
+                                            memory_order_acquire) >= t->epoch;
+}
+
+/* What polling finds is seen, not done: with opportunistic reuse off, one
+ * pool's polling must not let another take a free that no synchronization
+ * showed complete (the fuzzer's polled-by-another-pool). */
 bool tp__stream_poll(const tp__tag *t) {
-  if (tp__stream_done(t))
+  if (seen_done(t))
     return true;
   tp__stream *s = t->stream;
   tp__blspin_lock(&s->lock);
   /* One stream completes in order: the first marker not done ends the scan. */
   while (s->nmarkers &&
          tp__platform->event_query(s->markers[0]->ev) == TP_SUCCESS) {
-    tp__atomic_max(&s->done_epoch, s->markers[0]->epoch);
+    tp__atomic_max(&s->seen_epoch, s->markers[0]->epoch);
     markers_trim(s);
   }
-  if (!tp__stream_done(t) && !covered(s, t->epoch))
+  if (!seen_done(t) && !covered(s, t->epoch))
     ask_stream(s);
-  if (!tp__stream_done(t))
+  if (!seen_done(t))
     (void)marker_covering(s, t->epoch);
   tp__blspin_unlock(&s->lock);
-  return tp__stream_done(t);
+  return seen_done(t);
 }
 
 tp_error_t tp__stream_wait_host(const tp__tag *t) {
@@ -498,7 +513,7 @@ tp_error_t tp__stream_wait_host(const tp__tag *t) {
   tp_error_t err = tp__platform->event_synchronize(m->ev);
   tp__blspin_lock(&s->lock);
   if (err == TP_SUCCESS)
-    tp__atomic_max(&s->done_epoch, m->epoch);
+    done_to(s, m->epoch);
   m->refs--;
   if (!m->listed)
     marker_retire(s, m);

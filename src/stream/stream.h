@@ -74,7 +74,12 @@ struct tp__stream {
   tp__blspin lock;        /* guards everything below, and the stream's caches */
   _Atomic uint64_t epoch; /* epoch given to frees issued now */
   _Atomic uint64_t done_epoch; /* frees with epoch <= this completed */
-  tp__marker **markers;        /* recorded, not yet seen complete */
+  /* The same as far as anyone has seen, polling included: at least
+   * done_epoch. Only the opportunistic policy may act on what polling
+   * alone found (tp__stream_poll); the others wait for a synchronization,
+   * a query, or a wait of the host (done_epoch). */
+  _Atomic uint64_t seen_epoch;
+  tp__marker **markers; /* recorded, not yet seen complete */
   uint32_t nmarkers, capmarkers;
   tp__marker **spare; /* recycled markers with their events */
   uint32_t nspare, capspare;
@@ -110,7 +115,8 @@ tp_error_t tp__streams_list(int device, tp__stream ***out, size_t *n);
  */
 bool tp__stream_done(const tp__tag *t);
 /* Queries markers (recording one where none covers the tag); true when the
- * tagged free has completed. */
+ * tagged free has completed. What it finds is kept for the opportunistic
+ * policy alone (seen_epoch). */
 bool tp__stream_poll(const tp__tag *t);
 /* Waits on the host for the tagged free. */
 tp_error_t tp__stream_wait_host(const tp__tag *t);

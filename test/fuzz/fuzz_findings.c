@@ -411,6 +411,48 @@ static void test_legacy_free_event(void) {
   legacy_free_case(true);
 }
 
+/* With opportunistic reuse off, a pool took a free that no synchronization
+ * had shown complete: another pool, with the policy on, had polled the
+ * freeing stream and found it idle, and the stream's completed epoch was
+ * shared by every pool (fuzz input: two pools, frees on one stream, an
+ * allocation on another stream in each pool). What polling finds is now
+ * seen, not done, and only the opportunistic policy acts on it. */
+static void test_polled_completion_stays_opportunistic(void) {
+  tp_pool_props_t props;
+  memset(&props, 0, sizeof props);
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  tp_pool_t opp = NULL, strict = NULL;
+  REQUIRE_OK(tp_pool_create(&opp, &props));
+  REQUIRE_OK(tp_pool_create(&strict, &props));
+  int off = 0;
+  CHECK_OK(tp_pool_set_attribute(strict, TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+                                 &off));
+  CHECK_OK(tp_pool_set_attribute(
+      strict, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off));
+  tp_stream_t x = NULL, y = NULL;
+  REQUIRE_OK(tp_stream_create(&x, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_stream_create(&y, TP_STREAM_NON_BLOCKING));
+  void *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&a, 3 * MiB, opp, x));
+  REQUIRE_OK(tp_malloc_from_pool_async(&b, 3 * MiB, strict, x));
+  CHECK_OK(tp_free_async(a, x));
+  CHECK_OK(tp_free_async(b, x));
+  /* x has nothing queued: polling it, the opportunistic pool finds its
+   * free complete and may hand it to y. */
+  CHECK_OK(tp_malloc_from_pool_async(&c, 3 * MiB, opp, y));
+  /* The strict pool has been told nothing. */
+  CHECK_OK(tp_malloc_from_pool_async(&d, 3 * MiB, strict, y));
+  CHECK(d != b);
+  CHECK_OK(tp_free_async(c, y));
+  CHECK_OK(tp_free_async(d, y));
+  CHECK_OK(tp_device_synchronize());
+  CHECK_OK(tp_stream_destroy(x));
+  CHECK_OK(tp_stream_destroy(y));
+  CHECK_OK(tp_pool_destroy(opp));
+  CHECK_OK(tp_pool_destroy(strict));
+}
+
 /* Fixed findings run as regression tests; open ones fail until fixed. */
 static const struct {
   const char *name;
@@ -427,6 +469,8 @@ static const struct {
     {"test_legacy_wait_counts", test_legacy_wait_counts, false},
     {"test_legacy_free_blocking_taker", test_legacy_free_blocking_taker, false},
     {"test_legacy_free_event", test_legacy_free_event, false},
+    {"test_polled_completion_stays_opportunistic",
+     test_polled_completion_stays_opportunistic, false},
     {"test_reuse_waits_for_later_work", test_reuse_waits_for_later_work, true},
     {"test_legacy_marker_serialises", test_legacy_marker_serialises, true},
 };
