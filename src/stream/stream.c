@@ -527,7 +527,14 @@ tp_error_t tp__stream_make_wait(tp__stream *waiter, const tp__tag *t) {
     return TP_SUCCESS;
   tp__stream *s = t->stream;
   tp__blspin_lock(&s->lock);
-  tp__marker *m = marker_covering(s, t->epoch);
+  /* On the legacy stream a marker recorded now, not an older one that
+   * covers the free: it is the operation that waits for every blocking
+   * stream's work so far, so that the waiter follows exactly the frees of
+   * that stream issued until now (which its clock then says). */
+  tp__marker *m =
+      s->legacy && !atomic_load_explicit(&s->destroyed, memory_order_relaxed)
+          ? marker_record(s)
+          : marker_covering(s, t->epoch);
   tp_error_t err = m ? tp__platform->stream_wait_event(waiter->ps, m->ev)
                      : TP_ERROR_PLATFORM;
   uint64_t covered = m ? m->epoch : 0;
@@ -538,16 +545,6 @@ tp_error_t tp__stream_make_wait(tp__stream *waiter, const tp__tag *t) {
   tp__blspin_unlock(&waiter->lock);
   (void)ok; /* a clock that could not grow only forgets a dependency */
   return TP_SUCCESS;
-}
-
-/* Whether a marker recorded on legacy stream `l` covers `epoch`, recording
- * one where none does (not on a destroyed stream). */
-static bool legacy_marker_covers(tp__stream *l, uint64_t epoch) {
-  tp__blspin_lock(&l->lock);
-  bool yes = !atomic_load_explicit(&l->destroyed, memory_order_relaxed) &&
-             marker_covering(l, epoch) != NULL;
-  tp__blspin_unlock(&l->lock);
-  return yes;
 }
 
 bool tp__stream_follows(tp__stream *a, const tp__tag *t) {
@@ -566,19 +563,17 @@ bool tp__stream_follows(tp__stream *a, const tp__tag *t) {
   if (s->device == a->device) {
     if (a->legacy && s_blocking)
       return true;
+    if (s_blocking && a_blocking && t->lseq < legacy_settled(a->device, false))
+      return true;
     /* A free is no operation: later work of a blocking stream waits for
      * the legacy stream's last operation, which need not cover the other
-     * blocking streams' work that the free itself would have waited for (a
-     * block used on one blocking stream and freed on the legacy stream).
-     * A legacy operation issued after the free covers it all (the
-     * fuzzer's legacy-free-blocking-taker). */
-    if ((s->legacy || s_blocking) && a_blocking &&
-        t->lseq < legacy_settled(a->device, false))
-      return true;
-    /* A marker on the legacy stream is such an operation too: the free is
-     * followed once one covers it, and one is recorded now where none does
-     * (the driver's free would itself have been one). */
-    if (s->legacy && a_blocking && legacy_marker_covers(s, t->epoch))
+     * blocking streams' work that a legacy free would have waited for (a
+     * block used on one blocking stream and freed on the legacy stream; the
+     * fuzzer's legacy-free-blocking-taker). So the taker waits for a marker
+     * on the legacy stream that covers the free (recorded now where none
+     * does; the driver's free would itself have been such an operation): a
+     * wait of its own, which its queries show. */
+    if (s->legacy && a_blocking && tp__stream_make_wait(a, t) == TP_SUCCESS)
       return true;
   }
   return s_blocking && t->lseq < legacy_seen;
