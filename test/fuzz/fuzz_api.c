@@ -379,6 +379,9 @@ typedef struct mimport {
 typedef struct mfreed {
   uintptr_t lo, hi;
   int pool, item, hold_item;
+  /* The pool allowed opportunistic reuse at some time since the free: it
+   * may have found the free complete then, and that stays known. */
+  bool polled;
 } mfreed;
 
 static struct model {
@@ -900,13 +903,10 @@ static void add_freed(uintptr_t lo, size_t size, int pool, int item,
     prune_freed();
   if (M.nfreed == MAX_FREED)
     fail("the model's table of pending frees is full");
-  M.freed[M.nfreed++] = (mfreed){lo, lo + size, pool, item, hold_item};
+  M.freed[M.nfreed++] =
+      (mfreed){lo, lo + size, pool, item, hold_item, M.pools[pool].opp != 0};
 }
 
-/* A new block [lo, hi) of pool p for stream s: every overlapping free that
- * has not completed must be ordered before s, or allowed by a policy; with
- * internal dependencies, s is made to wait, which the model then records.
- * Returns true when s must now wait. */
 /* Stream s waits for the free at position `free_item` from now on. On a
  * legacy stream the library waits for a marker (an event) recorded there,
  * perhaps only now: it covers every free the legacy stream issued so far,
@@ -921,6 +921,10 @@ static void wait_for_free(int s, int free_item) {
   item_new(s, -1, deps, n, false);
 }
 
+/* A new block [lo, hi) of pool p for stream s: every overlapping free that
+ * has not completed must be ordered before s, or allowed by a policy; with
+ * internal dependencies, s is made to wait, which the model then records.
+ * Returns true when s must now wait. */
 static bool check_reuse(int p, int s, uintptr_t lo, uintptr_t hi) {
   const mpool *m = &M.pools[p];
   bool waits = false;
@@ -961,7 +965,7 @@ static bool check_reuse(int p, int s, uintptr_t lo, uintptr_t hi) {
       /* Perhaps complete, but nothing told the pool so: taking it needs
        * the opportunistic policy, or a dependency (internal), or the wait
        * before out-of-memory. */
-      if (m->opp || m->internal || m->oom_wait)
+      if (m->opp || m->internal || m->oom_wait || f->polled)
         continue;
       fail("pool %d gave [%#" PRIxPTR ", %#" PRIxPTR ") to %s, overlapping "
            "a free (item %d on %s) that no synchronize or query has shown "
@@ -1761,6 +1765,9 @@ static void op_attr(reader *r) {
               "tp_pool_set_attribute");
     int *field[] = {&m->follow, &m->opp, &m->internal, &m->oom_wait};
     *field[a % 4] = val != 0;
+    for (int i = 0; m->opp && i < M.nfreed; i++)
+      if (M.freed[i].pool == p)
+        M.freed[i].polled = true;
     int back = -1;
     expect_ok(tp_pool_get_attribute(m->h, attrs[a % 4], &back),
               "tp_pool_get_attribute");
