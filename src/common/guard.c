@@ -82,11 +82,7 @@ void tp__guard_enter_slow(tp__guard_tls *g) {
     atomic_fetch_add(&unrecorded, 1);
     return;
   }
-  atomic_store_explicit(
-      &g->rec->epoch,
-      atomic_load_explicit(&tp__guard_epoch, memory_order_acquire),
-      memory_order_relaxed);
-  tp__fence_light();
+  tp__guard_publish(g->rec);
 }
 
 /* The outermost exit of a thread without a record, or of one while objects

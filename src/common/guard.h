@@ -25,6 +25,15 @@ extern TP_TLS tp__guard_tls tp__guard_me;
 extern _Atomic uint64_t tp__guard_epoch;
 extern _Atomic uint32_t tp__guard_limbo;
 void tp__guard_enter_slow(tp__guard_tls *g);
+
+/* Publishes the epoch the thread entered at, ordered before its loads of
+ * shared pointers (see tp__guard_enter). */
+static inline void tp__guard_publish(tp__guard_rec *rec) {
+  atomic_store_explicit(
+      &rec->epoch, atomic_load_explicit(&tp__guard_epoch, memory_order_acquire),
+      memory_order_relaxed);
+  tp__fence_light();
+}
 void tp__guard_exit_slow(tp__guard_tls *g, uint64_t entered);
 
 /* Marks the calling thread as inside the library; calls nest. Cheap: a
@@ -38,11 +47,7 @@ static inline void tp__guard_enter(void) {
     tp__guard_enter_slow(g);
     return;
   }
-  atomic_store_explicit(
-      &g->rec->epoch,
-      atomic_load_explicit(&tp__guard_epoch, memory_order_acquire),
-      memory_order_relaxed);
-  tp__fence_light();
+  tp__guard_publish(g->rec);
 }
 
 static inline void tp__guard_exit(void) {

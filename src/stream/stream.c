@@ -245,10 +245,16 @@ static tp_error_t legacy_get(int device, tp__stream **out) {
  * then. A hit costs the platform's identify (two driver calls on cuda) and
  * no lock; the uid tells the stream from a new one that took the handle of
  * a destroyed one, which tidepool is never told about. */
-static bool foreign_cached(tp_stream_t handle, tp__stream **out, bool *idle) {
+/* The way that holds `handle`, or TLS_WAYS. */
+static unsigned foreign_way(tp_stream_t handle) {
   unsigned way = 0;
   while (way < TLS_WAYS && foreign_cache.handle[way] != handle)
     way++;
+  return way;
+}
+
+static bool foreign_cached(tp_stream_t handle, tp__stream **out, bool *idle) {
+  unsigned way = foreign_way(handle);
   if (way == TLS_WAYS || !tp__platform->stream_identify)
     return false;
   uint64_t uid;
@@ -270,9 +276,7 @@ static void foreign_remember(tp_stream_t handle, tp__stream *s) {
     return;
   /* A handle met again (on a new stream) takes its old way, which would
    * otherwise shadow the new entry and miss on every call. */
-  unsigned way = 0;
-  while (way < TLS_WAYS && foreign_cache.handle[way] != handle)
-    way++;
+  unsigned way = foreign_way(handle);
   if (way == TLS_WAYS)
     way = foreign_cache.next++ % TLS_WAYS;
   foreign_cache.handle[way] = handle;

@@ -13,6 +13,27 @@
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
 
+/* A pool of device 0's pinned memory; NULL, with a failed check, when it
+ * cannot be made. */
+static tp_pool_t device_pool(void) {
+  tp_pool_props_t props;
+  memset(&props, 0, sizeof props);
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  tp_pool_t pool = NULL;
+  return CHECK_OK(tp_pool_create(&pool, &props)) ? pool : NULL;
+}
+
+/* Turns off opportunistic reuse and internal dependencies: another stream
+ * then takes a free only once something showed it complete. */
+static void reuse_strict(tp_pool_t pool) {
+  int off = 0;
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+                                 &off));
+  CHECK_OK(tp_pool_set_attribute(
+      pool, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off));
+}
+
 static uint64_t attr_u64(tp_pool_t pool, tp_pool_attr_t attr) {
   uint64_t v = 0;
   CHECK_OK(tp_pool_get_attribute(pool, attr, &v));
@@ -27,12 +48,8 @@ static uint64_t attr_u64(tp_pool_t pool, tp_pool_attr_t attr) {
 static void test_used_high_after_reset(void) {
   tp_stream_t s = NULL;
   REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
-  tp_pool_t pool = NULL;
-  tp_pool_props_t props;
-  memset(&props, 0, sizeof props);
-  props.alloc_type = TP_ALLOCATION_PINNED;
-  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
-  REQUIRE_OK(tp_pool_create(&pool, &props));
+  tp_pool_t pool = device_pool();
+  REQUIRE(pool != NULL);
   void *p = NULL;
   uint64_t zero = 0;
   CHECK_OK(tp_malloc_from_pool_async(&p, 100000, pool, s));
@@ -54,12 +71,8 @@ static void test_used_high_after_reset(void) {
  * destroyed stream's work has run (fuzz input: allocate on the legacy
  * stream, free on another stream, destroy that stream). */
 static void test_free_on_destroyed_stream_released(void) {
-  tp_pool_t pool = NULL;
-  tp_pool_props_t props;
-  memset(&props, 0, sizeof props);
-  props.alloc_type = TP_ALLOCATION_PINNED;
-  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
-  REQUIRE_OK(tp_pool_create(&pool, &props));
+  tp_pool_t pool = device_pool();
+  REQUIRE(pool != NULL);
   void *p = NULL;
   tp_stream_t s = NULL;
   tp_event_t e = NULL;
@@ -115,17 +128,9 @@ static void dead_gate(void *arg) {
 }
 
 static void test_destroyed_stream_free_needs_sync(void) {
-  tp_pool_t pool = NULL;
-  tp_pool_props_t props;
-  memset(&props, 0, sizeof props);
-  props.alloc_type = TP_ALLOCATION_PINNED;
-  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
-  REQUIRE_OK(tp_pool_create(&pool, &props));
-  int off = 0;
-  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
-                                 &off));
-  CHECK_OK(tp_pool_set_attribute(
-      pool, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off));
+  tp_pool_t pool = device_pool();
+  REQUIRE(pool != NULL);
+  reuse_strict(pool);
   uint64_t keep = UINT64_MAX;
   CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &keep));
   tp_stream_t s = NULL, t = NULL;
@@ -163,12 +168,8 @@ static void test_destroyed_stream_free_needs_sync(void) {
  * synchronize nor a trim gave it back (fuzz input: reserved 4 MiB at
  * threshold 0 with live blocks needing one chunk). */
 static void test_cached_block_pins_no_chunk(void) {
-  tp_pool_t pool = NULL;
-  tp_pool_props_t props;
-  memset(&props, 0, sizeof props);
-  props.alloc_type = TP_ALLOCATION_PINNED;
-  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
-  REQUIRE_OK(tp_pool_create(&pool, &props));
+  tp_pool_t pool = device_pool();
+  REQUIRE(pool != NULL);
   tp_stream_t s = NULL;
   REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
   void *a = NULL, *b = NULL;
@@ -193,12 +194,8 @@ static void test_reuse_waits_for_later_work(void) {
   tp_stream_t x = NULL, y = NULL;
   REQUIRE_OK(tp_stream_create(&x, TP_STREAM_NON_BLOCKING));
   REQUIRE_OK(tp_stream_create(&y, TP_STREAM_NON_BLOCKING));
-  tp_pool_t pool = NULL;
-  tp_pool_props_t props;
-  memset(&props, 0, sizeof props);
-  props.alloc_type = TP_ALLOCATION_PINNED;
-  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
-  REQUIRE_OK(tp_pool_create(&pool, &props));
+  tp_pool_t pool = device_pool();
+  REQUIRE(pool != NULL);
   void *p = NULL, *q = NULL;
   atomic_store(&late_gate_open, 0);
   REQUIRE_OK(tp_malloc_from_pool_async(&p, 3 * MiB, pool, x));
@@ -251,12 +248,8 @@ static void test_legacy_event_clock(void) {
   REQUIRE_OK(tp_stream_create(&x, TP_STREAM_DEFAULT));
   REQUIRE_OK(tp_stream_create(&y, TP_STREAM_DEFAULT));
   REQUIRE_OK(tp_event_create(&e));
-  tp_pool_t pool = NULL;
-  tp_pool_props_t props;
-  memset(&props, 0, sizeof props);
-  props.alloc_type = TP_ALLOCATION_PINNED;
-  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
-  REQUIRE_OK(tp_pool_create(&pool, &props));
+  tp_pool_t pool = device_pool();
+  REQUIRE(pool != NULL);
   const size_t big = 2031616, small = 17424;
   void *p = NULL, *q = NULL;
   atomic_store(&late_gate_open, 0);
@@ -295,12 +288,8 @@ static void test_legacy_wait_counts(void) {
   REQUIRE_OK(tp_stream_create(&x, TP_STREAM_DEFAULT));
   REQUIRE_OK(tp_stream_create(&y, TP_STREAM_DEFAULT));
   REQUIRE_OK(tp_event_create(&e)); /* never recorded: complete */
-  tp_pool_t pool = NULL;
-  tp_pool_props_t props;
-  memset(&props, 0, sizeof props);
-  props.alloc_type = TP_ALLOCATION_PINNED;
-  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
-  REQUIRE_OK(tp_pool_create(&pool, &props));
+  tp_pool_t pool = device_pool();
+  REQUIRE(pool != NULL);
   const size_t big = 2031616, small = 17424;
   void *p = NULL, *q = NULL;
   atomic_store(&late_gate_open, 0);
@@ -357,17 +346,9 @@ static void taker_runs(void *arg) {
  * blocking stream) allocates its size: if it got that block, its work must
  * wait for x's. */
 static void legacy_free_case(bool through_event) {
-  tp_pool_t pool = NULL;
-  tp_pool_props_t props;
-  memset(&props, 0, sizeof props);
-  props.alloc_type = TP_ALLOCATION_PINNED;
-  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
-  REQUIRE_OK(tp_pool_create(&pool, &props));
-  int off = 0;
-  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
-                                 &off));
-  CHECK_OK(tp_pool_set_attribute(
-      pool, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off));
+  tp_pool_t pool = device_pool();
+  REQUIRE(pool != NULL);
+  reuse_strict(pool);
   tp_stream_t x = NULL, taker = NULL, z = NULL;
   REQUIRE_OK(tp_stream_create(&x, 0));
   REQUIRE_OK(
@@ -418,18 +399,9 @@ static void test_legacy_free_event(void) {
  * allocation on another stream in each pool). What polling finds is now
  * seen, not done, and only the opportunistic policy acts on it. */
 static void test_polled_completion_stays_opportunistic(void) {
-  tp_pool_props_t props;
-  memset(&props, 0, sizeof props);
-  props.alloc_type = TP_ALLOCATION_PINNED;
-  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
-  tp_pool_t opp = NULL, strict = NULL;
-  REQUIRE_OK(tp_pool_create(&opp, &props));
-  REQUIRE_OK(tp_pool_create(&strict, &props));
-  int off = 0;
-  CHECK_OK(tp_pool_set_attribute(strict, TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
-                                 &off));
-  CHECK_OK(tp_pool_set_attribute(
-      strict, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off));
+  tp_pool_t opp = device_pool(), strict = device_pool();
+  REQUIRE(opp != NULL && strict != NULL);
+  reuse_strict(strict);
   tp_stream_t x = NULL, y = NULL;
   REQUIRE_OK(tp_stream_create(&x, TP_STREAM_NON_BLOCKING));
   REQUIRE_OK(tp_stream_create(&y, TP_STREAM_NON_BLOCKING));
