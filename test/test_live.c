@@ -161,8 +161,164 @@ static void test_release_waits_for_the_old_mapping(void) {
   CHECK_OK(tp_pool_destroy(pool));
 }
 
+static void fill(void *dev, size_t size, unsigned char v, tp_stream_t s) {
+  CHECK_OK(tp_memset_async(dev, v, size, s));
+}
+
+static void walk_ok(tp_pool_t pool) {
+  char why[256] = "";
+  if (tp__pool_verify(pool, why, sizeof why) != 0)
+    CHECK_FAIL("pool walk: %s", why);
+}
+
+static tp_pool_t pool_2mib(void) {
+  tp_pool_props_t props = {0};
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  tp_pool_t pool = NULL;
+  if (!CHECK_OK(tp_pool_create(&pool, &props)))
+    return NULL;
+  if (attr(pool, TP_POOL_ATTR_CHUNK_SIZE) != 2 * MiB) {
+    printf("   (checked for 2 MiB chunks only)\n");
+    CHECK_OK(tp_pool_destroy(pool));
+    return NULL;
+  }
+  return pool;
+}
+
+/* A segment whose first block is free lends that chunk's physical memory
+ * to a new block's last, partial chunk (HEAD): one chunk is mapped twice,
+ * each side using bytes the other leaves free. Checked by data, by
+ * reserved bytes, and by the sharing's end once the lender's side holds
+ * only free bytes. A free still pending is never lent. */
+static void test_edge_chunk_lends_its_free_start(void) {
+  tp_pool_t pool = pool_2mib();
+  if (!pool)
+    return;
+  tp_stream_t s;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  /* A in chunk 0 and B after it: chunks 0-1 hold [A 0.5][B 3.5] MiB. */
+  void *a, *b, *c, *d;
+  REQUIRE_OK(tp_malloc_from_pool_async(&a, MiB / 2, pool, s));
+  REQUIRE_OK(tp_malloc_from_pool_async(&b, 7 * MiB / 2, pool, s));
+  CHECK_EQ_U64((uintptr_t)b, (uintptr_t)a + MiB / 2);
+  fill(b, 7 * MiB / 2, 0x55, s);
+
+  /* While A's free is pending, its bytes are not lent: C (2.25 MiB) makes
+   * two chunks of its own. */
+  gate_t g;
+  REQUIRE_OK(hold_stream(s, &g));
+  CHECK_OK(tp_free_async(a, s));
+  REQUIRE_OK(tp_malloc_from_pool_async(&c, 9 * MiB / 4, pool, s));
+  CHECK_EQ_U64(attr(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 8 * MiB);
+  release(&g);
+  CHECK_OK(tp_free_async(c, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  /* The synchronize gave C's two chunks back (threshold 0); A's free
+   * start stays, completed, beside B. */
+  CHECK_EQ_U64(attr(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 4 * MiB);
+
+  /* Now C's last quarter-MiB chunk shares chunk 0: 6 MiB, not 8. */
+  uint64_t maps = attr(pool, TP_POOL_ATTR_CHUNK_MAPS);
+  REQUIRE_OK(tp_malloc_from_pool_async(&c, 9 * MiB / 4, pool, s));
+  CHECK_EQ_U64(attr(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 6 * MiB);
+  CHECK_EQ_U64(attr(pool, TP_POOL_ATTR_CHUNK_MAPS), maps + 2);
+  fill(c, 9 * MiB / 4, 0xaa, s);
+  /* D takes the free bytes left in C's last chunk: those of chunk 0 that
+   * neither A's old place nor B use. */
+  REQUIRE_OK(tp_malloc_from_pool_async(&d, MiB / 4, pool, s));
+  CHECK_EQ_U64((uintptr_t)d, (uintptr_t)c + 9 * MiB / 4);
+  CHECK_EQ_U64(attr(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 6 * MiB);
+  fill(d, MiB / 4, 0x77, s);
+  all_bytes(b, 7 * MiB / 2, 0x55, s);
+  all_bytes(c, 9 * MiB / 4, 0xaa, s);
+  all_bytes(d, MiB / 4, 0x77, s);
+  walk_ok(pool);
+
+  /* B's free leaves chunk 0's mapping with nothing in use: it goes, C and
+   * D keep the memory through theirs, and chunk 1 goes back. */
+  uint64_t unmaps = attr(pool, TP_POOL_ATTR_CHUNK_UNMAPS);
+  CHECK_OK(tp_free_async(b, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_EQ_U64(attr(pool, TP_POOL_ATTR_CHUNK_UNMAPS), unmaps + 2);
+  CHECK_EQ_U64(attr(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 4 * MiB);
+  all_bytes(c, 9 * MiB / 4, 0xaa, s);
+  all_bytes(d, MiB / 4, 0x77, s);
+  walk_ok(pool);
+
+  CHECK_OK(tp_free_async(c, s));
+  CHECK_OK(tp_free_async(d, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_EQ_U64(attr(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);
+  walk_ok(pool);
+  CHECK_OK(tp_stream_destroy(s));
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
+/* The mirror case (TAIL): a segment whose last block is free lends its
+ * chunk to the first chunk of a new block placed flush with the end of a
+ * fresh range; the lender's side goes once its block is freed, and the
+ * bytes it held come back as free memory on the other side. */
+static void test_edge_chunk_lends_its_free_end(void) {
+  tp_pool_t pool = pool_2mib();
+  if (!pool)
+    return;
+  tp_stream_t s;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  /* P in chunks 0-2, X in chunk 3 ([X 1.5][free 0.5]), V from X's end to
+   * the end of chunk 4, W in chunk 5. P and V go, leaving X's chunk a
+   * segment of its own, which W keeps from being extended far enough. */
+  void *p, *x, *v, *w, *y, *x2;
+  REQUIRE_OK(tp_malloc_from_pool_async(&p, 6 * MiB, pool, s));
+  REQUIRE_OK(tp_malloc_from_pool_async(&x, 3 * MiB / 2, pool, s));
+  REQUIRE_OK(tp_malloc_from_pool_async(&v, 5 * MiB / 2, pool, s));
+  REQUIRE_OK(tp_malloc_from_pool_async(&w, 2 * MiB, pool, s));
+  CHECK_EQ_U64((uintptr_t)x, (uintptr_t)p + 6 * MiB);
+  CHECK_EQ_U64((uintptr_t)v, (uintptr_t)x + 3 * MiB / 2);
+  CHECK_EQ_U64((uintptr_t)w, (uintptr_t)p + 10 * MiB);
+  fill(x, 3 * MiB / 2, 0x11, s);
+  CHECK_OK(tp_free_async(v, s));
+  CHECK_OK(tp_free_async(p, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_EQ_U64(attr(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 4 * MiB);
+
+  /* Y (4.25 MiB) goes to chunks 0-2, ending where X begins; its first
+   * chunk shares X's: 8 MiB reserved, not 10. */
+  REQUIRE_OK(tp_malloc_from_pool_async(&y, 17 * MiB / 4, pool, s));
+  CHECK_EQ_U64((uintptr_t)y + 17 * MiB / 4, (uintptr_t)x);
+  CHECK_EQ_U64(attr(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 8 * MiB);
+  fill(y, 17 * MiB / 4, 0x22, s);
+  all_bytes(x, 3 * MiB / 2, 0x11, s);
+  all_bytes(y, 17 * MiB / 4, 0x22, s);
+  walk_ok(pool);
+
+  /* X's free ends the sharing from its side; Y's first chunk then holds
+   * 1.75 MiB of free memory, enough for X2 without growing. */
+  CHECK_OK(tp_free_async(x, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_EQ_U64(attr(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 8 * MiB);
+  REQUIRE_OK(tp_malloc_from_pool_async(&x2, 3 * MiB / 2, pool, s));
+  CHECK((uintptr_t)x2 + 3 * MiB / 2 <= (uintptr_t)y);
+  CHECK_EQ_U64(attr(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 8 * MiB);
+  fill(x2, 3 * MiB / 2, 0x33, s);
+  all_bytes(y, 17 * MiB / 4, 0x22, s);
+  all_bytes(x2, 3 * MiB / 2, 0x33, s);
+  walk_ok(pool);
+
+  CHECK_OK(tp_free_async(y, s));
+  CHECK_OK(tp_free_async(x2, s));
+  CHECK_OK(tp_free_async(w, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_EQ_U64(attr(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);
+  walk_ok(pool);
+  CHECK_OK(tp_stream_destroy(s));
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
 int main(void) {
   RUN_TEST(test_pending_chunks_move_in_stream_order);
   RUN_TEST(test_release_waits_for_the_old_mapping);
+  RUN_TEST(test_edge_chunk_lends_its_free_start);
+  RUN_TEST(test_edge_chunk_lends_its_free_end);
   return check_done();
 }

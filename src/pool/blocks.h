@@ -18,7 +18,8 @@ enum {
   TP_BLOCK_FREE = 0,   /* in the bins; may carry a tag */
   TP_BLOCK_USED = 1,   /* handed to the user */
   TP_BLOCK_CACHED = 2, /* held in a stream cache, or being handed out */
-  TP_BLOCK_SLAB = 3    /* carved into small blocks */
+  TP_BLOCK_SLAB = 3,   /* carved into small blocks */
+  TP_BLOCK_SHADOW = 4  /* bytes of a shared chunk the other mapping uses */
 };
 
 typedef struct tp__block {
@@ -48,6 +49,14 @@ typedef struct tp__seg {
   tp__block *first, *last;
 } tp__seg;
 
+/* A physical chunk mapped at two chunks of the range, each an edge of its
+ * segment: the `lo` mapping uses the chunk's first k bytes, the `hi` one the
+ * rest, and each holds the other's bytes as a shadow block (grow.c). */
+typedef struct tp__twin {
+  size_t lo, hi;
+  tp__block *slo, *shi; /* the shadows: [lo + k, lo + gran), [hi, hi + k) */
+} tp__twin;
+
 typedef struct tp__heap {
   tp__space *space;
   tp__seg *segs; /* per chunk of the space */
@@ -58,6 +67,9 @@ typedef struct tp__heap {
    * a completed free range may join a range pending on that stream, which
    * costs it nothing and no other stream anything. */
   const tp__stream *sole;
+  tp__twin *twins;
+  uint32_t ntwins, captwins;
+  bool share; /* whether chunks may be shared (not in exported pools) */
 } tp__heap;
 
 /* Who takes a block, and what may be taken: blocks `a` may use now (their
@@ -99,19 +111,40 @@ bool tp__heap_pending(const tp__heap *h);
 void tp__heap_pending_tags(const tp__heap *h, tp__tag **tags, uint32_t *n,
                            uint32_t *cap);
 
-/* Maps memory for a free block of at least `size` bytes and returns it,
- * taken out of the bins: beside a segment's free edge the taker may use,
- * where the chunks there are unmapped, else in the lowest free run. Of the
- * chunks needed, at most `create` are made new; the others are wholly free
- * chunks moved from elsewhere: completed ones, and ones whose free is
- * pending where the taker may use it now (their old mappings stay until
- * the free completed, space.h's ghosts). More are made where too few can
- * move. OUT_OF_MEMORY when the limit or the platform says so. */
+/* Maps memory for `size` bytes and returns them taken, as tp__heap_take
+ * does: beside a segment's free edge the taker may use, where the chunks
+ * there are unmapped, else in the lowest free run. Of the chunks needed, at
+ * most `create` are made new; the others are wholly free chunks moved from
+ * elsewhere: completed ones, and ones whose free is pending where the taker
+ * may use it now (their old mappings stay until the free completed, space.h's
+ * ghosts). More are made where too few can move. Where the block would end
+ * (or start) inside a chunk of its own, that chunk may share the physical
+ * memory of a segment's edge chunk whose free end covers those bytes
+ * (tp__twin). OUT_OF_MEMORY when the limit or the platform says so. */
 tp_error_t tp__heap_grow(tp__heap *h, const tp__taker *t, size_t size,
                          size_t create, tp__block **out);
+/* Ends the sharing of chunks one of whose mappings holds nothing but free,
+ * completed bytes: that mapping goes, and the other takes the shadow back
+ * as free memory. */
+void tp__heap_unshare(tp__heap *h);
 /* Unmaps wholly free, completed chunks and gives them back until at most
  * `keep` bytes stay reserved. Returns the first platform failure; what
  * could not be released stays reserved. */
 tp_error_t tp__heap_release(tp__heap *h, uint64_t keep);
+
+/* ---- the heap's mechanics, shared by blocks.c and grow.c ---------------- */
+void tp__bin_insert(tp__heap *h, tp__block *b);
+void tp__bin_remove(tp__heap *h, tp__block *b);
+/* Links a new block between the segments mapped beside it. */
+void tp__seg_link(tp__heap *h, tp__block *b);
+/* Splits `b` after `size` bytes; the new high part (same state and tag) or
+ * NULL when no descriptor could be had (the block stays whole). */
+tp__block *tp__block_split(tp__heap *h, tp__block *b, size_t size);
+bool tp__block_is_free(const tp__block *b);
+/* Merges `hi` into `lo` (adjacent, both out of the bins). */
+void tp__block_merge(tp__heap *h, tp__block *lo, tp__block *hi);
+bool tp__tag_pending(const tp__tag *t);
+/* The tag a taken block keeps (blocks.c). */
+void tp__block_retag(tp__stream *a, tp__tag *t, bool was_pending);
 
 #endif /* TP_BLOCKS_H */

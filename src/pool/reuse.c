@@ -86,8 +86,7 @@ tp_error_t tp__reuse_large(const tp__reuse *r, tp__stream *a, size_t size,
     tp__block *grown = NULL;
     err = tp__heap_grow(r->heap, &now, size, growth_budget(r, size), &grown);
     if (err == TP_SUCCESS) {
-      b = tp__heap_take(r->heap, &now, size);
-      TP_CHECK(b != NULL);
+      b = grown;
       break;
     }
     if (err != TP_ERROR_OUT_OF_MEMORY || attempt > 0 || !r->oom_wait)

@@ -28,6 +28,8 @@ static void free_maps(tp__space *sp) {
   free(sp->mapbits);
   free(sp->ghostbits);
   free(sp->ghosts);
+  free(sp->lent);
+  sp->lent = NULL;
   sp->phys = NULL;
   sp->gtab = NULL;
   sp->mapbits = sp->ghostbits = NULL;
@@ -243,6 +245,31 @@ tp_error_t tp__space_detach(tp__space *sp, size_t c0, size_t c1, tp__phys *phys,
   return TP_SUCCESS;
 }
 
+tp_error_t tp__space_lend_room(tp__space *sp) {
+  return TP_ARRAY_ROOM(sp->lent, sp->nlent, sp->caplent)
+             ? TP_SUCCESS
+             : TP_ERROR_OUT_OF_MEMORY;
+}
+
+void tp__space_lend(tp__space *sp, size_t c) {
+  sp->lent[sp->nlent++] = c;
+}
+
+static bool lent(const tp__space *sp, size_t c) {
+  for (uint32_t i = 0; i < sp->nlent; i++)
+    if (sp->lent[i] == c)
+      return true;
+  return false;
+}
+
+void tp__space_unlend(tp__space *sp, size_t c) {
+  for (uint32_t i = 0; i < sp->nlent; i++)
+    if (sp->lent[i] == c) {
+      sp->lent[i] = sp->lent[--sp->nlent];
+      return;
+    }
+}
+
 void tp__space_settle_ghosts(tp__space *sp, bool poll) {
   for (uint32_t i = 0; i < sp->nghosts;) {
     tp__ghost *g = &sp->ghosts[i];
@@ -296,7 +323,8 @@ void tp__space_fini(tp__space *sp) {
     size_t e = tp__space_segment_end(sp, c);
     for (size_t i = c; i < e; i++) {
       (void)tp__platform->unmap(sp->res, i * sp->gran, 1);
-      if (tp__platform->chunk_release(sp->res, sp->phys[i]) == TP_SUCCESS)
+      if (!lent(sp, i) &&
+          tp__platform->chunk_release(sp->res, sp->phys[i]) == TP_SUCCESS)
         reserved_add(sp, -(int64_t)sp->gran);
     }
     c = tp__space_segment_next(sp, e);

@@ -38,6 +38,10 @@ typedef struct tp__space {
   /* Per chunk, allocated on first use: one entry per granule, the live
    * allocation that starts there (a block, or a slab with its low bit). */
   _Atomic(_Atomic uintptr_t *) *gtab;
+  /* Chunks whose physical chunk another chunk maps too (blocks.h's twins):
+   * the chunk goes back to the platform through that other mapping. */
+  size_t *lent;
+  uint32_t nlent, caplent;
   tp__phys *orphans; /* unmapped chunks the platform would not release yet */
   uint32_t norphans, caporphans;
   tp_access_flags_t access[TP_MAX_DEVICES];
@@ -106,6 +110,12 @@ tp_error_t tp__space_unmap(tp__space *sp, size_t c0, size_t c1, tp__phys *phys);
  * completed. OUT_OF_MEMORY when the ghosts cannot be recorded. */
 tp_error_t tp__space_detach(tp__space *sp, size_t c0, size_t c1, tp__phys *phys,
                             const tp__tag *tag);
+/* Room for one more lent chunk (OUT_OF_MEMORY), then marking chunk `c` as
+ * lent (its physical chunk is mapped at another chunk too, which releases
+ * it) and unmarking it. */
+tp_error_t tp__space_lend_room(tp__space *sp);
+void tp__space_lend(tp__space *sp, size_t c);
+void tp__space_unlend(tp__space *sp, size_t c);
 /* Unmaps the ghosts whose frees completed (polling markers when `poll`). */
 void tp__space_settle_ghosts(tp__space *sp, bool poll);
 /* Gives unmapped chunks back to the platform. One it refuses stays

@@ -64,12 +64,38 @@ static int walk_slab(tp__space *sp, const tp__block *b, uint64_t *used,
   return 0;
 }
 
+/* Each shared chunk: mapped at both places, one physical chunk, each side's
+ * shadow exactly the bytes the other side uses, and nothing else a shadow. */
+static int walk_twins(const tp__heap *h, size_t shadows, char *why,
+                      size_t len) {
+  const tp__space *sp = h->space;
+  CHECK_OR_FAIL(shadows == 2 * (size_t)h->ntwins && sp->nlent == h->ntwins,
+                "%zu shadow blocks, %u lent chunks, %u shared chunks", shadows,
+                sp->nlent, h->ntwins);
+  for (uint32_t i = 0; i < h->ntwins; i++) {
+    const tp__twin *t = &h->twins[i];
+    uintptr_t lo = tp__space_addr(sp, t->lo), hi = tp__space_addr(sp, t->hi);
+    CHECK_OR_FAIL(
+        t->lo != t->hi && tp__space_mapped(sp, t->lo) &&
+            tp__space_mapped(sp, t->hi) && sp->phys[t->lo] == sp->phys[t->hi],
+        "chunks %zu and %zu are not one chunk mapped twice", t->lo, t->hi);
+    CHECK_OR_FAIL(state_of(t->slo) == TP_BLOCK_SHADOW &&
+                      state_of(t->shi) == TP_BLOCK_SHADOW &&
+                      t->slo->addr + t->slo->size == lo + sp->gran &&
+                      t->shi->addr == hi && t->slo->addr > lo &&
+                      t->slo->addr - lo == t->shi->size,
+                  "the shadows of chunks %zu and %zu do not match", t->lo,
+                  t->hi);
+  }
+  return 0;
+}
+
 int tp__pool_walk(tp__pool *p, bool check_used, char *why, size_t len) {
   if (p->imported || p->torn_down)
     return 0;
   tp__space *sp = &p->space;
   uint64_t mapped = 0, used = 0;
-  size_t free_blocks = 0;
+  size_t free_blocks = 0, shadows = 0;
   for (size_t c = tp__space_segment_next(sp, 0); c < sp->nchunks;
        c = tp__space_segment_next(sp, c + 1)) {
     size_t e = tp__space_segment_end(sp, c);
@@ -113,6 +139,7 @@ int tp__pool_walk(tp__pool *p, bool check_used, char *why, size_t len) {
         if (walk_slab(sp, b, &used, why, len))
           return 1;
         break;
+      case TP_BLOCK_SHADOW: shadows++; break;
       default: break; /* cached by a stream */
       }
       if (!b->next)
@@ -138,7 +165,10 @@ int tp__pool_walk(tp__pool *p, bool check_used, char *why, size_t len) {
                 "%zu blocks in bins, %zu free in "
                 "segments",
                 binned, free_blocks);
-  /* A chunk released while a ghost still maps it stays counted. */
+  if (walk_twins(&p->heap, shadows, why, len))
+    return 1;
+  /* A chunk released while a ghost still maps it stays counted, and a
+   * chunk mapped twice counts once. */
   uint64_t kept = 0;
   for (uint32_t i = 0; i < sp->nghosts; i++) {
     const tp__ghost *g = &sp->ghosts[i];
@@ -148,7 +178,8 @@ int tp__pool_walk(tp__pool *p, bool check_used, char *why, size_t len) {
     kept += g->release;
   }
   uint64_t reserved = atomic_load(&sp->reserved);
-  CHECK_OR_FAIL(reserved == (mapped + sp->norphans + kept) * sp->gran,
+  CHECK_OR_FAIL(reserved ==
+                    (mapped - sp->nlent + sp->norphans + kept) * sp->gran,
                 "reserved %llu but %llu chunks mapped, %u unreleased and "
                 "%llu under old mappings",
                 (unsigned long long)reserved, (unsigned long long)mapped,
