@@ -921,6 +921,19 @@ static void wait_for_free(int s, int free_item) {
   item_new(s, -1, deps, n, false);
 }
 
+/* A blocking stream that takes a free of the legacy stream which nothing
+ * holds: the library may know it complete (a marker it recorded after the
+ * free has completed, which the model cannot see) and make no wait, or wait
+ * on a marker recorded now, behind every blocking stream's work so far. So
+ * the wait on the legacy stream's position now perhaps holds (a maybe
+ * edge). */
+static void maybe_wait_for_legacy_free(int s, int free_item) {
+  int fs = items[free_item].stream;
+  int deps[2] = {free_item, item_pos(fs)};
+  int i = item_new(s, -1, deps, 2, false);
+  items[i].maybe_edges |= 1u << (items[i].ndeps - 1);
+}
+
 /* A new block [lo, hi) of pool p for stream s: every overlapping free that
  * has not completed must be ordered before s, or allowed by a policy; with
  * internal dependencies, s is made to wait, which the model then records.
@@ -954,6 +967,10 @@ static bool check_reuse(int p, int s, uintptr_t lo, uintptr_t hi) {
     int fs = items[f->item].stream;
     if (m->follow && fs >= 0 && M.streams[fs].legacy && !M.streams[s].legacy &&
         M.streams[s].blocking && M.streams[s].device == M.streams[fs].device) {
+      if (!blocked && M.streams[fs].live) {
+        maybe_wait_for_legacy_free(s, f->item);
+        continue;
+      }
       wait_for_free(s, f->item);
       waits = true;
       continue;
