@@ -921,6 +921,25 @@ static void wait_for_free(int s, int free_item) {
   item_new(s, -1, deps, n, false);
 }
 
+/* A stream that takes a free nothing holds, where the library may take it
+ * as complete or make the stream wait for it (internal dependencies): the
+ * wait perhaps holds (maybe edges), and when it does, the stream is then
+ * ordered after the freeing stream's position, which the library may rely
+ * on later (a reach crosses maybe edges; a block or a completion does
+ * not). */
+static void maybe_wait_for_free(int s, int free_item) {
+  int deps[2] = {free_item, -1};
+  int n = 1;
+  int fs = items[free_item].stream;
+  if (fs >= 0 && M.streams[fs].legacy && M.streams[fs].live)
+    deps[n++] = item_pos(fs);
+  int tail[MAX_DEPS];
+  int base = next_deps(s, tail);
+  int i = item_new(s, -1, deps, n, false);
+  for (int k = base; k < items[i].ndeps; k++)
+    items[i].maybe_edges |= 1u << k;
+}
+
 /* A blocking stream that takes a free of the legacy stream which nothing
  * holds: the library may know it complete (a marker it recorded after the
  * free has completed, which the model cannot see) and make no wait, or wait
@@ -982,8 +1001,11 @@ static bool check_reuse(int p, int s, uintptr_t lo, uintptr_t hi) {
       /* Perhaps complete, but nothing told the pool so: taking it needs
        * the opportunistic policy, or a dependency (internal), or the wait
        * before out-of-memory. */
-      if (m->opp || m->internal || m->oom_wait || f->polled)
+      if (m->opp || m->internal || m->oom_wait || f->polled) {
+        if (m->internal)
+          maybe_wait_for_free(s, f->item);
         continue;
+      }
       fail("pool %d gave [%#" PRIxPTR ", %#" PRIxPTR ") to %s, overlapping "
            "a free (item %d on %s) that no synchronize or query has shown "
            "complete, with ALLOW_OPPORTUNISTIC, INTERNAL_DEPENDENCIES%s and "
