@@ -5,6 +5,7 @@
  * queued before the free. Checked by data (the queued work writes through
  * the old range after the move) and by the pool's figures. Every platform;
  * figures that depend on the chunk size are checked for 2 MiB chunks. */
+#include <stdbool.h>
 #include <string.h>
 
 #include "check.h"
@@ -191,12 +192,26 @@ static tp_pool_t pool_2mib(void) {
  * each side using bytes the other leaves free. Checked by data, by
  * reserved bytes, and by the sharing's end once the lender's side holds
  * only free bytes. A free still pending is never lent. */
-static void test_edge_chunk_lends_its_free_start(void) {
+static void edge_start(bool peer) {
+  int devices = 0;
+  if (peer && (tp_get_device_count(&devices) != TP_SUCCESS || devices < 2)) {
+    printf("   (access from a second device needs two devices)\n");
+    return;
+  }
   tp_pool_t pool = pool_2mib();
   if (!pool)
     return;
-  tp_stream_t s;
+  tp_stream_t s, s1 = NULL;
   REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  if (peer) {
+    /* Every mapping, the second one of a shared chunk too, gets the
+     * pool's access: device 1 writes through it. */
+    tp_access_desc_t d1 = {{TP_LOCATION_DEVICE, 1, 0}, TP_ACCESS_READ_WRITE};
+    REQUIRE_OK(tp_pool_set_access(pool, &d1, 1));
+    REQUIRE_OK(tp_set_device(1));
+    REQUIRE_OK(tp_stream_create(&s1, TP_STREAM_NON_BLOCKING));
+    REQUIRE_OK(tp_set_device(0));
+  }
   /* A in chunk 0 and B after it: chunks 0-1 hold [A 0.5][B 3.5] MiB. */
   void *a, *b, *c, *d;
   REQUIRE_OK(tp_malloc_from_pool_async(&a, MiB / 2, pool, s));
@@ -224,6 +239,14 @@ static void test_edge_chunk_lends_its_free_start(void) {
   CHECK_EQ_U64(attr(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 6 * MiB);
   CHECK_EQ_U64(attr(pool, TP_POOL_ATTR_CHUNK_MAPS), maps + 2);
   fill(c, 9 * MiB / 4, 0xaa, s);
+  if (s1) {
+    CHECK_OK(tp_stream_synchronize(s));
+    fill(c, 9 * MiB / 4, 0xab, s1);
+    CHECK_OK(tp_stream_synchronize(s1));
+    all_bytes(c, 9 * MiB / 4, 0xab, s);
+    all_bytes(b, 7 * MiB / 2, 0x55, s);
+    fill(c, 9 * MiB / 4, 0xaa, s);
+  }
   /* D takes the free bytes left in C's last chunk: those of chunk 0 that
    * neither A's old place nor B use. */
   REQUIRE_OK(tp_malloc_from_pool_async(&d, MiB / 4, pool, s));
@@ -252,7 +275,18 @@ static void test_edge_chunk_lends_its_free_start(void) {
   CHECK_EQ_U64(attr(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);
   walk_ok(pool);
   CHECK_OK(tp_stream_destroy(s));
+  if (s1)
+    CHECK_OK(tp_stream_destroy(s1));
   CHECK_OK(tp_pool_destroy(pool));
+}
+
+static void test_edge_chunk_lends_its_free_start(void) {
+  edge_start(false);
+}
+
+/* The same with the pool's memory open to a second device. */
+static void test_edge_chunk_shared_with_peer_access(void) {
+  edge_start(true);
 }
 
 /* The mirror case (TAIL): a segment whose last block is free lends its
@@ -319,6 +353,7 @@ int main(void) {
   RUN_TEST(test_pending_chunks_move_in_stream_order);
   RUN_TEST(test_release_waits_for_the_old_mapping);
   RUN_TEST(test_edge_chunk_lends_its_free_start);
+  RUN_TEST(test_edge_chunk_shared_with_peer_access);
   RUN_TEST(test_edge_chunk_lends_its_free_end);
   return check_done();
 }
