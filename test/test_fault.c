@@ -103,6 +103,54 @@ static void free_all(outcome *o, void *ptrs[NSIZES], tp_pool_t pool,
     free_block(o, &ptrs[i], stream, pool);
 }
 
+/* A chunk mapped twice (src/pool/grow.c's shared edge chunks) in a pool of
+ * its own: A's freed start of the segment lends its chunk to C's last one,
+ * and the sharing ends when B goes and the pool is trimmed. Without a fault,
+ * C takes 6 MiB, not 8. */
+static void share_round(outcome *o, tp_stream_t stream) {
+  tp_pool_t pool = NULL;
+  tp_pool_props_t props = {0};
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location.type = TP_LOCATION_DEVICE;
+  if (!STEP(o, tp_pool_create(&pool, &props), NULL))
+    return;
+  uint64_t keep = UINT64_MAX;
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &keep));
+  int errors = o->errors;
+  void *a = NULL, *b = NULL, *c = NULL;
+  if (STEP(o, tp_malloc_from_pool_async(&a, MiB / 2, pool, stream), pool) &&
+      STEP(o, tp_malloc_from_pool_async(&b, 7 * MiB / 2, pool, stream), pool)) {
+    free_block(o, &a, stream, pool);
+    if (STEP(o, tp_stream_synchronize(stream), pool) &&
+        STEP(o, tp_malloc_from_pool_async(&c, 9 * MiB / 4, pool, stream),
+             pool)) {
+      uint64_t reserved = 0;
+      CHECK_OK(tp_pool_get_attribute(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT,
+                                     &reserved));
+      if (o->errors == errors && reserved != 6 * MiB)
+        CHECK_FAIL("the shared chunk: %" PRIu64 " bytes reserved, not 6 MiB",
+                   reserved);
+      STEP(o, tp_memset_async(c, 0x6c, 9 * MiB / 4, stream), pool);
+    }
+  }
+  free_block(o, &a, stream, pool);
+  free_block(o, &b, stream, pool);
+  free_block(o, &c, stream, pool);
+  STEP(o, tp_stream_synchronize(stream), pool);
+  if (STEP(o, tp_pool_trim_to(pool, 0), pool)) {
+    uint64_t reserved = UINT64_MAX;
+    CHECK_OK(tp_pool_get_attribute(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT,
+                                   &reserved));
+    if (reserved != 0)
+      CHECK_FAIL("trim returned success, yet %" PRIu64 " bytes stay reserved "
+                 "in the shared chunk's pool",
+                 reserved);
+  }
+  verify(pool, "after the shared chunk's round");
+  if (!STEP(o, tp_pool_destroy(pool), pool))
+    CHECK_OK(tp_pool_destroy(pool));
+}
+
 /* The fixed scenario: a stream, an event and a pool; two rounds of
  * allocations of every size with an access change between them; a trim and
  * the pool's destruction; an allocation from the default pool. Each step
@@ -165,6 +213,9 @@ static void scenario(outcome *o) {
     if (!STEP(o, tp_pool_destroy(pool), pool))
       CHECK_OK(tp_pool_destroy(pool));
   }
+
+  if (have_stream)
+    share_round(o, stream);
 
   if (have_stream) {
     void *ptr = NULL;

@@ -125,8 +125,9 @@ tp_error_t tp__heap_grow(tp__heap *h, const tp__taker *t, size_t size,
                          size_t create, tp__block **out);
 /* Ends the sharing of chunks one of whose mappings holds nothing but free,
  * completed bytes: that mapping goes, and the other takes the shadow back
- * as free memory. */
-void tp__heap_unshare(tp__heap *h);
+ * as free memory. Returns the first platform failure; a sharing it could not
+ * end stays as it was. */
+tp_error_t tp__heap_unshare(tp__heap *h);
 /* Unmaps wholly free, completed chunks and gives them back until at most
  * `keep` bytes stay reserved. Returns the first platform failure; what
  * could not be released stays reserved. */

@@ -384,7 +384,7 @@ static tp__block *lay(tp__heap *h, const tp__taker *t, tp__block *b,
 tp_error_t tp__heap_grow(tp__heap *h, const tp__taker *t, size_t size,
                          size_t create, tp__block **out) {
   tp__space *sp = h->space;
-  tp__heap_unshare(h);
+  (void)tp__heap_unshare(h); /* best effort: a later try ends what is left */
   placement pl;
   TP_RETURN_IF(!place(h, t, size, &pl), TP_ERROR_OUT_OF_MEMORY);
   TP_RETURN_IF(!layout_room(h), TP_ERROR_OUT_OF_MEMORY);
@@ -456,19 +456,21 @@ tp_error_t tp__heap_grow(tp__heap *h, const tp__taker *t, size_t size,
 
 /* Ends twin i from the side `lo` (else hi), whose free neighbour f covers
  * all the bytes that side uses. The other side's shadow becomes free. */
-static bool end_twin(tp__heap *h, uint32_t i, bool from_lo, tp__block *f) {
+static tp_error_t end_twin(tp__heap *h, uint32_t i, bool from_lo,
+                           tp__block *f) {
   tp__space *sp = h->space;
   tp__twin tw = h->twins[i];
   size_t c = from_lo ? tw.lo : tw.hi;
   tp__block *right = NULL;
   if (!from_lo && f->addr + f->size > tp__space_addr(sp, c + 1) &&
       !(right = tp__block_new(h)))
-    return false;
+    return TP_ERROR_OUT_OF_MEMORY;
   tp__phys phys;
-  if (tp__space_unmap(sp, c, c + 1, &phys) != TP_SUCCESS) {
+  tp_error_t err = tp__space_unmap(sp, c, c + 1, &phys);
+  if (err != TP_SUCCESS) {
     if (right)
       tp__block_recycle(h, right);
-    return false;
+    return err;
   }
   /* The shadow on this side joins f, and the chunk goes from the pair. */
   tp__block *s = from_lo ? tw.slo : tw.shi;
@@ -482,28 +484,38 @@ static bool end_twin(tp__heap *h, uint32_t i, bool from_lo, tp__block *f) {
   tp__block *other = from_lo ? tw.shi : tw.slo;
   atomic_store_explicit(&other->state, TP_BLOCK_FREE, memory_order_relaxed);
   tp__block_release(h, other);
-  return true;
+  return TP_SUCCESS;
 }
 
-void tp__heap_unshare(tp__heap *h) {
+tp_error_t tp__heap_unshare(tp__heap *h) {
   const tp__space *sp = h->space;
+  tp_error_t first = TP_SUCCESS, err;
   for (uint32_t i = h->ntwins; i-- > 0;) {
     const tp__twin *tw = &h->twins[i];
     tp__block *f = tw->slo->prev;
     if (tp__block_is_free(f) && !f->tag.stream &&
-        f->addr <= tp__space_addr(sp, tw->lo) && end_twin(h, i, true, f))
-      continue;
+        f->addr <= tp__space_addr(sp, tw->lo)) {
+      err = end_twin(h, i, true, f);
+      if (err == TP_SUCCESS)
+        continue;
+      first = first != TP_SUCCESS ? first : err;
+    }
     f = tw->shi->next;
     if (tp__block_is_free(f) && !f->tag.stream &&
-        f->addr + f->size >= tp__space_addr(sp, tw->hi + 1))
-      (void)end_twin(h, i, false, f);
+        f->addr + f->size >= tp__space_addr(sp, tw->hi + 1)) {
+      err = end_twin(h, i, false, f);
+      first = first != TP_SUCCESS ? first : err;
+    }
   }
+  return first;
 }
 
 tp_error_t tp__heap_release(tp__heap *h, uint64_t keep) {
   tp__space *sp = h->space;
-  tp__heap_unshare(h);
+  tp_error_t uerr = tp__heap_unshare(h);
   tp_error_t err = tp__space_release_orphans(sp);
+  if (err == TP_SUCCESS)
+    err = uerr;
   uint64_t reserved = atomic_load_explicit(&sp->reserved, memory_order_relaxed);
   if (reserved <= keep)
     return err;
