@@ -3,44 +3,10 @@
  * and the legacy default stream's implicit ordering (stream.h). */
 #include <string.h>
 
-#include "stream/stream.h"
+#include "stream/clock.h"
+#include "stream/stream_internal.h"
 
 #include "common/guard.h"
-
-/* ---- clocks ------------------------------------------------------------ */
-
-static uint64_t clock_get(const tp__clock *c, uint64_t key) {
-  for (uint32_t i = 0; i < c->n; i++)
-    if (c->v[i].key == key)
-      return c->v[i].value;
-  return 0;
-}
-
-static bool clock_raise(tp__clock *c, uint64_t key, uint64_t value) {
-  for (uint32_t i = 0; i < c->n; i++) {
-    if (c->v[i].key == key) {
-      if (c->v[i].value < value)
-        c->v[i].value = value;
-      return true;
-    }
-  }
-  if (!TP_ARRAY_ROOM(c->v, c->n, c->cap))
-    return false;
-  c->v[c->n++] = (tp__clock_entry){key, value};
-  return true;
-}
-
-static bool clock_merge(tp__clock *dst, const tp__clock *src) {
-  for (uint32_t i = 0; i < src->n; i++)
-    if (!clock_raise(dst, src->v[i].key, src->v[i].value))
-      return false;
-  return true;
-}
-
-static void clock_free(tp__clock *c) {
-  free(c->v);
-  *c = (tp__clock){0};
-}
 
 /* ---- the legacy default stream ------------------------------------------
  * Work queued on a device's NULL stream waits for all earlier work of the
@@ -79,7 +45,7 @@ uint64_t tp__legacy_seq(int device) {
 
 /* A field of a device's legacy bookkeeping once no operation is being
  * queued: seq, or op_epoch. */
-static uint64_t legacy_settled(int device, bool op_epoch) {
+uint64_t tp__legacy_settled(int device, bool op_epoch) {
   tp__mutex_lock(&legacy_seqs[device].lock);
   uint64_t v = atomic_load_explicit(op_epoch ? &legacy_seqs[device].op_epoch
                                              : &legacy_seqs[device].seq,
@@ -163,7 +129,7 @@ static void stream_free(tp__stream *s) {
     marker_discard(s->spare[i]);
   free(s->markers);
   free(s->spare);
-  clock_free(&s->clock);
+  tp__clock_free(&s->clock);
   free(s);
 }
 
@@ -211,7 +177,7 @@ static tp__stream *reg_find_uid(uint64_t uid) {
   return NULL;
 }
 
-static tp_error_t legacy_get(int device, tp__stream **out) {
+tp_error_t tp__legacy_get(int device, tp__stream **out) {
   tp__stream *s =
       atomic_load_explicit(&legacy_streams[device], memory_order_acquire);
   if (TP_LIKELY(s != NULL)) {
@@ -290,7 +256,7 @@ static tp_error_t adopt(tp_stream_t handle, tp__stream **out) {
   tp__stream_desc d;
   TP_FORWARD(tp__platform->stream_adopt(handle, &d));
   if (d.legacy)
-    return legacy_get(d.device, out);
+    return tp__legacy_get(d.device, out);
   tp__mutex_lock(&reg_lock);
   tp__stream *s = d.uid ? reg_find_uid(d.uid) : reg_find_foreign(handle);
   if (!s && (s = stream_alloc(&d)) != NULL) {
@@ -317,7 +283,7 @@ static tp_error_t adopt(tp_stream_t handle, tp__stream **out) {
 tp_error_t tp__stream_get_slow(tp_stream_t handle, tp__stream **out,
                                bool *idle) {
   if (handle == NULL)
-    return legacy_get(current_device, out);
+    return tp__legacy_get(current_device, out);
   uint64_t gen = atomic_load_explicit(&tp__stream_gen, memory_order_acquire);
   if (TP_LIKELY(tls_cache.gen == gen)) {
     for (unsigned i = 0; i < TLS_WAYS; i++) {
@@ -545,7 +511,7 @@ tp_error_t tp__stream_make_wait(tp__stream *waiter, const tp__tag *t) {
   tp__blspin_unlock(&s->lock);
   TP_FORWARD(err);
   tp__blspin_lock(&waiter->lock);
-  bool ok = clock_raise(&waiter->clock, s->uid, covered);
+  bool ok = tp__clock_raise(&waiter->clock, s->uid, covered);
   tp__blspin_unlock(&waiter->lock);
   (void)ok; /* a clock that could not grow only forgets a dependency */
   return TP_SUCCESS;
@@ -556,9 +522,9 @@ bool tp__stream_follows(tp__stream *a, const tp__tag *t) {
   if (!s || s == a)
     return true;
   tp__blspin_lock(&a->lock);
-  uint64_t seen = clock_get(&a->clock, s->uid);
+  uint64_t seen = tp__clock_get(&a->clock, s->uid);
   uint64_t legacy_seen =
-      clock_get(&a->clock, TP_CLOCK_LEGACY | (uint64_t)s->device);
+      tp__clock_get(&a->clock, TP_CLOCK_LEGACY | (uint64_t)s->device);
   tp__blspin_unlock(&a->lock);
   if (seen >= t->epoch)
     return true;
@@ -567,7 +533,8 @@ bool tp__stream_follows(tp__stream *a, const tp__tag *t) {
   if (s->device == a->device) {
     if (a->legacy && s_blocking)
       return true;
-    if (s_blocking && a_blocking && t->lseq < legacy_settled(a->device, false))
+    if (s_blocking && a_blocking &&
+        t->lseq < tp__legacy_settled(a->device, false))
       return true;
     /* A free is no operation: later work of a blocking stream waits for
      * the legacy stream's last operation, which need not cover the other
@@ -655,186 +622,11 @@ tp_error_t tp__streams_list(int device, tp__stream ***out, size_t *n) {
   return TP_SUCCESS;
 }
 
-/* ---- events -----------------------------------------------------------------
- * An event carries, besides its platform event, the clock of the stream it
- * was last recorded on: whoever waits on it inherits those dependencies. */
-#define TP_EVENT_MAGIC 0x74706576u
-struct tp__event {
-  uint32_t magic;
-  int device;
-  tp__pevent *pe;
-  tp__spin lock;
-  tp__clock clock;
-  /* Recorded outside a capture at least once: a capture may wait on an
-   * event never recorded, which orders nothing, as the driver allows. */
-  _Atomic bool recorded;
-};
-
-static tp__mutex ev_lock = TP_MUTEX_INIT(TP_RANK_EVENT_TABLE);
-static tp__event **events;
-static uint32_t nevents, capevents;
-
-tp_error_t tp__event_create(tp_event_t *out) {
-  tp__event *e = calloc(1, sizeof *e);
-  TP_RETURN_IF(!e, TP_ERROR_OUT_OF_MEMORY);
-  tp__spin_init(&e->lock, TP_RANK_EVENT);
-  e->magic = TP_EVENT_MAGIC;
-  e->device = current_device;
-  tp_error_t err = tp__platform->event_create(e->device, &e->pe);
-  if (err != TP_SUCCESS) {
-    free(e);
-    return err;
-  }
-  tp__mutex_lock(&ev_lock);
-  bool ok = TP_ARRAY_ROOM(events, nevents, capevents);
-  if (ok)
-    events[nevents++] = e;
-  tp__mutex_unlock(&ev_lock);
-  if (!ok) {
-    (void)tp__platform->event_destroy(e->pe);
-    free(e);
-    return TP_ERROR_OUT_OF_MEMORY;
-  }
-  *out = (tp_event_t)e;
-  return TP_SUCCESS;
-}
-
-tp_error_t tp__event_get(tp_event_t handle, tp__event **out) {
-  TP_RETURN_IF(!handle, TP_ERROR_INVALID_VALUE);
-  tp__mutex_lock(&ev_lock);
-  bool found = false;
-  for (uint32_t i = 0; i < nevents && !found; i++)
-    found = events[i] == (tp__event *)handle;
-  tp__mutex_unlock(&ev_lock);
-  TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);
-  *out = (tp__event *)handle;
-  return TP_SUCCESS;
-}
-
-/* Frees an event no thread can reach any more. */
-static void event_free(void *arg) {
-  tp__event *e = arg;
-  (void)tp__platform->event_destroy(e->pe);
-  clock_free(&e->clock);
-  free(e);
-}
-
-/* The event stops answering at once; its memory and platform event go once
- * no thread is inside a call that found it before (common/guard.h). */
-tp_error_t tp__event_destroy(tp__event *e) {
-  tp__mutex_lock(&ev_lock);
-  uint32_t i = 0;
-  while (i < nevents && events[i] != e)
-    i++;
-  bool found = i < nevents;
-  if (found)
-    events[i] = events[--nevents];
-  tp__mutex_unlock(&ev_lock);
-  TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);
-  tp__guard_retire(e, event_free);
-  return TP_SUCCESS;
-}
-
-tp_error_t tp__event_record(tp__event *e, tp__stream *s) {
-  TP_RETURN_IF(s->device != e->device, TP_ERROR_INVALID_VALUE);
-  tp__clock c = {0};
-  bool ok = true;
-  /* A blocking stream's work follows the legacy stream's earlier work, and
-   * through it the earlier work of every blocking stream of the device; of
-   * the legacy stream's frees, those issued before its last operation (the
-   * fuzzer's legacy-free-event). */
-  if (!s->legacy && !(s->flags & TP_STREAM_NON_BLOCKING)) {
-    tp__stream *l = NULL;
-    if (legacy_get(s->device, &l) == TP_SUCCESS)
-      ok = clock_raise(&c, l->uid, legacy_settled(s->device, true));
-    ok = ok && clock_raise(&c, TP_CLOCK_LEGACY | (uint64_t)s->device,
-                           legacy_settled(s->device, false));
-  } else if (s->legacy) {
-    /* The record is itself legacy operation n, which follows the frees of
-     * blocking streams issued before it began: those with lseq < n (one
-     * more claimed a free issued just after, the fuzzer's
-     * legacy-event-clock). */
-    ok = clock_raise(&c, TP_CLOCK_LEGACY | (uint64_t)s->device,
-                     tp__legacy_seq(s->device));
-  }
-  tp__blspin_lock(&s->lock);
-  uint64_t epoch =
-      atomic_fetch_add_explicit(&s->epoch, 1, memory_order_relaxed);
-  ok = ok && clock_merge(&c, &s->clock) && clock_raise(&c, s->uid, epoch);
-  tp__blspin_unlock(&s->lock);
-  tp_error_t err =
-      ok ? tp__platform->event_record(e->pe, s->ps) : TP_ERROR_OUT_OF_MEMORY;
-  if (err != TP_SUCCESS) {
-    clock_free(&c);
-    return err;
-  }
-  tp__spin_lock(&e->lock);
-  tp__clock old = e->clock;
-  e->clock = c;
-  tp__spin_unlock(&e->lock);
-  clock_free(&old);
-  atomic_store_explicit(&e->recorded, true, memory_order_release);
-  return TP_SUCCESS;
-}
-
-bool tp__event_recorded(const tp__event *e) {
-  return atomic_load_explicit(&e->recorded, memory_order_acquire);
-}
-
-static bool event_clock_copy(tp__event *e, tp__clock *out) {
-  tp__spin_lock(&e->lock);
-  bool ok = clock_merge(out, &e->clock);
-  tp__spin_unlock(&e->lock);
-  return ok;
-}
-
-tp_error_t tp__event_wait(tp__stream *s, tp__event *e) {
-  tp__clock c = {0};
-  TP_RETURN_IF(!event_clock_copy(e, &c), TP_ERROR_OUT_OF_MEMORY);
-  tp_error_t err = tp__platform->stream_wait_event(s->ps, e->pe);
-  if (err == TP_SUCCESS) {
-    tp__blspin_lock(&s->lock);
-    (void)clock_merge(&s->clock, &c);
-    tp__blspin_unlock(&s->lock);
-  }
-  clock_free(&c);
-  return err;
-}
-
-tp_error_t tp__event_query(tp__event *e) {
-  return tp__platform->event_query(e->pe);
-}
-
-/* Once an event completed, every free its clock covers has completed. */
-static tp_error_t event_settle(tp__event *e, tp__stream ***out, size_t *n) {
-  tp__clock c = {0};
-  *out = NULL;
-  *n = 0;
-  TP_RETURN_IF(!event_clock_copy(e, &c), TP_ERROR_OUT_OF_MEMORY);
-  tp__stream **v = malloc((c.n ? c.n : 1) * sizeof *v);
-  for (uint32_t i = 0; v && i < c.n; i++) {
-    if (c.v[i].key & TP_CLOCK_LEGACY)
-      continue;
-    tp__mutex_lock(&reg_lock);
-    tp__stream *s = reg_find_uid(c.v[i].key);
-    if (s)
-      tp__stream_ref(s);
-    tp__mutex_unlock(&reg_lock);
-    if (!s)
-      continue;
-    tp__stream_mark_done(s, c.v[i].value);
-    v[(*n)++] = s;
-  }
-  clock_free(&c);
-  TP_RETURN_IF(!v, TP_ERROR_OUT_OF_MEMORY);
-  *out = v;
-  return TP_SUCCESS;
-}
-
-tp_error_t tp__event_synchronize(tp__event *e, tp__stream ***done, size_t *n) {
-  TP_FORWARD(tp__platform->event_synchronize(e->pe));
-  /* The wait succeeded; a list that could not be made only means the
-   * completion is learnt later, by polling. */
-  (void)event_settle(e, done, n);
-  return TP_SUCCESS;
+tp__stream *tp__stream_find_uid(uint64_t uid) {
+  tp__mutex_lock(&reg_lock);
+  tp__stream *s = reg_find_uid(uid);
+  if (s)
+    tp__stream_ref(s);
+  tp__mutex_unlock(&reg_lock);
+  return s;
 }

@@ -1,0 +1,188 @@
+/* Events (stream.h): the table of live events, and the dependency clock
+ * each carries from the stream it was last recorded on to whoever waits on
+ * it, which is how reuse follows events. */
+#include "stream/clock.h"
+#include "stream/stream_internal.h"
+
+#include "common/guard.h"
+
+/* ---- events -----------------------------------------------------------------
+ * An event carries, besides its platform event, the clock of the stream it
+ * was last recorded on: whoever waits on it inherits those dependencies. */
+#define TP_EVENT_MAGIC 0x74706576u
+struct tp__event {
+  uint32_t magic;
+  int device;
+  tp__pevent *pe;
+  tp__spin lock;
+  tp__clock clock;
+  /* Recorded outside a capture at least once: a capture may wait on an
+   * event never recorded, which orders nothing, as the driver allows. */
+  _Atomic bool recorded;
+};
+
+static tp__mutex ev_lock = TP_MUTEX_INIT(TP_RANK_EVENT_TABLE);
+static tp__event **events;
+static uint32_t nevents, capevents;
+
+tp_error_t tp__event_create(tp_event_t *out) {
+  tp__event *e = calloc(1, sizeof *e);
+  TP_RETURN_IF(!e, TP_ERROR_OUT_OF_MEMORY);
+  tp__spin_init(&e->lock, TP_RANK_EVENT);
+  e->magic = TP_EVENT_MAGIC;
+  e->device = tp__current_device();
+  tp_error_t err = tp__platform->event_create(e->device, &e->pe);
+  if (err != TP_SUCCESS) {
+    free(e);
+    return err;
+  }
+  tp__mutex_lock(&ev_lock);
+  bool ok = TP_ARRAY_ROOM(events, nevents, capevents);
+  if (ok)
+    events[nevents++] = e;
+  tp__mutex_unlock(&ev_lock);
+  if (!ok) {
+    (void)tp__platform->event_destroy(e->pe);
+    free(e);
+    return TP_ERROR_OUT_OF_MEMORY;
+  }
+  *out = (tp_event_t)e;
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__event_get(tp_event_t handle, tp__event **out) {
+  TP_RETURN_IF(!handle, TP_ERROR_INVALID_VALUE);
+  tp__mutex_lock(&ev_lock);
+  bool found = false;
+  for (uint32_t i = 0; i < nevents && !found; i++)
+    found = events[i] == (tp__event *)handle;
+  tp__mutex_unlock(&ev_lock);
+  TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);
+  *out = (tp__event *)handle;
+  return TP_SUCCESS;
+}
+
+/* Frees an event no thread can reach any more. */
+static void event_free(void *arg) {
+  tp__event *e = arg;
+  (void)tp__platform->event_destroy(e->pe);
+  tp__clock_free(&e->clock);
+  free(e);
+}
+
+/* The event stops answering at once; its memory and platform event go once
+ * no thread is inside a call that found it before (common/guard.h). */
+tp_error_t tp__event_destroy(tp__event *e) {
+  tp__mutex_lock(&ev_lock);
+  uint32_t i = 0;
+  while (i < nevents && events[i] != e)
+    i++;
+  bool found = i < nevents;
+  if (found)
+    events[i] = events[--nevents];
+  tp__mutex_unlock(&ev_lock);
+  TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);
+  tp__guard_retire(e, event_free);
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__event_record(tp__event *e, tp__stream *s) {
+  TP_RETURN_IF(s->device != e->device, TP_ERROR_INVALID_VALUE);
+  tp__clock c = {0};
+  bool ok = true;
+  /* A blocking stream's work follows the legacy stream's earlier work, and
+   * through it the earlier work of every blocking stream of the device; of
+   * the legacy stream's frees, those issued before its last operation (the
+   * fuzzer's legacy-free-event). */
+  if (!s->legacy && !(s->flags & TP_STREAM_NON_BLOCKING)) {
+    tp__stream *l = NULL;
+    if (tp__legacy_get(s->device, &l) == TP_SUCCESS)
+      ok = tp__clock_raise(&c, l->uid, tp__legacy_settled(s->device, true));
+    ok = ok && tp__clock_raise(&c, TP_CLOCK_LEGACY | (uint64_t)s->device,
+                               tp__legacy_settled(s->device, false));
+  } else if (s->legacy) {
+    /* The record is itself legacy operation n, which follows the frees of
+     * blocking streams issued before it began: those with lseq < n (one
+     * more claimed a free issued just after, the fuzzer's
+     * legacy-event-clock). */
+    ok = tp__clock_raise(&c, TP_CLOCK_LEGACY | (uint64_t)s->device,
+                         tp__legacy_seq(s->device));
+  }
+  tp__blspin_lock(&s->lock);
+  uint64_t epoch =
+      atomic_fetch_add_explicit(&s->epoch, 1, memory_order_relaxed);
+  ok = ok && tp__clock_merge(&c, &s->clock) &&
+       tp__clock_raise(&c, s->uid, epoch);
+  tp__blspin_unlock(&s->lock);
+  tp_error_t err =
+      ok ? tp__platform->event_record(e->pe, s->ps) : TP_ERROR_OUT_OF_MEMORY;
+  if (err != TP_SUCCESS) {
+    tp__clock_free(&c);
+    return err;
+  }
+  tp__spin_lock(&e->lock);
+  tp__clock old = e->clock;
+  e->clock = c;
+  tp__spin_unlock(&e->lock);
+  tp__clock_free(&old);
+  atomic_store_explicit(&e->recorded, true, memory_order_release);
+  return TP_SUCCESS;
+}
+
+bool tp__event_recorded(const tp__event *e) {
+  return atomic_load_explicit(&e->recorded, memory_order_acquire);
+}
+
+static bool event_clock_copy(tp__event *e, tp__clock *out) {
+  tp__spin_lock(&e->lock);
+  bool ok = tp__clock_merge(out, &e->clock);
+  tp__spin_unlock(&e->lock);
+  return ok;
+}
+
+tp_error_t tp__event_wait(tp__stream *s, tp__event *e) {
+  tp__clock c = {0};
+  TP_RETURN_IF(!event_clock_copy(e, &c), TP_ERROR_OUT_OF_MEMORY);
+  tp_error_t err = tp__platform->stream_wait_event(s->ps, e->pe);
+  if (err == TP_SUCCESS) {
+    tp__blspin_lock(&s->lock);
+    (void)tp__clock_merge(&s->clock, &c);
+    tp__blspin_unlock(&s->lock);
+  }
+  tp__clock_free(&c);
+  return err;
+}
+
+tp_error_t tp__event_query(tp__event *e) {
+  return tp__platform->event_query(e->pe);
+}
+
+/* Once an event completed, every free its clock covers has completed. */
+static tp_error_t event_settle(tp__event *e, tp__stream ***out, size_t *n) {
+  tp__clock c = {0};
+  *out = NULL;
+  *n = 0;
+  TP_RETURN_IF(!event_clock_copy(e, &c), TP_ERROR_OUT_OF_MEMORY);
+  tp__stream **v = malloc((c.n ? c.n : 1) * sizeof *v);
+  for (uint32_t i = 0; v && i < c.n; i++) {
+    if (c.v[i].key & TP_CLOCK_LEGACY)
+      continue;
+    tp__stream *s = tp__stream_find_uid(c.v[i].key);
+    if (!s)
+      continue;
+    tp__stream_mark_done(s, c.v[i].value);
+    v[(*n)++] = s;
+  }
+  tp__clock_free(&c);
+  TP_RETURN_IF(!v, TP_ERROR_OUT_OF_MEMORY);
+  *out = v;
+  return TP_SUCCESS;
+}
+
+tp_error_t tp__event_synchronize(tp__event *e, tp__stream ***done, size_t *n) {
+  TP_FORWARD(tp__platform->event_synchronize(e->pe));
+  /* The wait succeeded; a list that could not be made only means the
+   * completion is learnt later, by polling. */
+  (void)event_settle(e, done, n);
+  return TP_SUCCESS;
+}
