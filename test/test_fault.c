@@ -151,6 +151,26 @@ static void share_round(outcome *o, tp_stream_t stream) {
     CHECK_OK(tp_pool_destroy(pool));
 }
 
+/* A pool destroyed while it still holds mapped chunks (its threshold keeps
+ * them): the teardown unmaps and gives back every one, even when one of its
+ * platform calls fails once. */
+static void destroy_holding(outcome *o, tp_stream_t stream) {
+  tp_pool_t pool = NULL;
+  tp_pool_props_t props = {0};
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location.type = TP_LOCATION_DEVICE;
+  if (!STEP(o, tp_pool_create(&pool, &props), NULL))
+    return;
+  uint64_t keep = UINT64_MAX;
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &keep));
+  void *p = NULL;
+  if (STEP(o, tp_malloc_from_pool_async(&p, 5 * MiB, pool, stream), pool))
+    free_block(o, &p, stream, pool);
+  STEP(o, tp_stream_synchronize(stream), pool);
+  if (!STEP(o, tp_pool_destroy(pool), pool))
+    CHECK_OK(tp_pool_destroy(pool));
+}
+
 /* The fixed scenario: a stream, an event and a pool; two rounds of
  * allocations of every size with an access change between them; a trim and
  * the pool's destruction; an allocation from the default pool. Each step
@@ -216,6 +236,8 @@ static void scenario(outcome *o) {
 
   if (have_stream)
     share_round(o, stream);
+  if (have_stream)
+    destroy_holding(o, stream);
 
   if (have_stream) {
     void *ptr = NULL;

@@ -316,30 +316,50 @@ tp_error_t tp__space_set_access(tp__space *sp, const tp_access_desc_t *list,
   return TP_SUCCESS;
 }
 
+/* A teardown has no caller to report to and nothing to try later: a call
+ * the platform refuses is asked again a few times before the chunk or range
+ * is given up (a transient failure would otherwise leak it). */
+#define TP_FINI_TRIES 3
+
+static void fini_unmap(tp__space *sp, size_t c) {
+  for (int t = 0; t < TP_FINI_TRIES; t++)
+    if (tp__platform->unmap(sp->res, c * sp->gran, 1) == TP_SUCCESS)
+      return;
+}
+
+static void fini_release(tp__space *sp, tp__phys phys) {
+  for (int t = 0; t < TP_FINI_TRIES; t++)
+    if (tp__platform->chunk_release(sp->res, phys) == TP_SUCCESS) {
+      reserved_add(sp, -(int64_t)sp->gran);
+      return;
+    }
+}
+
 void tp__space_fini(tp__space *sp) {
   if (!sp->phys)
     return;
   for (size_t c = tp__space_segment_next(sp, 0); c < sp->nchunks;) {
     size_t e = tp__space_segment_end(sp, c);
     for (size_t i = c; i < e; i++) {
-      (void)tp__platform->unmap(sp->res, i * sp->gran, 1);
-      if (!lent(sp, i) &&
-          tp__platform->chunk_release(sp->res, sp->phys[i]) == TP_SUCCESS)
-        reserved_add(sp, -(int64_t)sp->gran);
+      fini_unmap(sp, i);
+      if (!lent(sp, i))
+        fini_release(sp, sp->phys[i]);
     }
     c = tp__space_segment_next(sp, e);
   }
   for (uint32_t i = 0; i < sp->nghosts; i++) {
     tp__ghost *g = &sp->ghosts[i];
-    (void)tp__platform->unmap(sp->res, g->chunk * sp->gran, 1);
-    if (g->release &&
-        tp__platform->chunk_release(sp->res, g->phys) == TP_SUCCESS)
-      reserved_add(sp, -(int64_t)sp->gran);
+    fini_unmap(sp, g->chunk);
+    if (g->release)
+      fini_release(sp, g->phys);
     tp__tag_clear(&g->tag);
   }
   sp->nghosts = 0;
-  (void)tp__space_release_orphans(sp);
-  (void)tp__platform->unreserve(sp->res);
+  for (int t = 0; t < TP_FINI_TRIES && sp->norphans; t++)
+    (void)tp__space_release_orphans(sp);
+  for (int t = 0; t < TP_FINI_TRIES; t++)
+    if (tp__platform->unreserve(sp->res) == TP_SUCCESS)
+      break;
 }
 
 void tp__space_free(tp__space *sp) {
