@@ -54,7 +54,10 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
       return TP_SUCCESS;
     }
     tp__blspin_unlock(&s->lock);
-    return small_slow(p, s, cls, size, ptr);
+    tp_error_t err = small_slow(p, s, cls, size, ptr);
+    if (TP_UNLIKELY(err == TP_ERROR_OUT_OF_MEMORY) && tp__pools_reap_polling())
+      err = small_slow(p, s, cls, size, ptr);
+    return err;
   }
   tp__blspin_lock(&s->lock);
   tp__cache *c = tp__cache_find(s, &p->caches);
@@ -67,7 +70,13 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
     return TP_SUCCESS;
   }
   tp__blspin_unlock(&s->lock);
-  return large_slow(p, s, r, size, ptr);
+  /* A destroyed pool whose last frees completed unseen still holds device
+   * memory: finding the device full, the allocation finishes such pools
+   * and tries once more. */
+  tp_error_t err = large_slow(p, s, r, size, ptr);
+  if (TP_UNLIKELY(err == TP_ERROR_OUT_OF_MEMORY) && tp__pools_reap_polling())
+    err = large_slow(p, s, r, size, ptr);
+  return err;
 }
 
 /* A freed block goes into its stream's cache with the free's position; the

@@ -165,7 +165,7 @@ static tp_error_t settle_and_release(tp__pool *p, uint64_t keep) {
   return err;
 }
 
-static void reap(bool poll);
+static bool reap(bool poll);
 
 void tp__pool_after_sync(tp__stream *s) {
   tp__mutex_lock(&pools_lock);
@@ -180,7 +180,7 @@ void tp__pool_after_sync(tp__stream *s) {
     tp__mutex_unlock(&p->lock);
   }
   tp__mutex_unlock(&pools_lock);
-  reap(false);
+  (void)reap(false);
 }
 
 tp_error_t tp__pool_trim(tp__pool *p, uint64_t keep) {
@@ -445,20 +445,28 @@ static bool teardown(tp__pool *p, bool poll) {
 }
 
 /* Finishes destroyed pools whose frees have completed. */
-static void reap(bool poll) {
+static bool reap(bool poll) {
+  bool went = false;
   tp__mutex_lock(&pools_lock);
   for (uint32_t i = 0; i < npools;) {
     tp__pool *p = pools[i];
-    if (atomic_load(&p->destroyed) && teardown(p, poll))
+    if (atomic_load(&p->destroyed) && teardown(p, poll)) {
+      went = true;
       continue; /* the array moved; look at index i again */
+    }
     i++;
   }
   tp__mutex_unlock(&pools_lock);
+  return went;
+}
+
+bool tp__pools_reap_polling(void) {
+  return reap(true);
 }
 
 void tp__pool_maybe_reap(tp__pool *p) {
   if (atomic_load_explicit(&p->destroyed, memory_order_acquire))
-    reap(false);
+    (void)reap(false);
 }
 
 tp_error_t tp__pool_destroy(tp__pool *p) {
@@ -475,6 +483,6 @@ tp_error_t tp__pool_destroy(tp__pool *p) {
     return TP_SUCCESS;
   }
   atomic_store(&p->destroyed, true);
-  reap(true);
+  (void)reap(true);
   return TP_SUCCESS;
 }

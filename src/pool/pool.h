@@ -126,6 +126,11 @@ tp_error_t tp__pool_new_imported(const tp_pool_props_t *props,
 tp_error_t tp__pool_destroy(tp__pool *p);
 /* A destroyed pool may go once its last allocation is freed. */
 void tp__pool_maybe_reap(tp__pool *p);
+/* Finishes destroyed pools whose frees are found complete, asking their
+ * streams (an allocation that found the device full calls it, since such a
+ * pool's memory counts against the device until then); true when one went.
+ * No pool lock held. */
+bool tp__pools_reap_polling(void);
 tp_error_t tp__pool_get_attr(tp__pool *p, tp_pool_attr_t attr, void *value);
 tp_error_t tp__pool_set_attr(tp__pool *p, tp_pool_attr_t attr, void *value);
 tp_error_t tp__pool_trim(tp__pool *p, uint64_t keep);
