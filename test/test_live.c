@@ -6,6 +6,7 @@
  * the old range after the move) and by the pool's figures. Every platform;
  * figures that depend on the chunk size are checked for 2 MiB chunks. */
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -349,11 +350,49 @@ static void test_edge_chunk_lends_its_free_end(void) {
   CHECK_OK(tp_pool_destroy(pool));
 }
 
+/* A pool destroyed with a block live goes once the block's free completes;
+ * here the free is issued on another device's legacy stream, which nothing
+ * synchronizes. An allocation that then finds the device full must not
+ * fail for that pool's memory: it asks the free's stream and finishes the
+ * pool (the fuzzer's destroyed-pool-holds-device). Checked on the host
+ * platform with a 64 MiB device (test_live_two_devices). */
+static void test_full_device_finishes_destroyed_pool(void) {
+  const char *mem = getenv("TIDEPOOL_HOST_DEVICE_MEMORY");
+  const char *platform = tp_platform_name();
+  int devices = 0;
+  if (!mem || strcmp(mem, "64M") != 0 || !platform ||
+      strcmp(platform, "host") != 0 ||
+      tp_get_device_count(&devices) != TP_SUCCESS || devices < 2) {
+    printf("   (needs two emulated devices of 64 MiB)\n");
+    return;
+  }
+  tp_pool_t pool = pool_2mib();
+  if (!pool)
+    return;
+  tp_stream_t s;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  void *x = NULL, *y = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&x, 32 * MiB, pool, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_pool_destroy(pool));
+  REQUIRE_OK(tp_set_device(1));
+  CHECK_OK(tp_free_async(x, NULL)); /* device 1's legacy stream */
+  REQUIRE_OK(tp_set_device(0));
+  /* 48 MiB fit only once the destroyed pool's 32 MiB are back. */
+  CHECK_OK(tp_malloc_async(&y, 48 * MiB, s));
+  if (y)
+    CHECK_OK(tp_free_async(y, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_device_synchronize());
+  CHECK_OK(tp_stream_destroy(s));
+}
+
 int main(void) {
   RUN_TEST(test_pending_chunks_move_in_stream_order);
   RUN_TEST(test_release_waits_for_the_old_mapping);
   RUN_TEST(test_edge_chunk_lends_its_free_start);
   RUN_TEST(test_edge_chunk_shared_with_peer_access);
   RUN_TEST(test_edge_chunk_lends_its_free_end);
+  RUN_TEST(test_full_device_finishes_destroyed_pool);
   return check_done();
 }
