@@ -222,13 +222,14 @@ static tp__block *adopt(tp__heap *h, const placement *pl, tp__block *fresh) {
  * two edges of nine segments). When a new block's partial chunk uses only
  * the bytes that a segment edge chunk has free, both can be one physical
  * chunk mapped twice, each mapping holding the other's bytes as a shadow.
- * Only completed free bytes are lent, and the sharing ends as soon as one
- * mapping holds nothing but completed free bytes. */
+ * Only completed free bytes are lent; once one mapping holds nothing but
+ * completed free bytes, the next synchronize, trim or growth ends the
+ * sharing (tp__heap_unshare). */
 
-/* A donor: a segment's free first block (kind HEAD: its bytes are the
- * chunk's low ones) or free last block (TAIL: the high ones), completed,
- * smaller than a chunk, of at least `need` bytes; the smallest such. */
+/* Donor kinds: a segment's free first block (HEAD: its bytes are the
+ * chunk's low ones) or free last block (TAIL: the high ones). */
 enum { HEAD = 1, TAIL = 2 };
+/* Growths of more chunks than this do not share (see tp__heap_grow). */
 #define TP_SHARE_CHUNKS 32
 
 static bool twinned(const tp__heap *h, size_t c) {
@@ -238,6 +239,8 @@ static bool twinned(const tp__heap *h, size_t c) {
   return false;
 }
 
+/* The smallest donor of one of `kinds`, completed, smaller than a chunk, of
+ * at least `need` bytes, in a chunk not shared yet, other than `keep`. */
 static tp__block *donor(const tp__heap *h, int kinds, size_t need,
                         const tp__block *keep, int *kind) {
   const tp__space *sp = h->space;
@@ -268,9 +271,9 @@ typedef struct layout {
   int kind; /* the donor's */
 } layout;
 
-/* Chooses the block's place in the grown range [lo, hi) of new chunks
- * [pl->c0, +n): where the placement says, or, in a fresh run, at either end
- * so that its partial chunk can share a donor's. */
+/* Chooses the block's place among the new chunks [pl->c0, +n) and the block
+ * they extend: where the placement says or, in a fresh run, at whichever end
+ * lets its partial chunk share a donor's (with `share`). */
 static layout lay_out(const tp__heap *h, const placement *pl, size_t size,
                       bool share) {
   const tp__space *sp = h->space;
