@@ -152,11 +152,21 @@ static void gate_rt_open(gate_rt *g, bool self) {
   pthread_mutex_unlock(&g->mu);
 }
 
+/* Held by the watchdog while it looks at the call and opens gates, and by
+ * call_end: once a call has ended, the watchdog opens nothing more, so the
+ * model learns every gate it opened (gates_sync_self_opened). Without it a
+ * gate opened a moment after the call ended stayed closed in the model,
+ * which then expected waits that could no longer happen (an input failing
+ * one run in six to twenty: "s4 must wait ... but tp_stream_query says
+ * TP_SUCCESS"). */
+static pthread_mutex_t watchdog_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static void *watchdog(void *arg) {
   (void)arg;
   for (;;) {
     struct timespec ts = {0, 5 * 1000 * 1000};
     nanosleep(&ts, NULL);
+    pthread_mutex_lock(&watchdog_mu);
     int kind = atomic_load(&call_kind);
     double since = now_s() - atomic_load(&call_start);
     if (kind == CALL_MAY_WAIT && since > SELF_OPEN_S) {
@@ -168,6 +178,7 @@ static void *watchdog(void *arg) {
            "it waits for is held",
            atomic_load(&call_name), since);
     }
+    pthread_mutex_unlock(&watchdog_mu);
   }
   return NULL;
 }
@@ -179,7 +190,9 @@ static void call_begin(int kind, const char *name) {
 }
 
 static void call_end(void) {
+  pthread_mutex_lock(&watchdog_mu);
   atomic_store(&call_kind, CALL_NONE);
+  pthread_mutex_unlock(&watchdog_mu);
 }
 
 /* ========================================================================
