@@ -1239,8 +1239,16 @@ static void op_malloc(reader *r, bool from_pool) {
                        ? tp_malloc_from_pool_async(&ptr, size, m->h, sh(s))
                        : tp_malloc_async(&ptr, size, sh(s));
   call_end();
-  if (may_wait)
+  if (may_wait) {
     gates_sync_self_opened();
+    /* The library may have waited on the host for the pool's pending frees
+     * (OOM_WAIT), through markers that cover every free issued before on
+     * those streams, other pools' too: a free that nothing holds may be
+     * known complete from then on. */
+    for (int i = 0; i < M.nfreed; i++)
+      if (!item_blocked(M.freed[i].item))
+        M.freed[i].polled = true;
+  }
   logf_("  -> %s %p", tp_error_name(err), ptr);
   if (m->imported) {
     expect_err(err, TP_ERROR_INVALID_VALUE,
