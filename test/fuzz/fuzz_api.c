@@ -991,8 +991,15 @@ static bool check_reuse(int p, int s, uintptr_t lo, uintptr_t hi) {
              p, lo, hi, sname(s), f->pool, f->item);
       continue;
     }
-    if (stream_follows(s, f->item, false))
+    if (stream_follows(s, f->item, false)) {
+      /* The library's clocks may not show an order the model sees (through
+       * a blocking stream's implicit wait for the legacy stream, say): it
+       * may then have made the stream wait, on a marker that orders it
+       * after later work of the freeing stream too, and rely on that. */
+      if (m->internal || m->follow)
+        maybe_wait_for_free(s, f->item);
       continue;
+    }
     /* A blocking stream takes a free of its device's legacy stream once a
      * legacy operation covers it, and the library records one (a marker)
      * where none does: the taker then waits for the free. */
