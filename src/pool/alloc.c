@@ -6,10 +6,8 @@
 
 #include <string.h>
 
-static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
-                             size_t size, void **ptr);
-static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
-                             void **ptr);
+static tp_error_t malloc_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
+                              void **ptr);
 static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
                       const tp__centry *e, int64_t req);
 static void peak_note(tp__pool *p, int64_t delta, bool rose);
@@ -54,10 +52,7 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
       return TP_SUCCESS;
     }
     tp__blspin_unlock(&s->lock);
-    tp_error_t err = small_slow(p, s, cls, size, ptr);
-    if (TP_UNLIKELY(err == TP_ERROR_OUT_OF_MEMORY) && tp__pools_reap_polling())
-      err = small_slow(p, s, cls, size, ptr);
-    return err;
+    return malloc_slow(p, s, r, size, ptr);
   }
   tp__blspin_lock(&s->lock);
   tp__cache *c = tp__cache_find(s, &p->caches);
@@ -70,13 +65,7 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
     return TP_SUCCESS;
   }
   tp__blspin_unlock(&s->lock);
-  /* A destroyed pool whose last frees completed unseen still holds device
-   * memory: finding the device full, the allocation finishes such pools
-   * and tries once more. */
-  tp_error_t err = large_slow(p, s, r, size, ptr);
-  if (TP_UNLIKELY(err == TP_ERROR_OUT_OF_MEMORY) && tp__pools_reap_polling())
-    err = large_slow(p, s, r, size, ptr);
-  return err;
+  return malloc_slow(p, s, r, size, ptr);
 }
 
 /* A freed block goes into its stream's cache with the free's position; the
@@ -235,6 +224,21 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
   if (err == TP_SUCCESS)
     peak_note(p, (int64_t)size, rose);
   return err;
+}
+
+/* Either slow path. A destroyed pool whose last frees completed unseen
+ * still holds device memory: finding the device full, the allocation
+ * finishes such pools and tries once more. */
+static tp_error_t malloc_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
+                              void **ptr) {
+  for (int attempt = 0;; attempt++) {
+    tp_error_t err = r <= TP_SMALL_MAX
+                         ? small_slow(p, s, tp__class_of(r), size, ptr)
+                         : large_slow(p, s, r, size, ptr);
+    if (TP_LIKELY(err != TP_ERROR_OUT_OF_MEMORY) || attempt > 0 ||
+        !tp__pools_reap_polling())
+      return err;
+  }
 }
 
 /* A freed block whose cache is full or missing: under the pool lock, the
