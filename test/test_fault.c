@@ -2,6 +2,7 @@
  * platform operation, makes the 1st, 2nd, 3rd... one fail during a fixed
  * scenario and checks that every step fails cleanly, pools stay consistent
  * and nothing leaks. */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -103,19 +104,29 @@ static void free_all(outcome *o, void *ptrs[NSIZES], tp_pool_t pool,
     free_block(o, &ptrs[i], stream, pool);
 }
 
+/* A pool of device 0 that keeps its memory across synchronizes (release
+ * threshold max); false, counted, when making it failed. */
+static bool pool_keeping(outcome *o, tp_pool_t *pool) {
+  tp_pool_props_t props = {0};
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location.type = TP_LOCATION_DEVICE;
+  props.location.id = 0;
+  *pool = NULL;
+  if (!STEP(o, tp_pool_create(pool, &props), NULL))
+    return false;
+  uint64_t keep = UINT64_MAX;
+  CHECK_OK(tp_pool_set_attribute(*pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &keep));
+  return true;
+}
+
 /* A chunk mapped twice (src/pool/grow.c's shared edge chunks) in a pool of
  * its own: A's freed start of the segment lends its chunk to C's last one,
  * and the sharing ends when B goes and the pool is trimmed. Without a fault,
  * C takes 6 MiB, not 8. */
 static void share_round(outcome *o, tp_stream_t stream) {
-  tp_pool_t pool = NULL;
-  tp_pool_props_t props = {0};
-  props.alloc_type = TP_ALLOCATION_PINNED;
-  props.location.type = TP_LOCATION_DEVICE;
-  if (!STEP(o, tp_pool_create(&pool, &props), NULL))
+  tp_pool_t pool;
+  if (!pool_keeping(o, &pool))
     return;
-  uint64_t keep = UINT64_MAX;
-  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &keep));
   int errors = o->errors;
   void *a = NULL, *b = NULL, *c = NULL;
   if (STEP(o, tp_malloc_from_pool_async(&a, MiB / 2, pool, stream), pool) &&
@@ -155,14 +166,9 @@ static void share_round(outcome *o, tp_stream_t stream) {
  * them): the teardown unmaps and gives back every one, even when one of its
  * platform calls fails once. */
 static void destroy_holding(outcome *o, tp_stream_t stream) {
-  tp_pool_t pool = NULL;
-  tp_pool_props_t props = {0};
-  props.alloc_type = TP_ALLOCATION_PINNED;
-  props.location.type = TP_LOCATION_DEVICE;
-  if (!STEP(o, tp_pool_create(&pool, &props), NULL))
+  tp_pool_t pool;
+  if (!pool_keeping(o, &pool))
     return;
-  uint64_t keep = UINT64_MAX;
-  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &keep));
   void *p = NULL;
   if (STEP(o, tp_malloc_from_pool_async(&p, 5 * MiB, pool, stream), pool))
     free_block(o, &p, stream, pool);
@@ -184,19 +190,10 @@ static void scenario(outcome *o) {
 
   int have_stream = STEP(o, tp_stream_create(&stream, TP_STREAM_DEFAULT), NULL);
   int have_event = STEP(o, tp_event_create(&event), NULL);
-  tp_pool_props_t props = {0};
-  props.alloc_type = TP_ALLOCATION_PINNED;
-  props.location.type = TP_LOCATION_DEVICE;
-  props.location.id = 0;
-  int have_pool = STEP(o, tp_pool_create(&pool, &props), NULL);
-  if (have_pool) {
-    /* A pool that keeps its memory across the synchronize below, so that
-     * the access change applies to mapped chunks and the second round
-     * reuses them rather than mapping everything afresh. */
-    uint64_t keep = UINT64_MAX;
-    CHECK_OK(
-        tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &keep));
-  }
+  /* A pool that keeps its memory across the synchronize below, so that the
+   * access change applies to mapped chunks and the second round reuses them
+   * rather than mapping everything afresh. */
+  int have_pool = pool_keeping(o, &pool);
 
   if (have_stream && have_pool) {
     alloc_all(o, ptrs, pool, stream);

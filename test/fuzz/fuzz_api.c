@@ -920,28 +920,26 @@ static void add_freed(uintptr_t lo, size_t size, int pool, int item,
       (mfreed){lo, lo + size, pool, item, hold_item, M.pools[pool].opp != 0};
 }
 
+/* Which of a wait's edges only perhaps hold (maybe edges: a reach crosses
+ * them, a block or a completion does not). */
+enum { WAIT_SURE = 0, MAYBE_FREE = 1, MAYBE_POS = 2 };
+
 /* Stream s waits for the free at position `free_item` from now on. On a
  * legacy stream the library waits for a marker (an event) recorded there,
  * perhaps only now: it covers every free the legacy stream issued so far,
  * each of which waited for the device's blocking streams when it was
- * issued, and s is ordered after all of them. */
-static void wait_for_free(int s, int free_item) {
+ * issued, and s is ordered after all of them (the stream's position now).
+ * `maybe` says which of the two edges perhaps hold:
+ *  - both, for a take the library may have made as complete or through a
+ *    wait of its own (internal dependencies, or an order its clocks did not
+ *    show), on which it may rely later;
+ *  - the position only, for a blocking stream that takes a legacy free
+ *    nothing holds: the library may know it complete (a marker it recorded
+ *    after the free has completed, which the model cannot see) and make no
+ *    wait, or wait on a marker recorded now. */
+static void wait_for_free(int s, int free_item, unsigned maybe) {
   int deps[2] = {free_item, -1};
-  int n = 1;
-  int fs = items[free_item].stream;
-  if (fs >= 0 && M.streams[fs].legacy && M.streams[fs].live)
-    deps[n++] = item_pos(fs);
-  item_new(s, -1, deps, n, false);
-}
-
-/* A stream that takes a free nothing holds, where the library may take it
- * as complete or make the stream wait for it (internal dependencies): the
- * wait perhaps holds (maybe edges), and when it does, the stream is then
- * ordered after the freeing stream's position, which the library may rely
- * on later (a reach crosses maybe edges; a block or a completion does
- * not). */
-static void maybe_wait_for_free(int s, int free_item) {
-  int deps[2] = {free_item, -1};
+  static const unsigned edge[2] = {MAYBE_FREE, MAYBE_POS};
   int n = 1;
   int fs = items[free_item].stream;
   if (fs >= 0 && M.streams[fs].legacy && M.streams[fs].live)
@@ -950,20 +948,8 @@ static void maybe_wait_for_free(int s, int free_item) {
   int base = next_deps(s, tail);
   int i = item_new(s, -1, deps, n, false);
   for (int k = base; k < items[i].ndeps; k++)
-    items[i].maybe_edges |= 1u << k;
-}
-
-/* A blocking stream that takes a free of the legacy stream which nothing
- * holds: the library may know it complete (a marker it recorded after the
- * free has completed, which the model cannot see) and make no wait, or wait
- * on a marker recorded now, behind every blocking stream's work so far. So
- * the wait on the legacy stream's position now perhaps holds (a maybe
- * edge). */
-static void maybe_wait_for_legacy_free(int s, int free_item) {
-  int fs = items[free_item].stream;
-  int deps[2] = {free_item, item_pos(fs)};
-  int i = item_new(s, -1, deps, 2, false);
-  items[i].maybe_edges |= 1u << (items[i].ndeps - 1);
+    if (maybe & edge[k - base])
+      items[i].maybe_edges |= 1u << k;
 }
 
 /* A new block [lo, hi) of pool p for stream s: every overlapping free that
@@ -997,7 +983,7 @@ static bool check_reuse(int p, int s, uintptr_t lo, uintptr_t hi) {
        * may then have made the stream wait, on a marker that orders it
        * after later work of the freeing stream too, and rely on that. */
       if (m->internal || m->follow)
-        maybe_wait_for_free(s, f->item);
+        wait_for_free(s, f->item, MAYBE_FREE | MAYBE_POS);
       continue;
     }
     /* A blocking stream takes a free of its device's legacy stream once a
@@ -1007,10 +993,10 @@ static bool check_reuse(int p, int s, uintptr_t lo, uintptr_t hi) {
     if (m->follow && fs >= 0 && M.streams[fs].legacy && !M.streams[s].legacy &&
         M.streams[s].blocking && M.streams[s].device == M.streams[fs].device) {
       if (!blocked && M.streams[fs].live) {
-        maybe_wait_for_legacy_free(s, f->item);
+        wait_for_free(s, f->item, MAYBE_POS);
         continue;
       }
-      wait_for_free(s, f->item);
+      wait_for_free(s, f->item, WAIT_SURE);
       waits = true;
       continue;
     }
@@ -1023,7 +1009,7 @@ static bool check_reuse(int p, int s, uintptr_t lo, uintptr_t hi) {
        * before out-of-memory. */
       if (m->opp || m->internal || m->oom_wait || f->polled) {
         if (m->internal)
-          maybe_wait_for_free(s, f->item);
+          wait_for_free(s, f->item, MAYBE_FREE | MAYBE_POS);
         continue;
       }
       fail("pool %d gave [%#" PRIxPTR ", %#" PRIxPTR ") to %s, overlapping "
@@ -1041,7 +1027,7 @@ static bool check_reuse(int p, int s, uintptr_t lo, uintptr_t hi) {
            by_event ? "only through an event (FOLLOW_EVENT_DEPENDENCIES off)"
                     : "in no way");
     /* Allowed, and s waits for the free from now on. */
-    wait_for_free(s, f->item);
+    wait_for_free(s, f->item, WAIT_SURE);
     waits = true;
   }
   return waits;
