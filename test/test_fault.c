@@ -162,46 +162,6 @@ static void share_round(outcome *o, tp_stream_t stream) {
     CHECK_OK(tp_pool_destroy(pool));
 }
 
-/* Chunks that move leave aliases behind (src/pool/space.h): two chunks
- * freed between live ones move behind a fresh range for a 4 MiB block, a
- * new chunk then takes the lowest slot (its alias goes first), and the
- * pool is trimmed (`trim`: the chunks' aliases go with them) or destroyed
- * with the aliases still there. */
-static void alias_round(outcome *o, tp_stream_t stream, bool trim) {
-  tp_pool_t pool;
-  if (!pool_keeping(o, &pool))
-    return;
-  void *v[4] = {0}, *big = NULL, *one = NULL;
-  bool ok = true;
-  for (int i = 0; i < 4 && ok; i++)
-    ok = STEP(o, tp_malloc_from_pool_async(&v[i], 2 * MiB, pool, stream), pool);
-  free_block(o, &v[0], stream, pool);
-  free_block(o, &v[2], stream, pool);
-  if (ok && STEP(o, tp_stream_synchronize(stream), pool) &&
-      STEP(o, tp_malloc_from_pool_async(&big, 4 * MiB, pool, stream), pool)) {
-    STEP(o, tp_memset_async(big, 0x61, 4 * MiB, stream), pool);
-    if (STEP(o, tp_malloc_from_pool_async(&one, 2 * MiB, pool, stream), pool))
-      STEP(o, tp_memset_async(one, 0x62, 2 * MiB, stream), pool);
-  }
-  free_block(o, &big, stream, pool);
-  free_block(o, &one, stream, pool);
-  for (int i = 0; i < 4; i++)
-    free_block(o, &v[i], stream, pool);
-  STEP(o, tp_stream_synchronize(stream), pool);
-  if (trim && STEP(o, tp_pool_trim_to(pool, 0), pool)) {
-    uint64_t reserved = UINT64_MAX;
-    CHECK_OK(tp_pool_get_attribute(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT,
-                                   &reserved));
-    if (reserved != 0)
-      CHECK_FAIL("trim returned success, yet %" PRIu64 " bytes stay reserved "
-                 "in the aliases' pool",
-                 reserved);
-  }
-  verify(pool, "after the aliases' round");
-  if (!STEP(o, tp_pool_destroy(pool), pool))
-    CHECK_OK(tp_pool_destroy(pool));
-}
-
 /* A pool destroyed while it still holds mapped chunks (its threshold keeps
  * them): the teardown unmaps and gives back every one, even when one of its
  * platform calls fails once. */
@@ -275,10 +235,6 @@ static void scenario(outcome *o) {
     share_round(o, stream);
   if (have_stream)
     destroy_holding(o, stream);
-  if (have_stream) {
-    alias_round(o, stream, true);
-    alias_round(o, stream, false);
-  }
 
   if (have_stream) {
     void *ptr = NULL;

@@ -10,7 +10,6 @@ tp_error_t tp__heap_init(tp__heap *h, tp__space *sp) {
   h->segs = calloc(sp->nchunks, sizeof *h->segs);
   /* An exported pool's importers map its chunks one by one. */
   h->share = sp->kind.handle_types == TP_HANDLE_NONE;
-  sp->keep_aliases = h->share;
   return h->segs ? TP_SUCCESS : TP_ERROR_OUT_OF_MEMORY;
 }
 

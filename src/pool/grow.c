@@ -73,18 +73,16 @@ static void cut(tp__heap *h, tp__block *b, size_t c0, size_t c1,
   }
 }
 
-/* Removes whole chunks [c0, c1) from free block b, for a move (`move`) or
- * a release: the physical chunks go to phys[]. Their old mappings stay as
- * ghosts while b's free is pending, as aliases after a move, and are
- * unmapped otherwise. */
+/* Removes whole chunks [c0, c1) from free block b and unmaps them (or, for
+ * a pending free, leaves their old mappings as ghosts); the physical chunks
+ * go to phys[]. */
 static tp_error_t carve(tp__heap *h, tp__block *b, size_t c0, size_t c1,
-                        tp__phys *phys, bool move) {
+                        tp__phys *phys) {
   tp__space *sp = h->space;
   tp__block *right = NULL;
   if (tp__space_addr(sp, c1) < b->addr + b->size && !(right = tp__block_new(h)))
     return TP_ERROR_OUT_OF_MEMORY;
   tp_error_t err = b->tag.stream ? tp__space_detach(sp, c0, c1, phys, &b->tag)
-                   : move        ? tp__space_vacate(sp, c0, c1, phys)
                                  : tp__space_unmap(sp, c0, c1, phys);
   if (err != TP_SUCCESS) {
     if (right)
@@ -113,7 +111,7 @@ static size_t gather(tp__heap *h, const tp__taker *t, size_t want,
         if (c1 - c0 > want - got)
           c0 = c1 - (want - got);
         bool was_pending = b->tag.stream != NULL;
-        *err = carve(h, b, c0, c1, phys + got, t != NULL);
+        *err = carve(h, b, c0, c1, phys + got);
         if (*err != TP_SUCCESS)
           return got;
         *pending = *pending || was_pending;

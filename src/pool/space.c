@@ -22,22 +22,7 @@ static void set_ghost(tp__space *sp, size_t c, bool on) {
     sp->ghostbits[c / 64] &= ~(UINT64_C(1) << (c % 64));
 }
 
-static void set_alias(tp__space *sp, size_t c, tp__phys phys) {
-  uint64_t bit = UINT64_C(1) << (c % 64);
-  bool was = sp->aliasbits[c / 64] & bit;
-  sp->aphys[c] = phys;
-  if (phys)
-    sp->aliasbits[c / 64] |= bit;
-  else
-    sp->aliasbits[c / 64] &= ~bit;
-  sp->naliases += (phys != 0) - was;
-}
-
 static void free_maps(tp__space *sp) {
-  free(sp->aphys);
-  free(sp->aliasbits);
-  sp->aphys = NULL;
-  sp->aliasbits = NULL;
   free(sp->phys);
   free((void *)sp->gtab);
   free(sp->mapbits);
@@ -71,10 +56,7 @@ tp_error_t tp__space_init(tp__space *sp, const tp__mem_kind *kind, size_t gran,
   sp->gtab = calloc(sp->nchunks, sizeof *sp->gtab);
   sp->mapbits = calloc((sp->nchunks + 63) / 64, sizeof *sp->mapbits);
   sp->ghostbits = calloc((sp->nchunks + 63) / 64, sizeof *sp->ghostbits);
-  sp->aphys = calloc(sp->nchunks, sizeof *sp->aphys);
-  sp->aliasbits = calloc((sp->nchunks + 63) / 64, sizeof *sp->aliasbits);
-  if (!sp->phys || !sp->gtab || !sp->mapbits || !sp->ghostbits || !sp->aphys ||
-      !sp->aliasbits) {
+  if (!sp->phys || !sp->gtab || !sp->mapbits || !sp->ghostbits) {
     free_maps(sp);
     return TP_ERROR_OUT_OF_MEMORY;
   }
@@ -185,17 +167,8 @@ static tp_error_t apply_access(tp__space *sp, size_t off, size_t size) {
   return n ? tp__platform->set_access(sp->res, off, size, list, n) : TP_SUCCESS;
 }
 
-/* Unmaps the alias at chunk c. */
-static tp_error_t drop_alias(tp__space *sp, size_t c) {
-  TP_FORWARD(tp__platform->unmap(sp->res, c * sp->gran, 1));
-  atomic_fetch_add_explicit(&sp->unmaps, 1, memory_order_relaxed);
-  set_alias(sp, c, 0);
-  return TP_SUCCESS;
-}
-
-/* Maps the run phys[0..n) at chunks [c0, c0 + n), all free of aliases. */
-static tp_error_t map_run(tp__space *sp, size_t c0, const tp__phys *phys,
-                          size_t n) {
+tp_error_t tp__space_map(tp__space *sp, size_t c0, const tp__phys *phys,
+                         size_t n) {
   TP_FORWARD(tp__platform->map(sp->res, c0 * sp->gran, phys, n));
   tp_error_t err = apply_access(sp, c0 * sp->gran, n * sp->gran);
   if (err != TP_SUCCESS) {
@@ -203,48 +176,8 @@ static tp_error_t map_run(tp__space *sp, size_t c0, const tp__phys *phys,
     return err;
   }
   atomic_fetch_add_explicit(&sp->maps, n, memory_order_relaxed);
-  return TP_SUCCESS;
-}
-
-/* The end of the run from c0 + i on (below n) whose chunks all have their
- * alias in place (`kept`) or all have none. */
-static size_t run_end(const tp__space *sp, size_t c0, size_t i, size_t n,
-                      bool kept) {
-  while (i < n && (tp__space_alias(sp, c0 + i) != 0) == kept)
-    i++;
-  return i;
-}
-
-tp_error_t tp__space_map(tp__space *sp, size_t c0, const tp__phys *phys,
-                         size_t n) {
-  for (size_t i = 0; sp->naliases && i < n; i++) {
-    tp__phys a = tp__space_alias(sp, c0 + i);
-    if (a && a != phys[i])
-      TP_FORWARD(drop_alias(sp, c0 + i));
-  }
-  tp_error_t err = TP_SUCCESS;
-  size_t i = 0;
-  while (i < n && err == TP_SUCCESS) {
-    size_t j = run_end(sp, c0, i, n, true);
-    if (j == i && (j = run_end(sp, c0, i, n, false)) > i)
-      err = map_run(sp, c0 + i, phys + i, j - i);
-    if (err == TP_SUCCESS)
-      i = j;
-  }
-  if (err != TP_SUCCESS) { /* the runs mapped so far go again */
-    for (size_t k = 0; k < i;) {
-      size_t e = run_end(sp, c0, k, i, tp__space_alias(sp, c0 + k) != 0);
-      if (!tp__space_alias(sp, c0 + k))
-        (void)tp__platform->unmap(sp->res, (c0 + k) * sp->gran, e - k);
-      k = e;
-    }
-    return err;
-  }
-  for (i = 0; i < n; i++) {
-    if (tp__space_alias(sp, c0 + i))
-      set_alias(sp, c0 + i, 0);
+  for (size_t i = 0; i < n; i++)
     set_slot(sp, c0 + i, phys[i]);
-  }
   return TP_SUCCESS;
 }
 
@@ -259,58 +192,6 @@ tp_error_t tp__space_unmap(tp__space *sp, size_t c0, size_t c1,
   return TP_SUCCESS;
 }
 
-tp_error_t tp__space_vacate(tp__space *sp, size_t c0, size_t c1,
-                            tp__phys *phys) {
-  if (!sp->keep_aliases)
-    return tp__space_unmap(sp, c0, c1, phys);
-  for (size_t c = c0; c < c1; c++) {
-    phys[c - c0] = sp->phys[c];
-    set_slot(sp, c, 0);
-    set_alias(sp, c, phys[c - c0]);
-  }
-  return TP_SUCCESS;
-}
-
-/* Unmaps the aliases of physical chunk `phys`; the first failure. */
-static tp_error_t drop_aliases_of(tp__space *sp, tp__phys phys) {
-  tp_error_t first = TP_SUCCESS;
-  size_t words = (sp->nchunks + 63) / 64;
-  for (size_t w = 0; w < words && sp->naliases; w++)
-    for (uint64_t m = sp->aliasbits[w]; m; m &= m - 1) {
-      size_t c = w * 64 + (size_t)__builtin_ctzll(m);
-      tp_error_t err = sp->aphys[c] == phys ? drop_alias(sp, c) : TP_SUCCESS;
-      first = first != TP_SUCCESS ? first : err;
-    }
-  return first;
-}
-
-static int phys_cmp(const void *a, const void *b) {
-  tp__phys x = *(const tp__phys *)a, y = *(const tp__phys *)b;
-  return (x > y) - (x < y);
-}
-
-/* Unmaps, in one pass over the aliases, those of the chunks phys[0..n);
- * false where one would not go (or memory was short to look), and then
- * drop_aliases_of answers chunk by chunk. */
-static bool drop_aliases_of_all(tp__space *sp, const tp__phys *phys, size_t n) {
-  tp__phys *v = malloc(n * sizeof *v);
-  if (!v)
-    return false;
-  memcpy(v, phys, n * sizeof *v);
-  qsort(v, n, sizeof *v, phys_cmp);
-  bool ok = true;
-  size_t words = (sp->nchunks + 63) / 64;
-  for (size_t w = 0; w < words && sp->naliases; w++)
-    for (uint64_t m = sp->aliasbits[w]; m; m &= m - 1) {
-      size_t c = w * 64 + (size_t)__builtin_ctzll(m);
-      if (bsearch(&sp->aphys[c], v, n, sizeof *v, phys_cmp) &&
-          drop_alias(sp, c) != TP_SUCCESS)
-        ok = false;
-    }
-  free(v);
-  return ok;
-}
-
 /* The ghost that still maps `phys`, if any. */
 static tp__ghost *ghost_of(tp__space *sp, tp__phys phys) {
   for (uint32_t i = 0; i < sp->nghosts; i++)
@@ -321,7 +202,6 @@ static tp__ghost *ghost_of(tp__space *sp, tp__phys phys) {
 
 tp_error_t tp__space_release(tp__space *sp, const tp__phys *phys, size_t n) {
   tp_error_t first = TP_SUCCESS;
-  bool each = sp->naliases && n && !drop_aliases_of_all(sp, phys, n);
   for (size_t i = 0; i < n; i++) {
     /* A chunk a ghost still maps stays allocated until the ghost goes, and
      * stays counted until then. */
@@ -330,10 +210,7 @@ tp_error_t tp__space_release(tp__space *sp, const tp__phys *phys, size_t n) {
       g->release = true;
       continue;
     }
-    /* A chunk whose alias would not go stays, for the next try. */
-    tp_error_t err = each ? drop_aliases_of(sp, phys[i]) : TP_SUCCESS;
-    if (err == TP_SUCCESS)
-      err = tp__platform->chunk_release(sp->res, phys[i]);
+    tp_error_t err = tp__platform->chunk_release(sp->res, phys[i]);
     if (err == TP_SUCCESS) {
       reserved_add(sp, -(int64_t)sp->gran);
       continue;
@@ -400,19 +277,13 @@ void tp__space_settle_ghosts(tp__space *sp, bool poll) {
       i++;
       continue;
     }
-    /* A ghost whose chunk stays becomes an alias. An unmap the platform
-     * refuses leaves the ghost for the next try. */
-    bool alias = sp->keep_aliases && !g->release;
-    if (!alias &&
-        tp__platform->unmap(sp->res, g->chunk * sp->gran, 1) != TP_SUCCESS) {
+    /* An unmap the platform refuses leaves the ghost for the next try. */
+    if (tp__platform->unmap(sp->res, g->chunk * sp->gran, 1) != TP_SUCCESS) {
       i++;
       continue;
     }
-    if (!alias)
-      atomic_fetch_add_explicit(&sp->unmaps, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&sp->unmaps, 1, memory_order_relaxed);
     set_ghost(sp, g->chunk, false);
-    if (alias)
-      set_alias(sp, g->chunk, g->phys);
     if (g->release)
       (void)tp__space_release(sp, &g->phys, 1);
     tp__tag_clear(&g->tag);
@@ -434,10 +305,6 @@ tp_error_t tp__space_release_orphans(tp__space *sp) {
 
 tp_error_t tp__space_set_access(tp__space *sp, const tp_access_desc_t *list,
                                 size_t n) {
-  size_t words = (sp->nchunks + 63) / 64;
-  for (size_t w = 0; w < words && sp->naliases; w++)
-    for (uint64_t m = sp->aliasbits[w]; m; m &= m - 1)
-      TP_FORWARD(drop_alias(sp, w * 64 + (size_t)__builtin_ctzll(m)));
   for (size_t c = tp__space_segment_next(sp, 0); c < sp->nchunks;) {
     size_t e = tp__space_segment_end(sp, c);
     TP_FORWARD(tp__platform->set_access(sp->res, c * sp->gran,
@@ -471,12 +338,6 @@ static void fini_release(tp__space *sp, tp__phys phys) {
 void tp__space_fini(tp__space *sp) {
   if (!sp->phys)
     return;
-  /* Aliases first: a chunk is released through its live mapping. */
-  for (size_t c = 0; c < sp->nchunks && sp->naliases; c++)
-    if (tp__space_alias(sp, c)) {
-      fini_unmap(sp, c);
-      set_alias(sp, c, 0);
-    }
   for (size_t c = tp__space_segment_next(sp, 0); c < sp->nchunks;) {
     size_t e = tp__space_segment_end(sp, c);
     for (size_t i = c; i < e; i++) {

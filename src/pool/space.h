@@ -42,20 +42,11 @@ typedef struct tp__space {
    * the chunk goes back to the platform through that other mapping. */
   size_t *lent;
   uint32_t nlent, caplent;
-  /* Per chunk: a physical chunk still mapped there after it moved to
-   * another chunk (an alias), and the bits that say which chunks hold one.
-   * Moving the chunk back costs no driver call; the mapping goes only when
-   * the slot is wanted for another chunk, the chunk is released, or the
-   * access changes. Only where keep_aliases (not in exported pools). */
-  tp__phys *aphys;
-  uint64_t *aliasbits;
-  uint32_t naliases;
-  bool keep_aliases;
   tp__phys *orphans; /* unmapped chunks the platform would not release yet */
   uint32_t norphans, caporphans;
   tp_access_flags_t access[TP_MAX_DEVICES];
   _Atomic uint64_t reserved, reserved_high;
-  _Atomic uint64_t maps, unmaps; /* driver calls, by chunk */
+  _Atomic uint64_t maps, unmaps;
 } tp__space;
 
 /* Reserves the virtual range (four times the limit, at least 1 GiB, in
@@ -104,26 +95,15 @@ bool tp__space_unmapped(const tp__space *sp, size_t c0, size_t n);
 /* The lowest run of n such chunks. */
 bool tp__space_first_run(const tp__space *sp, size_t n, size_t *c0);
 
-/* The physical chunk an alias keeps mapped at chunk c, or 0. */
-static inline tp__phys tp__space_alias(const tp__space *sp, size_t c) {
-  return (sp->aliasbits[c / 64] >> (c % 64)) & 1 ? sp->aphys[c] : 0;
-}
-
 /* A new physical chunk, counted as reserved; OUT_OF_MEMORY beyond the
  * limit or when the platform has no more. */
 tp_error_t tp__space_create(tp__space *sp, tp__phys *phys);
-/* Maps phys[0..n) at chunks [c0, c0 + n) with the space's access. A chunk
- * whose alias is already there is mapped back without a driver call; an
- * alias of another chunk in the way is unmapped first. On failure nothing
- * new stays mapped and the chunks are still the caller's. */
+/* Maps phys[0..n) at chunks [c0, c0 + n) with the space's access. On
+ * failure nothing stays mapped and the chunks are still the caller's. */
 tp_error_t tp__space_map(tp__space *sp, size_t c0, const tp__phys *phys,
                          size_t n);
 /* Unmaps chunks [c0, c1), handing their physical chunks to phys[]. */
 tp_error_t tp__space_unmap(tp__space *sp, size_t c0, size_t c1, tp__phys *phys);
-/* The same for chunks that move elsewhere: where keep_aliases, their
- * mappings stay as aliases (no driver call), else they are unmapped. */
-tp_error_t tp__space_vacate(tp__space *sp, size_t c0, size_t c1,
-                            tp__phys *phys);
 /* Takes chunks [c0, c1) out of their segment while a free tagged `tag` of
  * their memory is pending, handing their physical chunks to phys[] to be
  * mapped elsewhere: the old mappings stay, as ghosts, until the free
@@ -136,17 +116,14 @@ tp_error_t tp__space_detach(tp__space *sp, size_t c0, size_t c1, tp__phys *phys,
 tp_error_t tp__space_lend_room(tp__space *sp);
 void tp__space_lend(tp__space *sp, size_t c);
 void tp__space_unlend(tp__space *sp, size_t c);
-/* Ends the ghosts whose frees completed (polling markers when `poll`):
- * they become aliases where keep_aliases, else are unmapped. */
+/* Unmaps the ghosts whose frees completed (polling markers when `poll`). */
 void tp__space_settle_ghosts(tp__space *sp, bool poll);
-/* Gives unmapped chunks back to the platform, their aliases unmapped
- * first. One it refuses (or whose alias will not go) stays reserved, kept
- * for the next try; returns the first failure. */
+/* Gives unmapped chunks back to the platform. One it refuses stays
+ * reserved, kept for the next try; returns the first failure. */
 tp_error_t tp__space_release(tp__space *sp, const tp__phys *phys, size_t n);
 /* Retries the chunks the platform refused before. */
 tp_error_t tp__space_release_orphans(tp__space *sp);
-/* Applies access descriptors to every mapped chunk and to later ones;
- * aliases, which would keep the old access, are unmapped. */
+/* Applies access descriptors to every mapped chunk and to later ones. */
 tp_error_t tp__space_set_access(tp__space *sp, const tp_access_desc_t *list,
                                 size_t n);
 

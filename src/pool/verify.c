@@ -90,47 +90,6 @@ static int walk_twins(const tp__heap *h, size_t shadows, char *why,
   return 0;
 }
 
-static int phys_cmp(const void *a, const void *b) {
-  tp__phys x = *(const tp__phys *)a, y = *(const tp__phys *)b;
-  return (x > y) - (x < y);
-}
-
-/* Every alias sits in a slot that is neither mapped nor a ghost, and keeps
- * a chunk that is still live: mapped elsewhere, under a ghost, or kept for
- * a release the platform refused. */
-static int walk_aliases(const tp__space *sp, char *why, size_t len) {
-  size_t words = (sp->nchunks + 63) / 64, live = 0, n = 0;
-  for (size_t w = 0; w < words; w++)
-    live += (size_t)__builtin_popcountll(sp->mapbits[w]);
-  tp__phys *v = malloc((live + sp->nghosts + sp->norphans + 1) * sizeof *v);
-  if (!v)
-    return 0; /* nothing to check with: not a failure of the pool */
-  for (size_t w = 0; w < words; w++)
-    for (uint64_t m = sp->mapbits[w]; m; m &= m - 1)
-      v[n++] = sp->phys[w * 64 + (size_t)__builtin_ctzll(m)];
-  for (uint32_t i = 0; i < sp->nghosts; i++) /* released or not: not yet */
-    v[n++] = sp->ghosts[i].phys;
-  for (uint32_t i = 0; i < sp->norphans; i++) /* an alias would not go */
-    v[n++] = sp->orphans[i];
-  qsort(v, n, sizeof *v, phys_cmp);
-  uint32_t count = 0;
-  int bad = 0;
-  for (size_t w = 0; w < words && !bad; w++)
-    for (uint64_t m = sp->aliasbits[w]; m && !bad; m &= m - 1) {
-      size_t c = w * 64 + (size_t)__builtin_ctzll(m);
-      tp__phys a = sp->aphys[c];
-      count++;
-      if (!a || tp__space_occupied(sp, c))
-        bad = fail(why, len, "alias at chunk %zu in a mapped slot", c);
-      else if (!bsearch(&a, v, n, sizeof a, phys_cmp))
-        bad = fail(why, len, "alias at chunk %zu keeps a chunk not live", c);
-    }
-  free(v);
-  if (!bad && count != sp->naliases)
-    bad = fail(why, len, "%u aliases counted, %u found", sp->naliases, count);
-  return bad;
-}
-
 int tp__pool_walk(tp__pool *p, bool check_used, char *why, size_t len) {
   if (p->imported || p->torn_down)
     return 0;
@@ -218,8 +177,6 @@ int tp__pool_walk(tp__pool *p, bool check_used, char *why, size_t len) {
                   "ghost at chunk %zu is not a lone ghost", g->chunk);
     kept += g->release;
   }
-  if (sp->naliases && walk_aliases(sp, why, len))
-    return 1;
   uint64_t reserved = atomic_load(&sp->reserved);
   CHECK_OR_FAIL(reserved ==
                     (mapped - sp->nlent + sp->norphans + kept) * sp->gran,
