@@ -97,7 +97,10 @@ def train(args):
     if args.quick:
         shapes = [tuple(max(1, v // 4) for v in s) for s in shapes[:4]]
     times, losses = [], []
-    for _ in range(args.steps):
+    vmm_at_warmup = None  # tidepool's chunk maps/unmaps when warm-up ended
+    for step in range(args.steps):
+        if tp and on_gpu and step == args.warmup:
+            vmm_at_warmup = tp.chunk_maps()
         shape = pick.choice(shapes)
         t0 = time.perf_counter()
         if args.model == "t5":
@@ -137,11 +140,18 @@ def train(args):
             result["backend"] = torch.cuda.get_allocator_backend()
         result["ratio"] = result["peak_reserved"] / max(result["peak_allocated"], 1)
         result["gpu"] = torch.cuda.get_device_name()
+        vmm = ""
+        if vmm_at_warmup and args.steps > args.warmup:
+            m, k = tp.chunk_maps(), args.steps - args.warmup
+            result["maps_per_step"] = (m["maps"] - vmm_at_warmup["maps"]) / k
+            result["unmaps_per_step"] = (m["unmaps"] - vmm_at_warmup["unmaps"]) / k
+            vmm = (f", chunk maps/unmaps per step after warm-up "
+                   f"{result['maps_per_step']:.1f}/{result['unmaps_per_step']:.1f}")
         print(f"{args.model} under {args.allocator}: median step "
               f"{result['median_step_ms']:.2f} ms, peak reserved "
               f"{result['peak_reserved'] / 2**20:.1f} MiB / peak allocated "
-              f"{result['peak_allocated'] / 2**20:.1f} MiB = {result['ratio']:.4f}",
-              flush=True)
+              f"{result['peak_allocated'] / 2**20:.1f} MiB = {result['ratio']:.4f}"
+              f"{vmm}", flush=True)
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 
