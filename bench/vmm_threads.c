@@ -1,98 +1,138 @@
-// Whether the driver runs the VMM calls of several threads in parallel:
-// T threads bring up 512 chunks of 2 MiB between them (create, then map and
-// access), then tear them down (unmap, then release); wall time per chunk
-// for each phase, T = 1, 2, 4, 8, 16, twice. Were the calls parallel, a
-// background thread (or several) could take VMM work off the allocating
-// thread for free. Build and run on a GPU machine (one line):
-//   gcc -O2 -I/usr/local/cuda/include -o vmm_threads bench/vmm_threads.c
-//   -lcuda -lpthread && ./vmm_threads
+/* Whether the driver runs the VMM calls of several threads in parallel:
+ * T threads bring up 512 chunks of 2 MiB between them (create, then map and
+ * access), then tear them down (unmap, then release); the wall time per
+ * chunk of each phase, for T = 1, 2, 4, 8 and 16, twice. Were the calls
+ * parallel, background threads could make chunks faster than the allocating
+ * thread alone. Needs a GPU. */
 #include <cuda.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+
+#include "dl_table.h"
+
+#define NCHUNKS 512
+#define MAX_THREADS 16
+
+static struct {
+  CUresult (*init)(unsigned);
+  CUresult (*retain)(CUcontext *, CUdevice);
+  CUresult (*set)(CUcontext);
+  CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
+                      unsigned long long);
+  CUresult (*create)(CUmemGenericAllocationHandle *, size_t,
+                     const CUmemAllocationProp *, unsigned long long);
+  CUresult (*release)(CUmemGenericAllocationHandle);
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                  unsigned long long);
+  CUresult (*unmap)(CUdeviceptr, size_t);
+  CUresult (*access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+} cu;
+
+/* What every worker shares: the range, the chunks, and the phases' gate. */
+static struct {
+  CUcontext ctx;
+  CUdeviceptr va;
+  size_t gran;
+  CUmemAllocationProp prop;
+  CUmemAccessDesc access;
+  CUmemGenericAllocationHandle h[NCHUNKS];
+  int threads;
+  pthread_barrier_t gate;
+} w;
+
+enum { CREATE, MAP, UNMAP, RELEASE, PHASES };
+
 static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
-#define N 512
-static CUdeviceptr va;
-static size_t g;
-static CUmemAllocationProp p;
-static CUmemAccessDesc ad;
-static CUcontext ctx;
-static CUmemGenericAllocationHandle h[N];
-static int T;
-static int phase;
-static pthread_barrier_t bar;
-static double tphase[4][2];
+
+static CUresult step(int phase, int i) {
+  CUdeviceptr at = w.va + (CUdeviceptr)i * w.gran;
+  switch (phase) {
+  case CREATE: return cu.create(&w.h[i], w.gran, &w.prop, 0);
+  case MAP: {
+    CUresult r = cu.map(at, w.gran, 0, w.h[i], 0);
+    return r != CUDA_SUCCESS ? r : cu.access(at, w.gran, &w.access, 1);
+  }
+  case UNMAP: return cu.unmap(at, w.gran);
+  default: return cu.release(w.h[i]);
+  }
+}
+
+/* Worker `id` takes every threads-th chunk in each phase; the main thread
+ * times each phase between two passes of the gate. */
 static void *work(void *arg) {
-  long id = (long)arg;
-  cuCtxSetCurrent(ctx);
-  for (int ph = 0; ph < 4; ph++) {
-    pthread_barrier_wait(&bar);
-    for (int i = id; i < N; i += T) {
-      CUresult r = 0;
-      if (ph == 0)
-        r = cuMemCreate(&h[i], g, &p, 0);
-      else if (ph == 1) {
-        r = cuMemMap(va + i * g, g, 0, h[i], 0);
-        if (!r)
-          r = cuMemSetAccess(va + i * g, g, &ad, 1);
-      } else if (ph == 2)
-        r = cuMemUnmap(va + i * g, g);
-      else
-        r = cuMemRelease(h[i]);
-      if (r) {
-        printf("phase %d chunk %d failed %d\n", ph, i, (int)r);
+  int id = (int)(intptr_t)arg;
+  cu.set(w.ctx);
+  for (int phase = 0; phase < PHASES; phase++) {
+    pthread_barrier_wait(&w.gate);
+    for (int i = id; i < NCHUNKS; i += w.threads) {
+      CUresult r = step(phase, i);
+      if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "vmm_threads: phase %d, chunk %d: error %d\n", phase, i,
+                (int)r);
         exit(1);
       }
     }
-    pthread_barrier_wait(&bar);
+    pthread_barrier_wait(&w.gate);
   }
   return NULL;
 }
-int main() {
-  cuInit(0);
-  CUdevice d;
-  cuDeviceGet(&d, 0);
-  cuDevicePrimaryCtxRetain(&ctx, d);
-  cuCtxSetCurrent(ctx);
-  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  p.location.id = 0;
-  g = 2 << 20;
-  if (cuMemAddressReserve(&va, (size_t)N * g, 0, 0, 0)) {
-    printf("reserve failed\n");
+
+static int load(void) {
+  const dl_sym syms[] = {
+      {&cu.init, "cuInit"},          {&cu.retain, "cuDevicePrimaryCtxRetain"},
+      {&cu.set, "cuCtxSetCurrent"},  {&cu.reserve, "cuMemAddressReserve"},
+      {&cu.create, "cuMemCreate"},   {&cu.release, "cuMemRelease"},
+      {&cu.map, "cuMemMap"},         {&cu.unmap, "cuMemUnmap"},
+      {&cu.access, "cuMemSetAccess"}};
+  return dl_table_load("libcuda.so.1", syms, sizeof syms / sizeof syms[0]) ? -1
+                                                                           : 0;
+}
+
+int main(void) {
+  if (load() != 0 || cu.init(0) != CUDA_SUCCESS ||
+      cu.retain(&w.ctx, 0) != CUDA_SUCCESS) {
+    printf("vmm_threads: no CUDA driver or device here; nothing measured\n");
+    return 0;
+  }
+  cu.set(w.ctx);
+  w.gran = (size_t)2 << 20;
+  w.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  w.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  w.access.location = w.prop.location;
+  w.access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (cu.reserve(&w.va, NCHUNKS * w.gran, 0, 0, 0) != CUDA_SUCCESS) {
+    fprintf(stderr, "vmm_threads: cuMemAddressReserve failed\n");
     return 1;
   }
-  ad.location = p.location;
-  ad.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  int ts[] = {1, 2, 4, 8, 16};
-  for (int rep = 0; rep < 2; rep++)
-    for (unsigned k = 0; k < sizeof ts / sizeof *ts; k++) {
-      T = ts[k];
-      pthread_barrier_init(&bar, NULL, T + 1);
-      pthread_t th[16];
-      for (long i = 0; i < T; i++)
-        pthread_create(&th[i], NULL, work, (void *)i);
-      double tt[5];
-      for (int ph = 0; ph < 4; ph++) {
-        pthread_barrier_wait(&bar);
-        tt[ph] = now_us();
-        pthread_barrier_wait(&bar);
-        tt[ph + 1] = now_us();
-        tphase[ph][0] = tt[ph + 1] - tt[ph];
+  printf("us per chunk     create  map+access   unmap  release     all\n");
+  const int counts[] = {1, 2, 4, 8, MAX_THREADS};
+  for (int round = 0; round < 2; round++)
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+      w.threads = counts[k];
+      pthread_barrier_init(&w.gate, NULL, (unsigned)w.threads + 1);
+      pthread_t th[MAX_THREADS];
+      for (int i = 0; i < w.threads; i++)
+        pthread_create(&th[i], NULL, work, (void *)(intptr_t)i);
+      double us[PHASES], all = 0;
+      for (int phase = 0; phase < PHASES; phase++) {
+        pthread_barrier_wait(&w.gate);
+        double t0 = now_us();
+        pthread_barrier_wait(&w.gate);
+        us[phase] = (now_us() - t0) / NCHUNKS;
+        all += us[phase];
       }
-      for (int i = 0; i < T; i++)
+      for (int i = 0; i < w.threads; i++)
         pthread_join(th[i], NULL);
-      printf("threads %2d: us per chunk  create %.1f  map+access %.1f  unmap "
-             "%.1f  release %.1f  all %.1f\n",
-             T, tphase[0][0] / N, tphase[1][0] / N, tphase[2][0] / N,
-             tphase[3][0] / N,
-             (tphase[0][0] + tphase[1][0] + tphase[2][0] + tphase[3][0]) / N);
-      pthread_barrier_destroy(&bar);
+      pthread_barrier_destroy(&w.gate);
+      printf("%2d thread%s    %8.1f %10.1f %8.1f %8.1f %8.1f\n", w.threads,
+             w.threads == 1 ? " " : "s", us[CREATE], us[MAP], us[UNMAP],
+             us[RELEASE], all);
     }
   return 0;
 }
