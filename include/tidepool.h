@@ -201,7 +201,17 @@ typedef enum tp_pool_attr {
   TP_POOL_ATTR_OOM_WAIT = 100,
   TP_POOL_ATTR_CHUNK_MAPS = 101,   /* uint64_t, read-only: chunks mapped */
   TP_POOL_ATTR_CHUNK_UNMAPS = 102, /* uint64_t, read-only: chunks unmapped */
-  TP_POOL_ATTR_CHUNK_SIZE = 103    /* uint64_t, read-only: platform chunk */
+  TP_POOL_ATTR_CHUNK_SIZE = 103,   /* uint64_t, read-only: platform chunk */
+  /* uint64_t, read-write, parts per million, default 3906 (1/256), at most
+   * 1000000: how far above the peak of bytes its users asked for the pool
+   * may grow by making new chunks. Beyond it, growth moves wholly free
+   * chunks behind the new range instead (driver calls that cost tens of
+   * microseconds a chunk on the allocating thread, more while the GPU is
+   * busy). More slack trades memory for fewer moves: a GPT training loop
+   * that moves about 21 chunks a step at the default moves none at 25000
+   * (2.5%), holding 1.022 times its peak instead of 1.012 (bench/RESULTS.md).
+   * Applies to growth from then on. Errors: INVALID_VALUE above 1000000. */
+  TP_POOL_ATTR_GROWTH_SLACK = 104
 } tp_pool_attr_t;
 
 typedef enum tp_access_flags {
@@ -721,6 +731,8 @@ TP_API tp_error_t tp_device_set_graph_mem_attribute(int device,
  *       bytes with an optional K, M, G or T suffix (powers of 1024), or
  *       "max". Default: max, as PyTorch's backend:cudaMallocAsync sets it:
  *       memory stays reserved for reuse until tp_torch_trim.
+ *   TIDEPOOL_TORCH_GROWTH_SLACK  TP_POOL_ATTR_GROWTH_SLACK, in parts per
+ *       million (0 to 1000000). Default: the pool's own, 3906.
  *   TIDEPOOL_TORCH_REUSE_FOLLOW_EVENTS  (..._REUSE_FOLLOW_EVENT_DEPENDENCIES)
  *   TIDEPOOL_TORCH_REUSE_OPPORTUNISTIC  (..._REUSE_ALLOW_OPPORTUNISTIC)
  *   TIDEPOOL_TORCH_REUSE_INTERNAL_DEPS  (..._REUSE_ALLOW_INTERNAL_DEPENDENCIES)

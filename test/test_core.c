@@ -255,6 +255,52 @@ static void test_remap_instead_of_growth(void) {
   CHECK_OK(tp_pool_destroy(pool));
 }
 
+/* The growth slack decides whether a request no free range fits moves the
+ * pool's wholly free chunks behind a new range or makes new ones: five
+ * chunks freed between live ones, then a request of five. At the default
+ * (1/256 of the 10-chunk peak: less than a chunk) they move; at 100% five
+ * new chunks are made and nothing moves. */
+static void check_slack(uint64_t slack, bool makes) {
+  tp_pool_t pool = make_pool(0);
+  uint64_t chunk = attr64(pool, TP_POOL_ATTR_CHUNK_SIZE);
+  uint64_t keep = UINT64_MAX;
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &keep));
+  if (slack != UINT64_MAX)
+    CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_GROWTH_SLACK, &slack));
+  void *b[10], *big = NULL;
+  for (int i = 0; i < 10; i++)
+    REQUIRE_OK(tp_malloc_from_pool_async(&b[i], chunk, pool, NULL));
+  for (int i = 0; i < 10; i += 2)
+    CHECK_OK(tp_free_async(b[i], NULL));
+  CHECK_OK(tp_stream_synchronize(NULL));
+  uint64_t maps = attr64(pool, TP_POOL_ATTR_CHUNK_MAPS);
+  uint64_t unmaps = attr64(pool, TP_POOL_ATTR_CHUNK_UNMAPS);
+  CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 10 * chunk);
+  REQUIRE_OK(tp_malloc_from_pool_async(&big, 5 * chunk, pool, NULL));
+  CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT),
+               (makes ? 15 : 10) * chunk);
+  CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_CHUNK_MAPS), maps + 5);
+  CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_CHUNK_UNMAPS),
+               unmaps + (makes ? 0 : 5));
+  verify(pool);
+  if (check_on_host())
+    memset(big, 0x5b, 5 * chunk);
+  CHECK_OK(tp_free_async(big, NULL));
+  for (int i = 1; i < 10; i += 2)
+    CHECK_OK(tp_free_async(b[i], NULL));
+  CHECK_OK(tp_stream_synchronize(NULL));
+  CHECK_OK(tp_pool_trim_to(pool, 0));
+  CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);
+  verify(pool);
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
+static void test_growth_slack(void) {
+  check_slack(UINT64_MAX, false); /* the default */
+  check_slack(0, false);
+  check_slack(1000000, true);
+}
+
 /* The biased lock: a thread takes it alone until it holds the bias, then
  * others contend; a count kept without atomics under the lock must come out
  * exact, and the bias must have been claimed, revoked and honoured. */
@@ -333,6 +379,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_registry);
   RUN_TEST(test_biased_lock);
   RUN_TEST(test_remap_instead_of_growth);
+  RUN_TEST(test_growth_slack);
   printf("   seed %llu\n", (unsigned long long)seed);
   test_random_walk(seed);
   return check_done();

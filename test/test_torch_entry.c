@@ -13,7 +13,8 @@
 
 static const char *const vars[] = {
     "TIDEPOOL_TORCH_RELEASE_THRESHOLD", "TIDEPOOL_TORCH_REUSE_FOLLOW_EVENTS",
-    "TIDEPOOL_TORCH_REUSE_OPPORTUNISTIC", "TIDEPOOL_TORCH_REUSE_INTERNAL_DEPS"};
+    "TIDEPOOL_TORCH_REUSE_OPPORTUNISTIC", "TIDEPOOL_TORCH_REUSE_INTERNAL_DEPS",
+    "TIDEPOOL_TORCH_GROWTH_SLACK"};
 
 static void unset_vars(void) {
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
@@ -50,6 +51,15 @@ static void test_config(void) {
   CHECK_EQ_U64(config_with(thr, "lots").release_threshold, UINT64_MAX);
   CHECK_EQ_U64(config_with(thr, "-1").release_threshold, UINT64_MAX);
 
+  const char *slack = "TIDEPOOL_TORCH_GROWTH_SLACK";
+  CHECK_EQ_U64(c.growth_slack, UINT64_MAX);
+  CHECK_EQ_U64(config_with(slack, "25000").growth_slack, 25000);
+  CHECK_EQ_U64(config_with(slack, "0").growth_slack, 0);
+  CHECK_EQ_U64(config_with(slack, "1000000").growth_slack, 1000000);
+  CHECK_EQ_U64(config_with(slack, "1000001").growth_slack, UINT64_MAX);
+  CHECK_EQ_U64(config_with(slack, "-5").growth_slack, UINT64_MAX);
+  CHECK_EQ_U64(config_with(slack, "2.5%").growth_slack, UINT64_MAX);
+
   for (int i = 0; i < 3; i++) {
     const char *name = vars[1 + i];
     CHECK_EQ_INT(config_with(name, "0").reuse[i], 0);
@@ -84,6 +94,9 @@ static void test_config_applied(void) {
   CHECK_OK(tp_pool_get_attribute(
       pool, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &internal));
   CHECK_EQ_U64(threshold, 64 * MiB);
+  uint64_t slack = 0;
+  CHECK_OK(tp_pool_get_attribute(pool, TP_POOL_ATTR_GROWTH_SLACK, &slack));
+  CHECK_EQ_U64(slack, 25000);
   CHECK_EQ_INT(follow, 1); /* unset: the pool's default */
   CHECK_EQ_INT(opportunistic, 0);
   CHECK_EQ_INT(internal, 1);
@@ -312,6 +325,7 @@ int main(void) {
   /* What the entry points will read at their first call. */
   setenv("TIDEPOOL_TORCH_RELEASE_THRESHOLD", "64M", 1);
   setenv("TIDEPOOL_TORCH_REUSE_OPPORTUNISTIC", "0", 1);
+  setenv("TIDEPOOL_TORCH_GROWTH_SLACK", "25000", 1);
   snprintf(trace_path, sizeof trace_path, "/tmp/tp_torch_trace_%d.csv",
            (int)getpid());
   setenv("TIDEPOOL_TORCH_TRACE", trace_path, 1);

@@ -62,6 +62,7 @@ void tp__current_pools_forget(tp_pool_t pool);
  * so that a test can read it again after changing the environment. */
 typedef struct tp__torch_config {
   uint64_t release_threshold;
+  uint64_t growth_slack; /* parts per million; UINT64_MAX: unset */
   int reuse[3]; /* follow events, opportunistic, internal deps; -1: unset */
 } tp__torch_config;
 void tp__torch_read_config(tp__torch_config *cfg);

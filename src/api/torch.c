@@ -2,7 +2,9 @@
  * with the signatures CUDAPluggableAllocator calls, their configuration from
  * the TIDEPOOL_TORCH_* variables, and the statistics, peak reset and trim
  * that the Python side (integrations/pytorch) reaches through ctypes. */
+#include <errno.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -44,6 +46,18 @@ void tp__torch_read_config(tp__torch_config *cfg) {
       warn_invalid(name, "bytes with an optional K, M, G or T suffix, or max");
     else
       cfg->release_threshold = v;
+  }
+  cfg->growth_slack = UINT64_MAX;
+  name = "TIDEPOOL_TORCH_GROWTH_SLACK";
+  s = getenv(name);
+  if (s && *s) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*s == '-' || *end || errno || v > TP_GROWTH_SLACK_MAX)
+      warn_invalid(name, "parts per million from 0 to 1000000");
+    else
+      cfg->growth_slack = v;
   }
   for (int i = 0; i < 3; i++) {
     cfg->reuse[i] = -1;
@@ -263,6 +277,9 @@ static tp_error_t configure(int device) {
     if (err == TP_SUCCESS)
       err = tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD,
                                   &threshold);
+    uint64_t slack = config.growth_slack;
+    if (err == TP_SUCCESS && slack != UINT64_MAX)
+      err = tp_pool_set_attribute(pool, TP_POOL_ATTR_GROWTH_SLACK, &slack);
     for (int i = 0; i < 3 && err == TP_SUCCESS; i++) {
       int on = config.reuse[i];
       if (on >= 0)

@@ -155,7 +155,9 @@ static tp__reuse reuse_of(tp__pool *p) {
           atomic_load_explicit(&p->opportunistic, memory_order_relaxed),
       .internal_deps =
           atomic_load_explicit(&p->internal_deps, memory_order_relaxed),
-      .oom_wait = atomic_load_explicit(&p->oom_wait, memory_order_relaxed)};
+      .oom_wait = atomic_load_explicit(&p->oom_wait, memory_order_relaxed),
+      .growth_slack =
+          atomic_load_explicit(&p->growth_slack, memory_order_relaxed)};
 }
 
 static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,

@@ -36,6 +36,7 @@ static tp__pool *pool_alloc(const tp_pool_props_t *props) {
   atomic_init(&p->opportunistic, 1);
   atomic_init(&p->internal_deps, 1);
   atomic_init(&p->oom_wait, 1);
+  atomic_init(&p->growth_slack, TP_GROWTH_SLACK_DEFAULT);
   tp__mutex_init(&p->lock, TP_RANK_POOL);
   p->slabs.heap = &p->heap;
   p->caches.heap = &p->heap;
@@ -257,15 +258,17 @@ typedef struct attr_row {
   bool u64; /* uint64_t, else int */
   enum { ATTR_RO, ATTR_RW, ATTR_RESET } mode;
   uint64_t (*get)(tp__pool *p);
-  void (*set)(tp__pool *p, uint64_t v); /* ATTR_RW: store; RESET: reset */
+  /* ATTR_RW: checks and stores; RESET: resets. */
+  tp_error_t (*set)(tp__pool *p, uint64_t v);
 } attr_row;
 
 #define ATOMIC_ATTR(name, field)                                               \
   static uint64_t get_##name(tp__pool *p) {                                    \
     return (uint64_t)atomic_load(&p->field);                                   \
   }                                                                            \
-  static void set_##name(tp__pool *p, uint64_t v) {                            \
+  static tp_error_t set_##name(tp__pool *p, uint64_t v) {                      \
     atomic_store(&p->field, v);                                                \
+    return TP_SUCCESS;                                                         \
   }
 ATOMIC_ATTR(follow, follow_events)
 ATOMIC_ATTR(opportunistic, opportunistic)
@@ -274,15 +277,25 @@ ATOMIC_ATTR(oom_wait, oom_wait)
 ATOMIC_ATTR(threshold, release_threshold)
 #undef ATOMIC_ATTR
 
+static uint64_t get_slack(tp__pool *p) {
+  return atomic_load(&p->growth_slack);
+}
+static tp_error_t set_slack(tp__pool *p, uint64_t v) {
+  TP_RETURN_IF(v > TP_GROWTH_SLACK_MAX, TP_ERROR_INVALID_VALUE);
+  atomic_store(&p->growth_slack, v);
+  return TP_SUCCESS;
+}
+
 static uint64_t get_reserved(tp__pool *p) {
   return atomic_load(&p->space.reserved);
 }
 static uint64_t get_reserved_high(tp__pool *p) {
   return atomic_load(&p->space.reserved_high);
 }
-static void reset_reserved_high(tp__pool *p, uint64_t v) {
+static tp_error_t reset_reserved_high(tp__pool *p, uint64_t v) {
   (void)v;
   atomic_store(&p->space.reserved_high, atomic_load(&p->space.reserved));
+  return TP_SUCCESS;
 }
 static uint64_t get_used(tp__pool *p) {
   tp__mutex_lock(&p->lock);
@@ -296,12 +309,13 @@ static uint64_t get_used_high(tp__pool *p) {
   return atomic_load(&p->used_high);
 }
 /* Resets the high to the current total; every thread's mark starts over. */
-static void reset_used_high(tp__pool *p, uint64_t v) {
+static tp_error_t reset_used_high(tp__pool *p, uint64_t v) {
   (void)v;
   tp__mutex_lock(&p->lock);
   atomic_store(&p->used_high, tp__pool_used(p));
   atomic_fetch_add(&p->peak_gen, 1);
   tp__mutex_unlock(&p->lock);
+  return TP_SUCCESS;
 }
 static uint64_t get_alloc_type(tp__pool *p) {
   return (uint64_t)p->props.alloc_type;
@@ -361,6 +375,7 @@ static const attr_row attrs[] = {
     {TP_POOL_ATTR_CHUNK_MAPS, true, ATTR_RO, get_maps, NULL},
     {TP_POOL_ATTR_CHUNK_UNMAPS, true, ATTR_RO, get_unmaps, NULL},
     {TP_POOL_ATTR_CHUNK_SIZE, true, ATTR_RO, get_chunk, NULL},
+    {TP_POOL_ATTR_GROWTH_SLACK, true, ATTR_RW, get_slack, set_slack},
 };
 
 static const attr_row *attr_find(tp_pool_attr_t attr) {
@@ -395,8 +410,7 @@ tp_error_t tp__pool_set_attr(tp__pool *p, tp_pool_attr_t attr, void *value) {
     v = i != 0; /* the int attributes that can be set are switches */
   }
   TP_RETURN_IF(row->mode == ATTR_RESET && v != 0, TP_ERROR_INVALID_VALUE);
-  row->set(p, v);
-  return TP_SUCCESS;
+  return row->set(p, v);
 }
 
 /* ---- teardown

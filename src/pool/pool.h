@@ -57,6 +57,7 @@ struct tp__pool {
 
   _Atomic int follow_events, opportunistic, internal_deps, oom_wait;
   _Atomic uint64_t release_threshold;
+  _Atomic uint64_t growth_slack; /* parts per million (reuse.h) */
   /* Raised by every reset of the used high watermark, so that each thread
    * forgets the mark it kept for itself (see pool.c). */
   _Atomic uint64_t peak_gen;

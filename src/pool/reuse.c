@@ -21,13 +21,15 @@ static tp__taker taker(const tp__reuse *r, tp__stream *a, bool deps) {
 }
 
 /* Chunks that growth may make new rather than move: as many as keep the
- * pool within TP_GROWTH_SLACK above the peak of bytes asked for. */
+ * pool within its growth slack above the peak of bytes asked for. */
 static size_t growth_budget(const tp__reuse *r, size_t size) {
   const tp__space *sp = r->heap->space;
   uint64_t reserved = atomic_load_explicit(&sp->reserved, memory_order_relaxed);
   uint64_t peak =
       tp__max_u64(atomic_load(r->used_high), tp__caches_used(r->caches) + size);
-  uint64_t budget = peak + peak / TP_GROWTH_SLACK;
+  uint64_t ppm = r->growth_slack, million = TP_GROWTH_SLACK_MAX;
+  uint64_t budget =
+      peak + peak / million * ppm + peak % million * ppm / million;
   return budget > reserved ? (size_t)((budget - reserved) / sp->gran) : 0;
 }
 

@@ -17,15 +17,18 @@ typedef struct tp__reuse {
   const bool *gone; /* the pool was torn down meanwhile */
   const _Atomic uint64_t *used_high;
   bool follow_events, opportunistic, internal_deps, oom_wait;
+  uint64_t growth_slack; /* parts per million */
 } tp__reuse;
 
 /* Chunks move (tens of microseconds each on a GPU, as much as making one)
- * only once the pool would otherwise hold more than this share above the
- * peak of what its users asked for: 1/256. At 1/64 the bundled traces
- * replayed 0.1-0.8% higher (t5_train 1.0156 against 1.0038, llama_train
- * 1.0059 against 1.0050, above expandable_segments' live 1.0053) for about
- * four fewer chunk moves a step. */
-#define TP_GROWTH_SLACK 256
+ * only once the pool would otherwise hold more than its growth slack above
+ * the peak of what its users asked for (TP_POOL_ATTR_GROWTH_SLACK, parts per
+ * million): 1/256 by default. At 1/64 the bundled traces replayed 0.1-0.8%
+ * higher (t5_train 1.0156 against 1.0038, llama_train 1.0059 against
+ * 1.0050, above expandable_segments' live 1.0053) for about four fewer
+ * chunk moves a step; a GPT training loop stops moving at 1/40. */
+#define TP_GROWTH_SLACK_DEFAULT 3906u /* 1/256 */
+#define TP_GROWTH_SLACK_MAX 1000000u
 
 /* A large block of at least `size` bytes for stream `a`, out of the bins,
  * through every step of the order (growth only when `grow`). Its tag says

@@ -154,7 +154,7 @@ static void bad_input_attributes(tp_pool_t pool) {
   CHECK_ERR(tp_pool_destroy(NULL), TP_ERROR_INVALID_VALUE);
   CHECK_ERR(tp_pool_trim_to(NULL, 0), TP_ERROR_INVALID_VALUE);
   step("attributes: unknown attributes");
-  const int unknown[] = {0, 16, 99, 104, 999, -1};
+  const int unknown[] = {0, 16, 99, 105, 999, -1};
   for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
     v = 0;
     CHECK_ERR(tp_pool_get_attribute(pool, (tp_pool_attr_t)unknown[i], &v),
@@ -166,6 +166,10 @@ static void bad_input_attributes(tp_pool_t pool) {
   CHECK_ERR(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, NULL),
             TP_ERROR_INVALID_VALUE);
   CHECK_ERR(tp_pool_set_attribute(pool, TP_POOL_ATTR_OOM_WAIT, NULL),
+            TP_ERROR_INVALID_VALUE);
+  CHECK_ERR(tp_pool_set_attribute(pool, TP_POOL_ATTR_GROWTH_SLACK, NULL),
+            TP_ERROR_INVALID_VALUE);
+  CHECK_ERR(tp_pool_get_attribute(pool, TP_POOL_ATTR_GROWTH_SLACK, NULL),
             TP_ERROR_INVALID_VALUE);
   CHECK_ERR(tp_pool_get_attribute(pool, TP_POOL_ATTR_CHUNK_SIZE, NULL),
             TP_ERROR_INVALID_VALUE);

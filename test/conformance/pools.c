@@ -92,8 +92,22 @@ static void test_attributes(void) {
                1);
   CHECK_EQ_U64(attr_u64(pool, TP_POOL_ATTR_RELEASE_THRESHOLD), 0);
   CHECK_EQ_INT(attr_int(pool, TP_POOL_ATTR_OOM_WAIT), 1);
+  CHECK_EQ_U64(attr_u64(pool, TP_POOL_ATTR_GROWTH_SLACK), 3906);
 
   step("the read-write attributes keep what is written");
+  set_u64(pool, TP_POOL_ATTR_GROWTH_SLACK, 25000);
+  CHECK_EQ_U64(attr_u64(pool, TP_POOL_ATTR_GROWTH_SLACK), 25000);
+  set_u64(pool, TP_POOL_ATTR_GROWTH_SLACK, 1000000);
+  CHECK_EQ_U64(attr_u64(pool, TP_POOL_ATTR_GROWTH_SLACK), 1000000);
+  uint64_t too_much = 1000001;
+  CHECK_ERR(tp_pool_set_attribute(pool, TP_POOL_ATTR_GROWTH_SLACK, &too_much),
+            TP_ERROR_INVALID_VALUE);
+  too_much = UINT64_MAX;
+  CHECK_ERR(tp_pool_set_attribute(pool, TP_POOL_ATTR_GROWTH_SLACK, &too_much),
+            TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_U64(attr_u64(pool, TP_POOL_ATTR_GROWTH_SLACK), 1000000);
+  set_u64(pool, TP_POOL_ATTR_GROWTH_SLACK, 0);
+  CHECK_EQ_U64(attr_u64(pool, TP_POOL_ATTR_GROWTH_SLACK), 0);
   set_int(pool, TP_POOL_ATTR_OOM_WAIT, 0);
   CHECK_EQ_INT(attr_int(pool, TP_POOL_ATTR_OOM_WAIT), 0);
   set_int(pool, TP_POOL_ATTR_OOM_WAIT, 1);

@@ -1839,6 +1839,15 @@ static void op_attr(reader *r) {
     expect_ok(tp_pool_set_attribute(m->h, TP_POOL_ATTR_RELEASE_THRESHOLD, &t),
               "tp_pool_set_attribute(RELEASE_THRESHOLD)");
     m->threshold = t;
+    /* The growth slack changes how much memory growth makes, never what
+     * the model checks; the byte's top bits pick one now and then. */
+    static const uint64_t slack[] = {0, 3906, 25000, 1000000};
+    if (v >> 5 >= 4) {
+      uint64_t g = slack[(v >> 5) - 4];
+      logf_("tp_pool_set_attribute(pool %d, GROWTH_SLACK, %" PRIu64 ")", p, g);
+      expect_ok(tp_pool_set_attribute(m->h, TP_POOL_ATTR_GROWTH_SLACK, &g),
+                "tp_pool_set_attribute(GROWTH_SLACK)");
+    }
     return;
   }
   case 6: {
@@ -2332,7 +2341,7 @@ static void op_bad(reader *r) {
     int p = pick_pool(r, true, true);
     if (p < 0)
       return;
-    static const int bad_attrs[] = {0, 16, 99, 104, -1, 1000};
+    static const int bad_attrs[] = {0, 16, 99, 105, -1, 1000};
     tp_pool_attr_t a = (tp_pool_attr_t)bad_attrs[k % 6];
     logf_("bad: pool %d attribute %d", p, (int)a);
     expect_err(tp_pool_get_attribute(M.pools[p].h, a, &u), INV,
@@ -2796,6 +2805,9 @@ static void reset_default_pool(int d) {
     expect_ok(tp_pool_set_attribute(h, flags[i], &one), "reset a policy");
   expect_ok(tp_pool_set_attribute(h, TP_POOL_ATTR_RELEASE_THRESHOLD, &zero),
             "reset the threshold");
+  uint64_t slack = 3906;
+  expect_ok(tp_pool_set_attribute(h, TP_POOL_ATTR_GROWTH_SLACK, &slack),
+            "reset the growth slack");
   tp_access_desc_t other = {{TP_LOCATION_DEVICE, 1 - d, 0}, TP_ACCESS_NONE};
   expect_ok(tp_pool_set_access(h, &other, 1), "reset access");
   expect_ok(tp_pool_trim_to(h, 0), "trim a default pool");

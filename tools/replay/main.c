@@ -25,6 +25,10 @@ static void usage(FILE *f) {
       "                        cuda where a GPU is usable, else host)\n"
       "  --threshold BYTES     the pool's release threshold (K/M/G suffixes;\n"
       "                        'max' keeps everything; default max)\n"
+      "  --growth-slack PPM    how far above its peak in use the pool may\n"
+      "                        grow by making chunks rather than moving\n"
+      "                        them, in parts per million (0 to 1000000;\n"
+      "                        default the pool's, 3906)\n"
       "  --lag N               the device runs N operations behind the host:\n"
       "                        work queued on a stream completes once N more\n"
       "                        operations have been issued (0: an ideal\n"
@@ -152,11 +156,13 @@ static void json_result(const char *name, const char *platform, const trace *t,
   printf("\",\"lag\":%u,\"allocs\":%zu,\"ops\":%zu,\"skipped_frees\":%zu,"
          "\"double_allocs\":%zu,\"peak_used\":%llu,\"peak_reserved\":%llu,"
          "\"ratio\":%.4f,\"chunk_maps\":%llu,\"chunk_unmaps\":%llu,"
-         "\"seconds\":%.6f,\"ops_per_s\":%.0f,\"threshold\":%llu",
+         "\"seconds\":%.6f,\"ops_per_s\":%.0f,\"threshold\":%llu,"
+         "\"growth_slack\":%lld",
          o->lag, r->allocs, r->ops, r->skipped_frees, t->double_allocs,
          (unsigned long long)r->peak_used, (unsigned long long)r->peak_reserved,
          r->ratio, (unsigned long long)r->maps, (unsigned long long)r->unmaps,
-         r->seconds, ops_per_s, (unsigned long long)o->threshold);
+         r->seconds, ops_per_s, (unsigned long long)o->threshold,
+         o->growth_slack == UINT64_MAX ? -1LL : (long long)o->growth_slack);
   if (t->has_user)
     printf(",\"user_peak_reserved\":%llu,\"user_ratio\":%.4f",
            (unsigned long long)t->user_peak_reserved,
@@ -198,6 +204,7 @@ static void measure(const char *name, const trace *t, bool json) {
 enum {
   OPT_PLATFORM = 256,
   OPT_THRESHOLD,
+  OPT_GROWTH_SLACK,
   OPT_LAG,
   OPT_MEASURE_LAG,
   OPT_JSON,
@@ -208,14 +215,17 @@ enum {
 };
 
 int main(int argc, char **argv) {
-  replay_options o = {
-      .threshold = UINT64_MAX, .lag = REPLAY_DEFAULT_LAG, .progress = true};
+  replay_options o = {.threshold = UINT64_MAX,
+                      .growth_slack = UINT64_MAX,
+                      .lag = REPLAY_DEFAULT_LAG,
+                      .progress = true};
   bool json = false, against = false, measure_lag = false;
   replay_result driver;
   const char *plot = NULL, *perfetto = NULL;
   static const struct option longopts[] = {
       {"platform", required_argument, NULL, OPT_PLATFORM},
       {"threshold", required_argument, NULL, OPT_THRESHOLD},
+      {"growth-slack", required_argument, NULL, OPT_GROWTH_SLACK},
       {"lag", required_argument, NULL, OPT_LAG},
       {"measure-lag", no_argument, NULL, OPT_MEASURE_LAG},
       {"json", no_argument, NULL, OPT_JSON},
@@ -251,6 +261,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, "tidepool-replay: bad --threshold '%s'\n", optarg);
         return 2;
       }
+      break;
+    case OPT_GROWTH_SLACK:
+      errno = 0;
+      v = strtoul(optarg, &end, 10);
+      if (end == optarg || *end || *optarg == '-' || errno || v > 1000000) {
+        fprintf(stderr,
+                "tidepool-replay: --growth-slack takes parts per million from "
+                "0 to 1000000, not '%s'\n",
+                optarg);
+        return 2;
+      }
+      o.growth_slack = v;
       break;
     case OPT_LAG:
       errno = 0;

@@ -85,6 +85,15 @@ int replay_trace(const replay_options *o, const trace *t, replay_result *r,
   }
   uint64_t threshold = o->threshold;
   (void)tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &threshold);
+  uint64_t slack = o->growth_slack;
+  if (slack != UINT64_MAX &&
+      (e = tp_pool_set_attribute(pool, TP_POOL_ATTR_GROWTH_SLACK, &slack)) !=
+          TP_SUCCESS) {
+    snprintf(err, errlen, "%s: setting the growth slack: %s", t->path,
+             tp_error_name(e));
+    (void)tp_pool_destroy(pool);
+    return -1;
+  }
   if (o->lag > 0) {
     /* Waiting on the host for frees that the model holds back would wait
      * for the replay itself. */

@@ -24,6 +24,7 @@ typedef struct replay_timeline {
 
 typedef struct replay_options {
   uint64_t threshold;           /* the pool's release threshold */
+  uint64_t growth_slack;        /* parts per million; UINT64_MAX: default */
   unsigned lag;                 /* operations the device runs behind */
   bool progress;                /* a progress bar on stderr */
   replay_timeline *timeline;    /* NULL: no sampling */
