@@ -369,6 +369,60 @@ static void test_full_device_finishes_destroyed_pool(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* A legacy-stream operation the platform refuses queues nothing, and so
+ * orders no blocking stream after another: here an event of device 1
+ * recorded on device 0's legacy stream. X's free on blocking stream A
+ * stays pending behind a gate; blocking stream B, which follows A in no
+ * way, must not get X's memory (with the reuse that would make B wait
+ * turned off). Counting the refused record as a legacy operation handed X
+ * to B (the fuzzer's legacy-op-refused, found as a data corruption). */
+static void test_refused_legacy_op_orders_nothing(void) {
+  int devices = 0;
+  if (tp_get_device_count(&devices) != TP_SUCCESS || devices < 2) {
+    printf("   (an event of another device needs two devices)\n");
+    return;
+  }
+  tp_pool_t pool = pool_2mib();
+  if (!pool)
+    return;
+  int off = 0;
+  CHECK_OK(tp_pool_set_attribute(
+      pool, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off));
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+                                 &off));
+  uint64_t keep = UINT64_MAX;
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &keep));
+  tp_event_t other;
+  REQUIRE_OK(tp_set_device(1));
+  REQUIRE_OK(tp_event_create(&other));
+  REQUIRE_OK(tp_set_device(0));
+  tp_stream_t a, b;
+  REQUIRE_OK(tp_stream_create(&a, TP_STREAM_DEFAULT));
+  REQUIRE_OK(tp_stream_create(&b, TP_STREAM_DEFAULT));
+
+  void *x, *y;
+  REQUIRE_OK(tp_malloc_from_pool_async(&x, 2 * MiB, pool, a));
+  gate_t g;
+  REQUIRE_OK(hold_stream(a, &g));
+  fill(x, 2 * MiB, 0x11, a);
+  CHECK_OK(tp_free_async(x, a));
+  CHECK(tp_event_record(other, NULL) != TP_SUCCESS);
+  REQUIRE_OK(tp_malloc_from_pool_async(&y, 2 * MiB, pool, b));
+  CHECK((uintptr_t)y + 2 * MiB <= (uintptr_t)x ||
+        (uintptr_t)x + 2 * MiB <= (uintptr_t)y);
+  fill(y, 2 * MiB, 0x22, b);
+  release(&g);
+  CHECK_OK(tp_stream_synchronize(a));
+  all_bytes(y, 2 * MiB, 0x22, b);
+  CHECK_OK(tp_free_async(y, b));
+  CHECK_OK(tp_stream_synchronize(b));
+  walk_ok(pool);
+  CHECK_OK(tp_event_destroy(other));
+  CHECK_OK(tp_stream_destroy(a));
+  CHECK_OK(tp_stream_destroy(b));
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
 int main(void) {
   RUN_TEST(test_pending_chunks_move_in_stream_order);
   RUN_TEST(test_release_waits_for_the_old_mapping);
@@ -376,5 +430,6 @@ int main(void) {
   RUN_TEST(test_edge_chunk_shared_with_peer_access);
   RUN_TEST(test_edge_chunk_lends_its_free_end);
   RUN_TEST(test_full_device_finishes_destroyed_pool);
+  RUN_TEST(test_refused_legacy_op_orders_nothing);
   return check_done();
 }

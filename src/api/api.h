@@ -21,9 +21,9 @@ static inline void tp__work_begin(tp__stream *s) {
   if (s->legacy)
     tp__legacy_begin(s->device);
 }
-static inline void tp__work_end(tp__stream *s) {
+static inline void tp__work_end(tp__stream *s, tp_error_t err) {
   if (s->legacy)
-    tp__legacy_end(s->device);
+    tp__legacy_end(s->device, err == TP_SUCCESS);
 }
 
 /* Stream capture's hooks (graph.c) in the allocator and event entry points.

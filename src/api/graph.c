@@ -450,7 +450,7 @@ TP_API tp_error_t tp_graph_launch(tp_graph_exec_t exec, tp_stream_t stream) {
   tp__work_begin(s);
   tp_error_t err =
       tp__gmem_launch(exec->gm, exec->pe, exec->auto_free, s->ps, s->device);
-  tp__work_end(s);
+  tp__work_end(s, err);
   if (err == TP_SUCCESS && exec->track) {
     /* Work queued on s from now on follows the launch: the epoch moves
      * under the stream's lock, so no marker recorded before the launch can

@@ -237,7 +237,7 @@ static tp_error_t event_record(tp_event_t event, tp_stream_t stream) {
     return err;
   tp__work_begin(s);
   err = tp__event_record(e, s);
-  tp__work_end(s);
+  tp__work_end(s, err);
   return err;
 }
 
@@ -264,7 +264,7 @@ TP_API tp_error_t tp_memset_async(void *ptr, int value, size_t size,
     return TP_SUCCESS;
   tp__work_begin(s);
   tp_error_t err = tp__platform->memset_async(s->ps, ptr, value, size);
-  tp__work_end(s);
+  tp__work_end(s, err);
   return err;
 }
 
@@ -277,7 +277,7 @@ TP_API tp_error_t tp_memcpy_async(void *dst, const void *src, size_t size,
     return TP_SUCCESS;
   tp__work_begin(s);
   tp_error_t err = tp__platform->memcpy_async(s->ps, dst, src, size);
-  tp__work_end(s);
+  tp__work_end(s, err);
   return err;
 }
 
@@ -288,6 +288,6 @@ TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
   TP_FORWARD(stream_of(stream, &s));
   tp__work_begin(s);
   tp_error_t err = tp__platform->launch_host_func(s->ps, fn, arg);
-  tp__work_end(s);
+  tp__work_end(s, err);
   return err;
 }

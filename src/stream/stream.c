@@ -11,17 +11,22 @@
 /* ---- the legacy default stream ------------------------------------------
  * Work queued on a device's NULL stream waits for all earlier work of the
  * device's blocking streams, and their later work waits for it. Each such
- * operation takes the next number of the device's legacy sequence, under a
- * lock held across the queueing, so that a reader who sees number n knows
- * operation n is queued, and a free that read n-1 was issued before it. */
+ * operation takes the next number of the device's legacy sequence as it
+ * begins, under a lock held across the queueing, so that a free that read
+ * n-1 was issued before operation n. Only an operation the platform took
+ * counts as having ordered anything: one it refused (an event of another
+ * device, a bad pointer) queued nothing, and leaves `done` and `op_epoch`
+ * as they were (the fuzzer's legacy-op-refused). */
 static struct {
   tp__mutex lock;
-  _Atomic uint64_t seq;
+  _Atomic uint64_t seq;  /* operations begun; what a free's tag notes */
+  _Atomic uint64_t done; /* the number of the last operation queued */
   /* The legacy stream's epoch when its last operation was queued: its
    * frees up to this epoch were issued before an operation, which waits
    * for the blocking streams' work they may have needed. A free is no
    * operation, so the blocking streams' later work follows only these. */
   _Atomic uint64_t op_epoch;
+  uint64_t begun_epoch; /* under the lock: the epoch the operation took */
 } legacy_seqs[TP_MAX_DEVICES];
 static _Atomic(tp__stream *) legacy_streams[TP_MAX_DEVICES];
 
@@ -30,12 +35,22 @@ void tp__legacy_begin(int device) {
   atomic_fetch_add_explicit(&legacy_seqs[device].seq, 1, memory_order_release);
   tp__stream *l =
       atomic_load_explicit(&legacy_streams[device], memory_order_acquire);
-  if (l)
-    atomic_store_explicit(&legacy_seqs[device].op_epoch, tp__stream_advance(l),
-                          memory_order_release);
+  legacy_seqs[device].begun_epoch =
+      l ? tp__stream_advance(l)
+        : atomic_load_explicit(&legacy_seqs[device].op_epoch,
+                               memory_order_relaxed);
 }
 
-void tp__legacy_end(int device) {
+void tp__legacy_end(int device, bool queued) {
+  if (queued) {
+    atomic_store_explicit(
+        &legacy_seqs[device].done,
+        atomic_load_explicit(&legacy_seqs[device].seq, memory_order_relaxed),
+        memory_order_release);
+    atomic_store_explicit(&legacy_seqs[device].op_epoch,
+                          legacy_seqs[device].begun_epoch,
+                          memory_order_release);
+  }
   tp__mutex_unlock(&legacy_seqs[device].lock);
 }
 
@@ -44,11 +59,11 @@ uint64_t tp__legacy_seq(int device) {
 }
 
 /* A field of a device's legacy bookkeeping once no operation is being
- * queued: seq, or op_epoch. */
+ * queued: the number of the last operation queued, or op_epoch. */
 uint64_t tp__legacy_settled(int device, bool op_epoch) {
   tp__mutex_lock(&legacy_seqs[device].lock);
   uint64_t v = atomic_load_explicit(op_epoch ? &legacy_seqs[device].op_epoch
-                                             : &legacy_seqs[device].seq,
+                                             : &legacy_seqs[device].done,
                                     memory_order_relaxed);
   tp__mutex_unlock(&legacy_seqs[device].lock);
   return v;

@@ -167,9 +167,10 @@ static inline void tp__tag_clear(tp__tag *t) {
 int tp__current_device(void);
 void tp__set_current_device(int device);
 
-/* Legacy-stream bookkeeping around work queued on a device's NULL stream. */
+/* Legacy-stream bookkeeping around work queued on a device's NULL stream;
+ * `queued`: the platform took the work. */
 void tp__legacy_begin(int device);
-void tp__legacy_end(int device);
+void tp__legacy_end(int device, bool queued);
 uint64_t tp__legacy_seq(int device);
 
 /* The tag of a free issued now on `s`. Frees on the legacy stream and on

@@ -8,8 +8,8 @@
 /* The device's legacy stream object, made on first use. */
 tp_error_t tp__legacy_get(int device, tp__stream **out);
 /* A field of a device's legacy bookkeeping once no operation is being
- * queued: the sequence, or (op_epoch) the legacy stream's epoch at its last
- * operation. */
+ * queued: the number of its last operation the platform took, or
+ * (op_epoch) the legacy stream's epoch at that operation. */
 uint64_t tp__legacy_settled(int device, bool op_epoch);
 /* The registered stream with this uid, with a reference, or NULL. */
 tp__stream *tp__stream_find_uid(uint64_t uid);

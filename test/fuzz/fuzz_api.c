@@ -942,8 +942,16 @@ static void wait_for_free(int s, int free_item, unsigned maybe) {
   static const unsigned edge[2] = {MAYBE_FREE, MAYBE_POS};
   int n = 1;
   int fs = items[free_item].stream;
-  if (fs >= 0 && M.streams[fs].legacy && M.streams[fs].live)
+  /* The library waits on a marker of the freeing stream: on the legacy
+   * stream one recorded now, covering all its work so far; on another, the
+   * first marker that covers the free, recorded when first needed, which
+   * may cover the stream's later work too (the fuzzer's
+   * internal-wait-covers-later). */
+  if (fs >= 0 && M.streams[fs].live) {
     deps[n++] = item_pos(fs);
+    if (!M.streams[fs].legacy)
+      maybe |= MAYBE_POS;
+  }
   int tail[MAX_DEPS];
   int base = next_deps(s, tail);
   int i = item_new(s, -1, deps, n, false);
