@@ -202,9 +202,10 @@ typedef enum tp_pool_attr {
   TP_POOL_ATTR_CHUNK_MAPS = 101,   /* uint64_t, read-only: chunks mapped */
   TP_POOL_ATTR_CHUNK_UNMAPS = 102, /* uint64_t, read-only: chunks unmapped */
   TP_POOL_ATTR_CHUNK_SIZE = 103,   /* uint64_t, read-only: platform chunk */
-  /* uint64_t, read-write, parts per million, default 3906 (1/256), at most
-   * 1000000: how far above the peak of bytes its users asked for the pool
-   * may grow by making new chunks. Beyond it, growth moves wholly free
+  /* uint64_t, read-write, parts per million, at most 1000000; default 3906
+   * (1/256), or TIDEPOOL_GROWTH_SLACK's value where the process has it set
+   * (read once): how far above the peak of bytes its users asked for the
+   * pool may grow by making new chunks. Beyond it, growth moves wholly free
    * chunks behind the new range instead (driver calls that cost tens of
    * microseconds a chunk on the allocating thread, more while the GPU is
    * busy). More slack trades memory for fewer moves: a GPT training loop

@@ -72,6 +72,35 @@ static void test_env_size(void) {
   CHECK(!bad);
 }
 
+static void test_env_count(void) {
+  struct {
+    const char *text;
+    uint64_t want;
+    bool bad;
+  } rows[] = {{"0", 0, false},
+              {"25000", 25000, false},
+              {"100000", 100000, false},
+              {"100001", 7, true},
+              {"-1", 7, true},
+              {"2.5", 7, true},
+              {"1e3", 7, true},
+              {" 5", 7, true},
+              {"99999999999999999999", 7, true}};
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    setenv("TP_TEST_ENV_COUNT", rows[i].text, 1);
+    bool bad = false;
+    uint64_t v = tp__env_count("TP_TEST_ENV_COUNT", 7, 100000, &bad);
+    check_context(rows[i].text);
+    CHECK_EQ_U64(v, rows[i].want);
+    CHECK_EQ_INT(bad, rows[i].bad);
+  }
+  check_context(NULL);
+  unsetenv("TP_TEST_ENV_COUNT");
+  bool bad = false;
+  CHECK_EQ_U64(tp__env_count("TP_TEST_ENV_COUNT", 9, 100000, &bad), 9);
+  CHECK(!bad);
+}
+
 static uint64_t attr64(tp_pool_t pool, tp_pool_attr_t a) {
   uint64_t v = 0;
   CHECK_OK(tp_pool_get_attribute(pool, a, &v));
@@ -213,6 +242,8 @@ static void test_random_walk(uint64_t seed) {
  * range for a request no free range fits, instead of growing the pool. */
 static void test_remap_instead_of_growth(void) {
   tp_pool_t pool = make_pool(0);
+  uint64_t slack = 3906; /* whatever TIDEPOOL_GROWTH_SLACK says */
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_GROWTH_SLACK, &slack));
   uint64_t chunk = attr64(pool, TP_POOL_ATTR_CHUNK_SIZE);
   void *b[10];
   for (int i = 0; i < 10; i++)
@@ -296,7 +327,20 @@ static void check_slack(uint64_t slack, bool makes) {
 }
 
 static void test_growth_slack(void) {
-  check_slack(UINT64_MAX, false); /* the default */
+  /* A new pool starts with TIDEPOOL_GROWTH_SLACK's value where the process
+   * has it (CTest's test_core_slack_env), else 1/256. */
+  const char *env = getenv("TIDEPOOL_GROWTH_SLACK");
+  char *end = NULL;
+  uint64_t want = env ? strtoull(env, &end, 10) : 3906;
+  if (env && (!*env || *end || want > 1000000))
+    want = 3906; /* refused, with a message */
+  tp_pool_t pool = make_pool(0);
+  CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_GROWTH_SLACK), want);
+  CHECK_OK(tp_pool_destroy(pool));
+  tp_pool_t def = NULL;
+  CHECK_OK(tp_device_get_default_mem_pool(&def, 0));
+  CHECK_EQ_U64(attr64(def, TP_POOL_ATTR_GROWTH_SLACK), want);
+  check_slack(UINT64_MAX, want >= 500000);
   check_slack(0, false);
   check_slack(1000000, true);
 }
@@ -376,6 +420,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_bins);
   RUN_TEST(test_classes);
   RUN_TEST(test_env_size);
+  RUN_TEST(test_env_count);
   RUN_TEST(test_registry);
   RUN_TEST(test_biased_lock);
   RUN_TEST(test_remap_instead_of_growth);

@@ -2,9 +2,7 @@
  * with the signatures CUDAPluggableAllocator calls, their configuration from
  * the TIDEPOOL_TORCH_* variables, and the statistics, peak reset and trim
  * that the Python side (integrations/pytorch) reaches through ctypes. */
-#include <errno.h>
 #include <pthread.h>
-#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -47,18 +45,12 @@ void tp__torch_read_config(tp__torch_config *cfg) {
     else
       cfg->release_threshold = v;
   }
-  cfg->growth_slack = UINT64_MAX;
   name = "TIDEPOOL_TORCH_GROWTH_SLACK";
-  s = getenv(name);
-  if (s && *s) {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (*s == '-' || *end || errno || v > TP_GROWTH_SLACK_MAX)
-      warn_invalid(name, "parts per million from 0 to 1000000");
-    else
-      cfg->growth_slack = v;
-  }
+  bool bad = false;
+  cfg->growth_slack =
+      tp__env_count(name, UINT64_MAX, TP_GROWTH_SLACK_MAX, &bad);
+  if (bad)
+    warn_invalid(name, "parts per million from 0 to 1000000");
   for (int i = 0; i < 3; i++) {
     cfg->reuse[i] = -1;
     s = getenv(reuse_vars[i].env);

@@ -3,6 +3,7 @@
 #include "common.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <string.h>
 
 void tp__check_failed(const char *what, const char *file, int line) {
@@ -50,6 +51,21 @@ uint64_t tp__env_size(const char *name, uint64_t fallback, bool *bad) {
     return fallback;
   }
   return (uint64_t)v << shift;
+}
+
+uint64_t tp__env_count(const char *name, uint64_t fallback, uint64_t max,
+                       bool *bad) {
+  const char *s = getenv(name);
+  if (!s || !*s)
+    return fallback;
+  char *end = NULL;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (!isdigit((unsigned char)*s) || *end != '\0' || errno || v > max) {
+    *bad = true;
+    return fallback;
+  }
+  return v;
 }
 
 bool tp__array_room(void **arr, uint32_t n, uint32_t *cap, size_t elem) {

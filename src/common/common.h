@@ -80,5 +80,10 @@ bool tp__array_room(void **arr, uint32_t n, uint32_t *cap, size_t elem);
  * G or T suffix (powers of 1024). Returns `fallback` when unset; sets *bad
  * when set but unparsable. */
 uint64_t tp__env_size(const char *name, uint64_t fallback, bool *bad);
+/* Reads an environment variable as a plain decimal count from 0 to `max`.
+ * Returns `fallback` when unset; sets *bad (and returns `fallback`) when it
+ * does not parse or is above `max`. */
+uint64_t tp__env_count(const char *name, uint64_t fallback, uint64_t max,
+                       bool *bad);
 
 #endif /* TP_COMMON_H */

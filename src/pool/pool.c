@@ -2,6 +2,7 @@
  * release at synchronize and trim, access, the attributes (one table row
  * each), and teardown, which gives the memory back at once and retires the
  * object through the guard. */
+#include <pthread.h>
 #include <stddef.h>
 #include <string.h>
 #include <sys/random.h>
@@ -22,6 +23,23 @@ static uint32_t npools, cappools;
 
 /* A pool and its handle with the settings every pool starts with (CUDA's
  * reuse policies on); NULL when memory runs out. */
+/* A new pool's growth slack: TIDEPOOL_GROWTH_SLACK where set, read once
+ * (tidepool-run's programs cannot set the attribute themselves). */
+static pthread_once_t slack_once = PTHREAD_ONCE_INIT;
+static uint64_t slack_default = TP_GROWTH_SLACK_DEFAULT;
+
+static void slack_read(void) {
+  bool bad = false;
+  slack_default =
+      tp__env_count("TIDEPOOL_GROWTH_SLACK", TP_GROWTH_SLACK_DEFAULT,
+                    TP_GROWTH_SLACK_MAX, &bad);
+  if (bad)
+    fprintf(stderr,
+            "tidepool: TIDEPOOL_GROWTH_SLACK=\"%s\" is invalid (expected "
+            "parts per million from 0 to 1000000); ignored\n",
+            getenv("TIDEPOOL_GROWTH_SLACK"));
+}
+
 static tp__pool *pool_alloc(const tp_pool_props_t *props) {
   tp__pool *p = calloc(1, sizeof *p);
   tp_pool_t h = p ? tp__handle_new() : NULL;
@@ -36,7 +54,8 @@ static tp__pool *pool_alloc(const tp_pool_props_t *props) {
   atomic_init(&p->opportunistic, 1);
   atomic_init(&p->internal_deps, 1);
   atomic_init(&p->oom_wait, 1);
-  atomic_init(&p->growth_slack, TP_GROWTH_SLACK_DEFAULT);
+  pthread_once(&slack_once, slack_read);
+  atomic_init(&p->growth_slack, slack_default);
   tp__mutex_init(&p->lock, TP_RANK_POOL);
   p->slabs.heap = &p->heap;
   p->caches.heap = &p->heap;
