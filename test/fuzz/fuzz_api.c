@@ -920,6 +920,42 @@ static void add_freed(uintptr_t lo, size_t size, int pool, int item,
       (mfreed){lo, lo + size, pool, item, hold_item, M.pools[pool].opp != 0};
 }
 
+/* A new block of pool p took [lo, hi), legally (check_reuse): the frees
+ * recorded there have served their purpose. Whoever frees the block later
+ * is ordered after its owner, and the owner after those frees, so a later
+ * reuse answers to the later free alone (the fuzzer's
+ * realloc-supersedes-free). The parts of a record outside [lo, hi) stay. */
+static void consume_freed(int pool, uintptr_t lo, uintptr_t hi) {
+  int split = 0; /* records that [lo, hi) cuts in two */
+  for (int i = 0; i < M.nfreed; i++) {
+    const mfreed *f = &M.freed[i];
+    split += f->pool == pool && f->lo < lo && hi < f->hi;
+  }
+  if (M.nfreed + split > MAX_FREED)
+    prune_freed();
+  if (M.nfreed + split > MAX_FREED)
+    fail("the model's table of pending frees is full");
+  int n = M.nfreed;
+  for (int i = 0; i < n; i++) {
+    mfreed *f = &M.freed[i];
+    if (f->pool != pool || !(f->lo < hi && lo < f->hi))
+      continue;
+    if (f->lo < lo && hi < f->hi) {
+      M.freed[M.nfreed] = *f;
+      M.freed[M.nfreed++].lo = hi;
+    }
+    if (f->lo < lo)
+      f->hi = lo;
+    else
+      f->lo = hi < f->hi ? hi : f->hi;
+  }
+  int k = 0; /* records left empty go */
+  for (int i = 0; i < M.nfreed; i++)
+    if (M.freed[i].lo < M.freed[i].hi)
+      M.freed[k++] = M.freed[i];
+  M.nfreed = k;
+}
+
 /* Which of a wait's edges only perhaps hold (maybe edges: a reach crosses
  * them, a block or a completion does not). */
 enum { WAIT_SURE = 0, MAYBE_FREE = 1, MAYBE_POS = 2 };
@@ -1280,6 +1316,7 @@ static void op_malloc(reader *r, bool from_pool) {
     fail("%p is not aligned to 512 bytes", ptr);
   check_no_overlap(lo, hi, -1, -1);
   bool waits = check_reuse(p, s, lo, hi);
+  consume_freed(p, lo, hi);
   mblock *k = &M.blocks[b];
   memset(k, 0, sizeof *k);
   k->live = true;
