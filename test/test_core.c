@@ -238,6 +238,17 @@ static void test_random_walk(uint64_t seed) {
   free(v);
 }
 
+/* Ten chunks of one block each, the even ones freed (completed): five
+ * wholly free chunks between live blocks. b[] gets the ten pointers. */
+static bool scatter_free_chunks(tp_pool_t pool, uint64_t chunk, void *b[10]) {
+  for (int i = 0; i < 10; i++)
+    if (!CHECK_OK(tp_malloc_from_pool_async(&b[i], chunk, pool, NULL)))
+      return false;
+  for (int i = 0; i < 10; i += 2)
+    CHECK_OK(tp_free_async(b[i], NULL));
+  return CHECK_OK(tp_stream_synchronize(NULL));
+}
+
 /* Wholly free chunks scattered between live blocks are moved behind a fresh
  * range for a request no free range fits, instead of growing the pool. */
 static void test_remap_instead_of_growth(void) {
@@ -246,11 +257,7 @@ static void test_remap_instead_of_growth(void) {
   CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_GROWTH_SLACK, &slack));
   uint64_t chunk = attr64(pool, TP_POOL_ATTR_CHUNK_SIZE);
   void *b[10];
-  for (int i = 0; i < 10; i++)
-    REQUIRE_OK(tp_malloc_from_pool_async(&b[i], chunk, pool, NULL));
-  for (int i = 0; i < 10; i += 2)
-    CHECK_OK(tp_free_async(b[i], NULL));
-  CHECK_OK(tp_stream_synchronize(NULL));
+  REQUIRE(scatter_free_chunks(pool, chunk, b));
   uint64_t t = UINT64_MAX;
   CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &t));
   uint64_t before = attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT);
@@ -299,11 +306,7 @@ static void check_slack(uint64_t slack, bool makes) {
   if (slack != UINT64_MAX)
     CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_GROWTH_SLACK, &slack));
   void *b[10], *big = NULL;
-  for (int i = 0; i < 10; i++)
-    REQUIRE_OK(tp_malloc_from_pool_async(&b[i], chunk, pool, NULL));
-  for (int i = 0; i < 10; i += 2)
-    CHECK_OK(tp_free_async(b[i], NULL));
-  CHECK_OK(tp_stream_synchronize(NULL));
+  REQUIRE(scatter_free_chunks(pool, chunk, b));
   uint64_t maps = attr64(pool, TP_POOL_ATTR_CHUNK_MAPS);
   uint64_t unmaps = attr64(pool, TP_POOL_ATTR_CHUNK_UNMAPS);
   CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 10 * chunk);
