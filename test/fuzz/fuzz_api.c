@@ -1045,8 +1045,13 @@ static bool check_reuse(int p, int s, uintptr_t lo, uintptr_t hi) {
       continue;
     }
     bool by_event = stream_follows(s, f->item, true);
-    if (by_event && m->follow)
+    if (by_event && m->follow) {
+      /* As above: the library's clocks may miss the event's order and
+       * make s wait instead (the fuzzer's event-order-internal-wait). */
+      if (m->internal)
+        wait_for_free(s, f->item, MAYBE_FREE | MAYBE_POS);
       continue;
+    }
     if (!blocked) {
       /* Perhaps complete, but nothing told the pool so: taking it needs
        * the opportunistic policy, or a dependency (internal), or the wait
