@@ -370,18 +370,13 @@ static void test_full_device_finishes_destroyed_pool(void) {
 }
 
 /* A legacy-stream operation the platform refuses queues nothing, and so
- * orders no blocking stream after another: here an event of device 1
- * recorded on device 0's legacy stream. X's free on blocking stream A
- * stays pending behind a gate; blocking stream B, which follows A in no
- * way, must not get X's memory (with the reuse that would make B wait
- * turned off). Counting the refused record as a legacy operation handed X
- * to B (the fuzzer's legacy-op-refused, found as a data corruption). */
-static void test_refused_legacy_op_orders_nothing(void) {
-  int devices = 0;
-  if (tp_get_device_count(&devices) != TP_SUCCESS || devices < 2) {
-    printf("   (an event of another device needs two devices)\n");
-    return;
-  }
+ * orders no blocking stream after another. X's free on blocking stream A
+ * stays pending behind a gate; the refused operation goes to the legacy
+ * stream; blocking stream B, which follows A in no way, must not get X's
+ * memory (with the reuse that would make B wait turned off). Counting the
+ * refused operation as a legacy one handed X to B (the fuzzer's
+ * legacy-op-refused, found as a data corruption). */
+static void refused_legacy_op(tp_error_t (*refused)(void *), void *arg) {
   tp_pool_t pool = pool_2mib();
   if (!pool)
     return;
@@ -392,10 +387,6 @@ static void test_refused_legacy_op_orders_nothing(void) {
                                  &off));
   uint64_t keep = UINT64_MAX;
   CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &keep));
-  tp_event_t other;
-  REQUIRE_OK(tp_set_device(1));
-  REQUIRE_OK(tp_event_create(&other));
-  REQUIRE_OK(tp_set_device(0));
   tp_stream_t a, b;
   REQUIRE_OK(tp_stream_create(&a, TP_STREAM_DEFAULT));
   REQUIRE_OK(tp_stream_create(&b, TP_STREAM_DEFAULT));
@@ -406,7 +397,7 @@ static void test_refused_legacy_op_orders_nothing(void) {
   REQUIRE_OK(hold_stream(a, &g));
   fill(x, 2 * MiB, 0x11, a);
   CHECK_OK(tp_free_async(x, a));
-  CHECK(tp_event_record(other, NULL) != TP_SUCCESS);
+  CHECK(refused(arg) != TP_SUCCESS);
   REQUIRE_OK(tp_malloc_from_pool_async(&y, 2 * MiB, pool, b));
   CHECK((uintptr_t)y + 2 * MiB <= (uintptr_t)x ||
         (uintptr_t)x + 2 * MiB <= (uintptr_t)y);
@@ -417,10 +408,35 @@ static void test_refused_legacy_op_orders_nothing(void) {
   CHECK_OK(tp_free_async(y, b));
   CHECK_OK(tp_stream_synchronize(b));
   walk_ok(pool);
-  CHECK_OK(tp_event_destroy(other));
   CHECK_OK(tp_stream_destroy(a));
   CHECK_OK(tp_stream_destroy(b));
   CHECK_OK(tp_pool_destroy(pool));
+}
+
+/* An event of device 1 recorded on device 0's legacy stream. */
+static tp_error_t record_other_device(void *event) {
+  return tp_event_record(event, NULL);
+}
+
+/* A memset whose range runs past the end of the address space. */
+static tp_error_t memset_past_the_end(void *unused) {
+  (void)unused;
+  return tp_memset_async((void *)(uintptr_t)4096, 0, SIZE_MAX - 1024, NULL);
+}
+
+static void test_refused_legacy_op_orders_nothing(void) {
+  refused_legacy_op(memset_past_the_end, NULL);
+  int devices = 0;
+  if (tp_get_device_count(&devices) != TP_SUCCESS || devices < 2) {
+    printf("   (an event of another device needs two devices)\n");
+    return;
+  }
+  tp_event_t other;
+  REQUIRE_OK(tp_set_device(1));
+  REQUIRE_OK(tp_event_create(&other));
+  REQUIRE_OK(tp_set_device(0));
+  refused_legacy_op(record_other_device, other);
+  CHECK_OK(tp_event_destroy(other));
 }
 
 int main(void) {
