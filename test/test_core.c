@@ -249,6 +249,19 @@ static bool scatter_free_chunks(tp_pool_t pool, uint64_t chunk, void *b[10]) {
   return CHECK_OK(tp_stream_synchronize(NULL));
 }
 
+/* The end of both: the big block and the five live chunks freed, the pool
+ * trimmed to nothing (checked) and destroyed. */
+static void free_trim_destroy(tp_pool_t pool, void *big, void *b[10]) {
+  CHECK_OK(tp_free_async(big, NULL));
+  for (int i = 1; i < 10; i += 2)
+    CHECK_OK(tp_free_async(b[i], NULL));
+  CHECK_OK(tp_stream_synchronize(NULL));
+  CHECK_OK(tp_pool_trim_to(pool, 0));
+  CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);
+  verify(pool);
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
 /* Wholly free chunks scattered between live blocks are moved behind a fresh
  * range for a request no free range fits, instead of growing the pool. */
 static void test_remap_instead_of_growth(void) {
@@ -283,14 +296,7 @@ static void test_remap_instead_of_growth(void) {
   verify(pool);
   if (check_on_host())
     memset(big, 0x5a, 5 * chunk); /* the moved chunks are really mapped */
-  CHECK_OK(tp_free_async(big, NULL));
-  for (int i = 1; i < 10; i += 2)
-    CHECK_OK(tp_free_async(b[i], NULL));
-  CHECK_OK(tp_stream_synchronize(NULL));
-  CHECK_OK(tp_pool_trim_to(pool, 0));
-  CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);
-  verify(pool);
-  CHECK_OK(tp_pool_destroy(pool));
+  free_trim_destroy(pool, big, b);
 }
 
 /* The growth slack decides whether a request no free range fits moves the
@@ -319,14 +325,7 @@ static void check_slack(uint64_t slack, bool makes) {
   verify(pool);
   if (check_on_host())
     memset(big, 0x5b, 5 * chunk);
-  CHECK_OK(tp_free_async(big, NULL));
-  for (int i = 1; i < 10; i += 2)
-    CHECK_OK(tp_free_async(b[i], NULL));
-  CHECK_OK(tp_stream_synchronize(NULL));
-  CHECK_OK(tp_pool_trim_to(pool, 0));
-  CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);
-  verify(pool);
-  CHECK_OK(tp_pool_destroy(pool));
+  free_trim_destroy(pool, big, b);
 }
 
 static void test_growth_slack(void) {
