@@ -23,11 +23,6 @@ static const struct {
      TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES},
 };
 
-static void warn_invalid(const char *name, const char *expected) {
-  fprintf(stderr, "tidepool: %s=\"%s\" is invalid (expected %s); ignored\n",
-          name, getenv(name), expected);
-}
-
 void tp__torch_read_config(tp__torch_config *cfg) {
   /* UINT64_MAX by default, as PyTorch's backend:cudaMallocAsync sets its
    * pool: a training loop frees and reallocates the same sizes every step,
@@ -41,7 +36,7 @@ void tp__torch_read_config(tp__torch_config *cfg) {
     bool bad = false;
     uint64_t v = tp__env_size(name, UINT64_MAX, &bad);
     if (bad)
-      warn_invalid(name, "bytes with an optional K, M, G or T suffix, or max");
+      tp__env_warn(name, "bytes with an optional K, M, G or T suffix, or max");
     else
       cfg->release_threshold = v;
   }
@@ -50,7 +45,7 @@ void tp__torch_read_config(tp__torch_config *cfg) {
   cfg->growth_slack =
       tp__env_count(name, UINT64_MAX, TP_GROWTH_SLACK_MAX, &bad);
   if (bad)
-    warn_invalid(name, "parts per million from 0 to 1000000");
+    tp__env_warn(name, "parts per million from 0 to 1000000");
   for (int i = 0; i < 3; i++) {
     cfg->reuse[i] = -1;
     s = getenv(reuse_vars[i].env);
@@ -59,7 +54,7 @@ void tp__torch_read_config(tp__torch_config *cfg) {
     if (strcmp(s, "0") == 0 || strcmp(s, "1") == 0)
       cfg->reuse[i] = s[0] - '0';
     else
-      warn_invalid(reuse_vars[i].env, "0 or 1");
+      tp__env_warn(reuse_vars[i].env, "0 or 1");
   }
 }
 
@@ -111,7 +106,7 @@ static void trace_open(void) {
     char *end;
     unsigned long k = strtoul(every, &end, 10);
     if (*end || *every == '-' || k > 1000000)
-      warn_invalid("TIDEPOOL_TORCH_TRACE_COMPLETION",
+      tp__env_warn("TIDEPOOL_TORCH_TRACE_COMPLETION",
                    "a count of operations, 1 to 1000000, or 0 for none");
     else
       trace_every = (unsigned)k;

@@ -68,6 +68,11 @@ uint64_t tp__env_count(const char *name, uint64_t fallback, uint64_t max,
   return v;
 }
 
+void tp__env_warn(const char *name, const char *expected) {
+  fprintf(stderr, "tidepool: %s=\"%s\" is invalid (expected %s); ignored\n",
+          name, getenv(name), expected);
+}
+
 bool tp__array_room(void **arr, uint32_t n, uint32_t *cap, size_t elem) {
   if (n < *cap)
     return true;

@@ -85,5 +85,8 @@ uint64_t tp__env_size(const char *name, uint64_t fallback, bool *bad);
  * does not parse or is above `max`. */
 uint64_t tp__env_count(const char *name, uint64_t fallback, uint64_t max,
                        bool *bad);
+/* Reports on stderr that variable `name` has a value that does not parse
+ * (`expected` says what would) and is ignored. */
+void tp__env_warn(const char *name, const char *expected);
 
 #endif /* TP_COMMON_H */

@@ -34,10 +34,8 @@ static void slack_read(void) {
       tp__env_count("TIDEPOOL_GROWTH_SLACK", TP_GROWTH_SLACK_DEFAULT,
                     TP_GROWTH_SLACK_MAX, &bad);
   if (bad)
-    fprintf(stderr,
-            "tidepool: TIDEPOOL_GROWTH_SLACK=\"%s\" is invalid (expected "
-            "parts per million from 0 to 1000000); ignored\n",
-            getenv("TIDEPOOL_GROWTH_SLACK"));
+    tp__env_warn("TIDEPOOL_GROWTH_SLACK",
+                 "parts per million from 0 to 1000000");
 }
 
 static tp__pool *pool_alloc(const tp_pool_props_t *props) {
