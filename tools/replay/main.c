@@ -156,12 +156,14 @@ static void json_result(const char *name, const char *platform, const trace *t,
   printf("\",\"lag\":%u,\"allocs\":%zu,\"ops\":%zu,\"skipped_frees\":%zu,"
          "\"double_allocs\":%zu,\"peak_used\":%llu,\"peak_reserved\":%llu,"
          "\"ratio\":%.4f,\"chunk_maps\":%llu,\"chunk_unmaps\":%llu,"
-         "\"seconds\":%.6f,\"ops_per_s\":%.0f,\"threshold\":%llu,"
+         "\"late_unmaps\":%llu,\"seconds\":%.6f,\"ops_per_s\":%.0f,"
+         "\"threshold\":%llu,"
          "\"growth_slack\":%lld",
          o->lag, r->allocs, r->ops, r->skipped_frees, t->double_allocs,
          (unsigned long long)r->peak_used, (unsigned long long)r->peak_reserved,
          r->ratio, (unsigned long long)r->maps, (unsigned long long)r->unmaps,
-         r->seconds, ops_per_s, (unsigned long long)o->threshold,
+         (unsigned long long)r->late_unmaps, r->seconds, ops_per_s,
+         (unsigned long long)o->threshold,
          o->growth_slack == UINT64_MAX ? -1LL : (long long)o->growth_slack);
   if (t->has_user)
     printf(",\"user_peak_reserved\":%llu,\"user_ratio\":%.4f",
@@ -362,8 +364,9 @@ int main(int argc, char **argv) {
   }
   size_t ncharts = 0;
   if (!json)
-    printf("%-20s %9s %11s %11s %7s %7s %7s %10s\n", "trace", "allocs",
-           "peak used", "peak resv", "ratio", "maps", "unmaps", "ops/s");
+    printf("%-20s %9s %11s %11s %7s %7s %7s %7s %10s\n", "trace", "allocs",
+           "peak used", "peak resv", "ratio", "maps", "unmaps", "late",
+           "ops/s");
   for (int i = 0; i < ntraces; i++) {
     char err[600], name[200];
     trace t;
@@ -387,10 +390,10 @@ int main(int argc, char **argv) {
     if (json) {
       json_result(name, platform, &t, &r, &o);
     } else {
-      printf("%-20s %9zu %9.1fMi %9.1fMi %7.4f %7llu %7llu %10.3g\n", name,
-             r.allocs, mib(r.peak_used), mib(r.peak_reserved), r.ratio,
+      printf("%-20s %9zu %9.1fMi %9.1fMi %7.4f %7llu %7llu %7llu %10.3g\n",
+             name, r.allocs, mib(r.peak_used), mib(r.peak_reserved), r.ratio,
              (unsigned long long)r.maps, (unsigned long long)r.unmaps,
-             ops_per_s);
+             (unsigned long long)r.late_unmaps, ops_per_s);
       notes(&t, &r);
     }
     if (against) {
@@ -408,10 +411,10 @@ int main(int argc, char **argv) {
                (unsigned long long)driver.peak_reserved, driver.ratio,
                driver.seconds, dops);
       } else {
-        printf("%-20s %9zu %9.1fMi %9.1fMi %7.4f %7s %7s %10.3g  "
+        printf("%-20s %9zu %9.1fMi %9.1fMi %7.4f %7s %7s %7s %10.3g  "
                "(the driver's pool; tidepool %.1fx its speed)\n",
                "  driver", driver.allocs, mib(driver.peak_used),
-               mib(driver.peak_reserved), driver.ratio, "-", "-", dops,
+               mib(driver.peak_reserved), driver.ratio, "-", "-", "-", dops,
                dops > 0 ? ops_per_s / dops : 0);
       }
     }
@@ -429,8 +432,9 @@ int main(int argc, char **argv) {
     trace_free(&t);
   }
   if (!json)
-    printf("platform %s, lag %u; ratio = peak reserved / peak used\n", platform,
-           o.lag);
+    printf("platform %s, lag %u; ratio = peak reserved / peak used; late = "
+           "unmaps in the trace's second half\n",
+           platform, o.lag);
   if (plot && ncharts && write_charts(plot, charts, ncharts, true) != 0)
     failures++;
   if (perfetto && ncharts &&

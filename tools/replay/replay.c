@@ -133,10 +133,12 @@ int replay_trace(const replay_options *o, const trace *t, replay_result *r,
   }
   size_t step = t->nops / 4000 + 1;
   bool breakdown = getenv("TP_REPLAY_BREAKDOWN") != NULL;
-  uint64_t high = 0, bd[8] = {0};
+  uint64_t high = 0, bd[8] = {0}, half_unmaps = 0;
   double t0 = now_s();
   for (size_t i = 0; rc == 0 && i < t->nops; i++) {
     const trace_op *op = &t->ops[i];
+    if (i == t->nops / 2)
+      half_unmaps = attr64(pool, TP_POOL_ATTR_CHUNK_UNMAPS);
     bool alloc = op->action == TRACE_ALLOC;
     bool issue = alloc || (op->action == TRACE_FREE &&
                            op->name != TRACE_NO_NAME && ptrs[op->name]);
@@ -206,6 +208,7 @@ int replay_trace(const replay_options *o, const trace *t, replay_result *r,
   r->peak_reserved = attr64(pool, TP_POOL_ATTR_RESERVED_MEM_HIGH);
   r->maps = attr64(pool, TP_POOL_ATTR_CHUNK_MAPS);
   r->unmaps = attr64(pool, TP_POOL_ATTR_CHUNK_UNMAPS);
+  r->late_unmaps = r->unmaps - half_unmaps;
   r->ratio =
       r->peak_used ? (double)r->peak_reserved / (double)r->peak_used : 0.0;
   for (uint32_t n = 0; ptrs && n < t->nnames; n++)

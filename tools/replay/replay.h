@@ -34,6 +34,9 @@ typedef struct replay_options {
 typedef struct replay_result {
   size_t allocs, ops, skipped_frees;
   uint64_t peak_used, peak_reserved, maps, unmaps;
+  /* Unmaps in the trace's second half, where a training loop has warmed up:
+   * the chunk moves its steady state still makes. */
+  uint64_t late_unmaps;
   double ratio, seconds;
 } replay_result;
 
