@@ -101,6 +101,8 @@ def train(args):
     for step in range(args.steps):
         if tp and on_gpu and step == args.warmup:
             vmm_at_warmup = tp.chunk_maps()
+            t = tp.timing()
+            vmm_at_warmup["ns"] = t["alloc_ns"] + t["free_ns"]
         shape = pick.choice(shapes)
         t0 = time.perf_counter()
         if args.model == "t5":
@@ -147,6 +149,11 @@ def train(args):
             result["unmaps_per_step"] = (m["unmaps"] - vmm_at_warmup["unmaps"]) / k
             vmm = (f", chunk maps/unmaps per step after warm-up "
                    f"{result['maps_per_step']:.1f}/{result['unmaps_per_step']:.1f}")
+            t = tp.timing()
+            if t["alloc_ns"]:  # TIDEPOOL_TORCH_TIMING=1
+                ms = (t["alloc_ns"] + t["free_ns"] - vmm_at_warmup["ns"]) / k / 1e6
+                result["tidepool_ms_per_step"] = ms
+                vmm += f", {ms:.2f} ms a step in tidepool"
         print(f"{args.model} under {args.allocator}: median step "
               f"{result['median_step_ms']:.2f} ms, peak reserved "
               f"{result['peak_reserved'] / 2**20:.1f} MiB / peak allocated "

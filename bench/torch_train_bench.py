@@ -196,7 +196,9 @@ def child(args):
             dev_peak = max(dev_peak, total - free - base_used)
         if args.child == "tidepool":
             m = tidepool_torch.chunk_maps()
-            vmm.append([m["maps"], m["unmaps"]])
+            t = tidepool_torch.timing()
+            vmm.append([m["maps"], m["unmaps"], t["alloc_ns"] + t["free_ns"],
+                        t["allocs"] + t["frees"], t["alloc_ns"], t["allocs"]])
 
     result = {
         "allocator": args.child,
@@ -364,6 +366,12 @@ def parent(args):
                 k = len(r["vmm_per_step"]) - warmup
                 vmm = (f", chunk maps/unmaps per step after warm-up "
                        f"{(last[0] - first[0]) / k:.1f}/{(last[1] - first[1]) / k:.1f}")
+                if len(last) > 2 and last[2]:
+                    # Where TIDEPOOL_TORCH_TIMING=1: host time in its calls.
+                    calls = (last[3] - first[3]) / k
+                    vmm += (f", {(last[2] - first[2]) / k / 1e6:.2f} ms a step in tidepool"
+                            f" ({calls:.0f} calls, {(last[2] - first[2]) / k / max(calls, 1):.0f} ns"
+                            f" each; allocations {(last[4] - first[4]) / max(last[5] - first[5], 1):.0f} ns)")
             print(f"[round {rnd + 1}/{rounds}] {n}: median step {med:.2f} ms{mem}, "
                   f"backend {r.get('backend', '-')}, {r['wall_s']:.0f} s{vmm}", flush=True)
 

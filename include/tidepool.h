@@ -772,6 +772,14 @@ TP_API tp_error_t tp_torch_stats(int device, uint64_t out[4]);
  * current values. Errors: INVALID_DEVICE. */
 TP_API tp_error_t tp_torch_reset_peaks(int device);
 
+/* The host time spent in tp_torch_alloc and tp_torch_free since the process
+ * started, all devices and threads together: out[0] nanoseconds in
+ * allocations, out[1] allocations, out[2] nanoseconds in frees, out[3]
+ * frees. Measured only where TIDEPOOL_TORCH_TIMING=1 was set when the first
+ * allocation came (zeros otherwise): the clock costs tens of nanoseconds a
+ * call. Errors: INVALID_VALUE (out NULL). Thread-safe. */
+TP_API tp_error_t tp_torch_timing(uint64_t out[4]);
+
 /* Waits for all work on `device` (tp_device_synchronize), then releases the
  * current pool's free memory until at most `keep` bytes stay reserved. What
  * torch.cuda.empty_cache() does for PyTorch's own allocators; PyTorch does

@@ -320,6 +320,27 @@ static void test_trace_recorded(void) {
   remove(trace_path);
 }
 
+/* TIDEPOOL_TORCH_TIMING=1 (set before the first call): each entry point
+ * counts its calls and the time they took. */
+static void test_timing(void) {
+  uint64_t a[4], b[4];
+  CHECK_ERR(tp_torch_timing(NULL), TP_ERROR_INVALID_VALUE);
+  CHECK_OK(tp_torch_timing(a));
+  void *p[8];
+  for (int i = 0; i < 8; i++)
+    p[i] = tp_torch_alloc((ssize_t)((i + 1) * MiB), 0, NULL);
+  for (int i = 0; i < 8; i++)
+    tp_torch_free(p[i], (ssize_t)((i + 1) * MiB), 0, NULL);
+  tp_torch_free(NULL, 0, 0, NULL); /* ignored, not counted */
+  CHECK_OK(tp_torch_timing(b));
+  CHECK_EQ_U64(b[1] - a[1], 8);
+  CHECK_EQ_U64(b[3] - a[3], 8);
+  CHECK(b[0] > a[0]);
+  CHECK(b[2] > a[2]);
+  for (int i = 0; i < 8; i++)
+    CHECK(p[i] != NULL);
+}
+
 int main(void) {
   RUN_TEST(test_config);
   /* What the entry points will read at their first call. */
@@ -329,6 +350,7 @@ int main(void) {
   snprintf(trace_path, sizeof trace_path, "/tmp/tp_torch_trace_%d.csv",
            (int)getpid());
   setenv("TIDEPOOL_TORCH_TRACE", trace_path, 1);
+  setenv("TIDEPOOL_TORCH_TIMING", "1", 1);
   const char *platform = tp_platform_name();
   printf("tp_torch_* on platform %s\n", platform ? platform : "(none)");
   REQUIRE_EXIT(platform != NULL);
@@ -340,5 +362,6 @@ int main(void) {
   RUN_TEST(test_devices);
   RUN_TEST(test_threads);
   RUN_TEST(test_trace_recorded);
+  RUN_TEST(test_timing);
   return check_done();
 }

@@ -102,6 +102,8 @@ def _load(path=None):
     lib.tp_torch_stats.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]
     lib.tp_torch_reset_peaks.restype = ctypes.c_int
     lib.tp_torch_reset_peaks.argtypes = [ctypes.c_int]
+    lib.tp_torch_timing.restype = ctypes.c_int
+    lib.tp_torch_timing.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
     lib.tp_torch_trim.restype = ctypes.c_int
     lib.tp_torch_trim.argtypes = [ctypes.c_int, ctypes.c_size_t]
     _lib, _lib_path = lib, p
@@ -204,6 +206,17 @@ def chunk_maps(device=None):
                f"tp_pool_get_attribute({attr})")
         out.append(int(v.value))
     return {"maps": out[0], "unmaps": out[1]}
+
+
+def timing():
+    """Host time spent in tidepool's allocation and free entry points since
+    the process started, where TIDEPOOL_TORCH_TIMING=1 was set before the
+    first allocation (zeros otherwise): alloc_ns, allocs, free_ns, frees."""
+    lib = _load()
+    out = (ctypes.c_uint64 * 4)()
+    _check(lib.tp_torch_timing(out), "tp_torch_timing")
+    return {"alloc_ns": int(out[0]), "allocs": int(out[1]),
+            "free_ns": int(out[2]), "frees": int(out[3])}
 
 
 def reset_peaks(device=None):

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "api/api.h"
 
@@ -243,9 +244,27 @@ static tp__torch_config config;
 static pthread_mutex_t configure_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_bool configured[TP_MAX_DEVICES];
 
+/* TIDEPOOL_TORCH_TIMING: the host time spent in the entry points. */
+static atomic_bool timing;
+static _Atomic uint64_t timed[4]; /* alloc ns, allocs, free ns, frees */
+
 static void read_config_once(void) {
   tp__torch_read_config(&config);
+  const char *t = getenv("TIDEPOOL_TORCH_TIMING");
+  atomic_store_explicit(&timing, t && strcmp(t, "1") == 0,
+                        memory_order_relaxed);
   trace_open();
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void timed_add(int which, uint64_t t0) {
+  atomic_fetch_add_explicit(&timed[which], now_ns() - t0, memory_order_relaxed);
+  atomic_fetch_add_explicit(&timed[which + 1], 1, memory_order_relaxed);
 }
 
 /* Applies the configuration to the device's current pool, once. A failed
@@ -334,6 +353,8 @@ TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream) {
   }
   void *ptr = NULL;
   int saved;
+  bool timed_call = atomic_load_explicit(&timing, memory_order_relaxed);
+  uint64_t t0 = TP_UNLIKELY(timed_call) ? now_ns() : 0;
   tp_error_t err = enter(device, &saved);
   if (err == TP_SUCCESS) {
     err = tp_malloc_async(&ptr, (size_t)size, (tp_stream_t)stream);
@@ -342,6 +363,8 @@ TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream) {
       trace("alloc", ptr, size, stream);
     leave(saved);
   }
+  if (TP_UNLIKELY(timed_call))
+    timed_add(0, t0);
   if (err != TP_SUCCESS) {
     report("tp_torch_alloc", err, size, device);
     return NULL;
@@ -353,6 +376,8 @@ TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   if (!ptr)
     return;
   int saved;
+  bool timed_call = atomic_load_explicit(&timing, memory_order_relaxed);
+  uint64_t t0 = TP_UNLIKELY(timed_call) ? now_ns() : 0;
   tp_error_t err = enter(device, &saved);
   if (err == TP_SUCCESS && TP_UNLIKELY(trace_file != NULL))
     trace("free_requested", ptr, size, stream);
@@ -360,6 +385,8 @@ TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream) {
     err = tp_free_async(ptr, (tp_stream_t)stream);
     leave(saved);
   }
+  if (TP_UNLIKELY(timed_call))
+    timed_add(2, t0);
   if (err != TP_SUCCESS)
     report("tp_torch_free", err, size, device);
 }
@@ -380,6 +407,13 @@ TP_API tp_error_t tp_torch_stats(int device, uint64_t out[4]) {
   if (err == TP_SUCCESS)
     memcpy(out, v, sizeof v);
   return err;
+}
+
+TP_API tp_error_t tp_torch_timing(uint64_t out[4]) {
+  TP_RETURN_IF(!out, TP_ERROR_INVALID_VALUE);
+  for (int i = 0; i < 4; i++)
+    out[i] = atomic_load_explicit(&timed[i], memory_order_relaxed);
+  return TP_SUCCESS;
 }
 
 TP_API tp_error_t tp_torch_reset_peaks(int device) {
