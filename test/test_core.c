@@ -299,6 +299,82 @@ static void test_remap_instead_of_growth(void) {
   free_trim_destroy(pool, big, b);
 }
 
+/* Frees of addresses inside the climbing segment's blocks (never a
+ * block's start) from another thread, while tables are let go: each must
+ * answer INVALID_VALUE, and read no freed table (ASan). */
+typedef struct stale_arg {
+  uintptr_t from;
+  size_t chunk, n;
+  atomic_int stop, wrong, tries;
+} stale_arg;
+
+static void *stale_frees(void *arg) {
+  stale_arg *a = arg;
+  while (!atomic_load(&a->stop))
+    for (size_t i = 0; i < a->n; i++) {
+      void *p = (void *)(a->from + i * a->chunk + 512);
+      if (tp_free_async(p, NULL) != TP_ERROR_INVALID_VALUE)
+        atomic_fetch_add(&a->wrong, 1);
+      atomic_fetch_add(&a->tries, 1);
+    }
+  return NULL;
+}
+
+/* A segment that climbs: each round its lowest chunk, free, moves to its
+ * top for a request one chunk larger than its free top block, and the
+ * slot left behind is never used again. The granule tables of such slots
+ * are let go, so that their number stays within about twice the chunks
+ * mapped instead of growing by one a round. */
+static void test_climbing_segment_tables(void) {
+  tp_pool_t pool = make_pool(0);
+  uint64_t chunk = attr64(pool, TP_POOL_ATTR_CHUNK_SIZE);
+  uint64_t keep = UINT64_MAX, slack = 0;
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &keep));
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_GROWTH_SLACK, &slack));
+  void *a = NULL, *b = NULL, *top = NULL, *big = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&a, chunk, pool, NULL));
+  REQUIRE_OK(tp_malloc_from_pool_async(&b, 2 * chunk, pool, NULL));
+  REQUIRE_OK(tp_malloc_from_pool_async(&top, 3 * chunk, pool, NULL));
+  CHECK_OK(tp_free_async(top, NULL));
+  uintptr_t first = (uintptr_t)a;
+  int rounds = 300;
+  stale_arg st = {.from = first, .chunk = chunk, .n = (size_t)rounds + 8};
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, stale_frees, &st) == 0);
+  for (int r = 0; r < rounds; r++) {
+    /* [free 1][live 2][free 3], then a request of 4. */
+    CHECK_OK(tp_free_async(a, NULL));
+    CHECK_OK(tp_stream_synchronize(NULL));
+    if (!CHECK_OK(tp_malloc_from_pool_async(&big, 4 * chunk, pool, NULL)))
+      break;
+    memset(big, r & 0xff, 4 * chunk);
+    /* Everything back, then the same shape one chunk higher. */
+    CHECK_OK(tp_free_async(big, NULL));
+    CHECK_OK(tp_free_async(b, NULL));
+    CHECK_OK(tp_stream_synchronize(NULL));
+    if (!CHECK_OK(tp_malloc_from_pool_async(&a, chunk, pool, NULL)) ||
+        !CHECK_OK(tp_malloc_from_pool_async(&b, 2 * chunk, pool, NULL)))
+      break;
+  }
+  atomic_store(&st.stop, 1);
+  pthread_join(t, NULL);
+  CHECK_EQ_INT(atomic_load(&st.wrong), 0);
+  CHECK(atomic_load(&st.tries) > 0);
+  CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 6 * chunk);
+  /* It climbed (else this test shows nothing), and the tables did not. */
+  CHECK((uintptr_t)a >= first + (uint64_t)rounds / 2 * chunk);
+  size_t tables = tp__pool_tables(pool);
+  /* A table goes when a slot is left with more than 2 * 6 + 64 about, and
+   * each round makes one: one above that at most. */
+  CHECK(tables <= 2 * 6 + 64 + 1);
+  if (tables > 2 * 6 + 64 + 1)
+    printf("   %zu tables for 6 chunks\n", tables);
+  verify(pool);
+  CHECK_OK(tp_free_async(a, NULL));
+  CHECK_OK(tp_free_async(b, NULL));
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
 /* The growth slack decides whether a request no free range fits moves the
  * pool's wholly free chunks behind a new range or makes new ones: five
  * chunks freed between live ones, then a request of five. At the default
@@ -427,6 +503,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_biased_lock);
   RUN_TEST(test_remap_instead_of_growth);
   RUN_TEST(test_growth_slack);
+  RUN_TEST(test_climbing_segment_tables);
   printf("   seed %llu\n", (unsigned long long)seed);
   test_random_walk(seed);
   return check_done();

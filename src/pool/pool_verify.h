@@ -21,4 +21,8 @@ int tp__pool_verify(tp_pool_t pool, char *why, size_t why_len);
  * free slab blocks, small blocks held by caches or pending. */
 void tp__pool_breakdown(tp_pool_t pool, uint64_t out[8]);
 
+/* How many granule tables the pool's space holds (32 KiB of host memory
+ * each on a GPU); 0 for an imported pool. */
+size_t tp__pool_tables(tp_pool_t pool);
+
 #endif /* TP_POOL_VERIFY_H */

@@ -5,14 +5,46 @@
 
 #include <string.h>
 
+#include "common/guard.h"
+
 #define TP_VA_MIN (UINT64_C(1) << 30)
+
+static void free_table(void *t) {
+  free(t);
+}
+
+/* A chunk slot that no mapping of the pool's segments uses any more holds
+ * no live allocation, so its granule table is all zeros. Tables stay for
+ * the next chunk mapped at the slot, but only as long as there are at most
+ * about twice as many as chunks mapped: chunks that move climb to slots
+ * never used before (a training loop's segment moved nine chunks up a
+ * step), and 32 KiB of host memory a slot would otherwise pile up over a
+ * long run. A table let go is retired through the guard, since a racing
+ * bad free may still be reading it. */
+static void drop_table(tp__space *sp, size_t c) {
+  _Atomic uintptr_t *t =
+      atomic_load_explicit(&sp->gtab[c], memory_order_relaxed);
+  uint64_t mapped =
+      atomic_load_explicit(&sp->reserved, memory_order_relaxed) / sp->gran;
+  if (!t || sp->ntables <= 2 * mapped + 64)
+    return;
+#ifdef TP_DEBUG
+  for (size_t i = 0; i < (sp->gran >> TP_GRANULE_SHIFT); i++)
+    TP_CHECK(atomic_load_explicit(&t[i], memory_order_relaxed) == 0);
+#endif
+  atomic_store_explicit(&sp->gtab[c], NULL, memory_order_release);
+  sp->ntables--;
+  tp__guard_retire((void *)t, free_table);
+}
 
 static void set_slot(tp__space *sp, size_t c, tp__phys phys) {
   sp->phys[c] = phys;
-  if (phys)
+  if (phys) {
     sp->mapbits[c / 64] |= UINT64_C(1) << (c % 64);
-  else
+  } else {
     sp->mapbits[c / 64] &= ~(UINT64_C(1) << (c % 64));
+    drop_table(sp, c);
+  }
 }
 
 static void set_ghost(tp__space *sp, size_t c, bool on) {
@@ -79,6 +111,7 @@ _Atomic uintptr_t *tp__space_entry_make(tp__space *sp, uintptr_t addr) {
     t = calloc(sp->gran >> TP_GRANULE_SHIFT, sizeof *t);
     if (!t)
       return NULL;
+    sp->ntables++;
     atomic_store_explicit(&sp->gtab[c], t, memory_order_release);
   }
   return &t[((addr - sp->base) & (sp->gran - 1)) >> TP_GRANULE_SHIFT];

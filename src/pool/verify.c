@@ -218,6 +218,16 @@ void tp__pool_debug_check(tp__pool *p) {
 }
 #endif
 
+size_t tp__pool_tables(tp_pool_t pool) {
+  tp__pool *p;
+  if (tp__pool_get(pool, &p) != TP_SUCCESS || p->imported)
+    return 0;
+  tp__mutex_lock(&p->lock);
+  size_t n = p->space.ntables;
+  tp__mutex_unlock(&p->lock);
+  return n;
+}
+
 void tp__pool_breakdown(tp_pool_t pool, uint64_t out[8]) {
   tp__pool *p;
   memset(out, 0, 8 * sizeof *out);
