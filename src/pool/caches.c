@@ -60,12 +60,30 @@ uint32_t tp__cache_evict(tp__cache *c, unsigned cls, bool large,
   return k;
 }
 
+/* The classes of `c` that hold blocks (bit TP_NCLASSES: large ones), read
+ * under one taking of the stream lock: most are empty, and a drain should
+ * not take the lock once a class to learn so. */
+static uint32_t filled(tp__cache *c, bool locked) {
+  _Static_assert(TP_NCLASSES < 32, "a class mask fits in 32 bits");
+  uint32_t m = 0;
+  if (locked)
+    tp__blspin_lock(&c->stream->lock);
+  for (unsigned cls = 0; cls < TP_NCLASSES; cls++)
+    m |= (uint32_t)(c->cls[cls].n != 0) << cls;
+  m |= (uint32_t)(c->nlarge != 0) << TP_NCLASSES;
+  if (locked)
+    tp__blspin_unlock(&c->stream->lock);
+  return m;
+}
+
 /* Drains `c`; `locked` takes the stream lock around each class (false once
- * the cache is unlinked and no other thread can reach it). */
+ * the cache is unlinked and no other thread can reach it). A class filled
+ * by another thread after filled() looked waits for the next drain. */
 static void drain(tp__caches *set, tp__cache *c, bool locked) {
   tp__stream *s = c->stream;
   tp__centry v[TP_SMALL_CACHE];
-  for (unsigned cls = 0; cls <= TP_NCLASSES; cls++) {
+  for (uint32_t m = filled(c, locked); m; m &= m - 1) {
+    unsigned cls = (unsigned)__builtin_ctz(m);
     bool large = cls == TP_NCLASSES;
     if (locked)
       tp__blspin_lock(&s->lock);
