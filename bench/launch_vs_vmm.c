@@ -11,27 +11,18 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "dl_table.h"
+#include "cu_vmm.h"
 
 #define NCHUNKS 64
 
+static cu_vmm cu;
+/* What the launching thread calls besides. */
 static struct {
-  CUresult (*init)(unsigned);
-  CUresult (*retain)(CUcontext *, CUdevice);
-  CUresult (*set)(CUcontext);
-  CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
-                      unsigned long long);
-  CUresult (*create)(CUmemGenericAllocationHandle *, size_t,
-                     const CUmemAllocationProp *, unsigned long long);
-  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
-                  unsigned long long);
-  CUresult (*unmap)(CUdeviceptr, size_t);
-  CUresult (*access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
   CUresult (*stream_create)(CUstream *, unsigned);
   CUresult (*stream_sync)(CUstream);
   CUresult (*mem_alloc)(CUdeviceptr *, size_t);
   CUresult (*memset)(CUdeviceptr, unsigned char, size_t, CUstream);
-} cu;
+} cs;
 
 static CUcontext ctx;
 static CUdeviceptr va;
@@ -75,18 +66,12 @@ static void *mover(void *arg) {
 }
 
 static int load(void) {
-  const dl_sym syms[] = {{&cu.init, "cuInit"},
-                         {&cu.retain, "cuDevicePrimaryCtxRetain"},
-                         {&cu.set, "cuCtxSetCurrent"},
-                         {&cu.reserve, "cuMemAddressReserve"},
-                         {&cu.create, "cuMemCreate"},
-                         {&cu.map, "cuMemMap"},
-                         {&cu.unmap, "cuMemUnmap"},
-                         {&cu.access, "cuMemSetAccess"},
-                         {&cu.stream_create, "cuStreamCreate"},
-                         {&cu.stream_sync, "cuStreamSynchronize"},
-                         {&cu.mem_alloc, "cuMemAlloc_v2"},
-                         {&cu.memset, "cuMemsetD8Async"}};
+  const dl_sym syms[] = {{&cs.stream_create, "cuStreamCreate"},
+                         {&cs.stream_sync, "cuStreamSynchronize"},
+                         {&cs.mem_alloc, "cuMemAlloc_v2"},
+                         {&cs.memset, "cuMemsetD8Async"}};
+  if (cu_vmm_load(&cu) != 0)
+    return -1;
   return dl_table_load("libcuda.so.1", syms, sizeof syms / sizeof syms[0]) ? -1
                                                                            : 0;
 }
@@ -106,8 +91,8 @@ int main(void) {
   CUstream s;
   CUdeviceptr buf;
   int ok = cu.reserve(&va, 2 * NCHUNKS * gran, 0, 0, 0) == CUDA_SUCCESS &&
-           cu.stream_create(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS &&
-           cu.mem_alloc(&buf, 1 << 20) == CUDA_SUCCESS;
+           cs.stream_create(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS &&
+           cs.mem_alloc(&buf, 1 << 20) == CUDA_SUCCESS;
   for (int i = 0; ok && i < NCHUNKS; i++)
     ok = cu.create(&h[i], gran, &prop, 0) == CUDA_SUCCESS &&
          cu.map(va + (size_t)i * gran, gran, 0, h[i], 0) == CUDA_SUCCESS &&
@@ -124,14 +109,14 @@ int main(void) {
     double t0 = now_s();
     while (now_s() - t0 < 1.0) {
       for (int k = 0; k < 64; k++)
-        if (cu.memset(buf + (CUdeviceptr)(k & 15) * 4096, 1, 256, s) !=
+        if (cs.memset(buf + (CUdeviceptr)(k & 15) * 4096, 1, 256, s) !=
             CUDA_SUCCESS)
           atomic_store(&failed, 1);
       n += 64;
       if ((n & 4095) == 0)
-        cu.stream_sync(s);
+        cs.stream_sync(s);
     }
-    cu.stream_sync(s);
+    cs.stream_sync(s);
     double dt = now_s() - t0;
     printf("second %d, mover %s: %.0f launches/s, %.0f moves/s\n", second + 1,
            m ? "moving" : "idle  ", (double)n / dt,

@@ -10,25 +10,12 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "dl_table.h"
+#include "cu_vmm.h"
 
 #define NCHUNKS 512
 #define MAX_THREADS 16
 
-static struct {
-  CUresult (*init)(unsigned);
-  CUresult (*retain)(CUcontext *, CUdevice);
-  CUresult (*set)(CUcontext);
-  CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
-                      unsigned long long);
-  CUresult (*create)(CUmemGenericAllocationHandle *, size_t,
-                     const CUmemAllocationProp *, unsigned long long);
-  CUresult (*release)(CUmemGenericAllocationHandle);
-  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
-                  unsigned long long);
-  CUresult (*unmap)(CUdeviceptr, size_t);
-  CUresult (*access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-} cu;
+static cu_vmm cu;
 
 /* What every worker shares: the range, the chunks, and the phases' gate. */
 static struct {
@@ -84,14 +71,7 @@ static void *work(void *arg) {
 }
 
 static int load(void) {
-  const dl_sym syms[] = {
-      {&cu.init, "cuInit"},          {&cu.retain, "cuDevicePrimaryCtxRetain"},
-      {&cu.set, "cuCtxSetCurrent"},  {&cu.reserve, "cuMemAddressReserve"},
-      {&cu.create, "cuMemCreate"},   {&cu.release, "cuMemRelease"},
-      {&cu.map, "cuMemMap"},         {&cu.unmap, "cuMemUnmap"},
-      {&cu.access, "cuMemSetAccess"}};
-  return dl_table_load("libcuda.so.1", syms, sizeof syms / sizeof syms[0]) ? -1
-                                                                           : 0;
+  return cu_vmm_load(&cu);
 }
 
 int main(void) {
