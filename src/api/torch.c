@@ -102,16 +102,12 @@ static void trace_open(void) {
   const char *path = getenv("TIDEPOOL_TORCH_TRACE");
   if (!path || !*path)
     return;
-  const char *every = getenv("TIDEPOOL_TORCH_TRACE_COMPLETION");
-  if (every && *every) {
-    char *end;
-    unsigned long k = strtoul(every, &end, 10);
-    if (*end || *every == '-' || k > 1000000)
-      tp__env_warn("TIDEPOOL_TORCH_TRACE_COMPLETION",
-                   "a count of operations, 1 to 1000000, or 0 for none");
-    else
-      trace_every = (unsigned)k;
-  }
+  bool bad = false;
+  trace_every = (unsigned)tp__env_count("TIDEPOOL_TORCH_TRACE_COMPLETION", 0,
+                                        1000000, &bad);
+  if (bad)
+    tp__env_warn("TIDEPOOL_TORCH_TRACE_COMPLETION",
+                 "a count of operations, 1 to 1000000, or 0 for none");
   trace_file = fopen(path, "w");
   if (!trace_file) {
     fprintf(stderr, "tidepool: TIDEPOOL_TORCH_TRACE=%s cannot be written\n",

@@ -21,8 +21,6 @@ static uint32_t npools, cappools;
 /* ---- creation ---------------------------------------------------------------
  */
 
-/* A pool and its handle with the settings every pool starts with (CUDA's
- * reuse policies on); NULL when memory runs out. */
 /* A new pool's growth slack: TIDEPOOL_GROWTH_SLACK where set, read once
  * (tidepool-run's programs cannot set the attribute themselves). */
 static pthread_once_t slack_once = PTHREAD_ONCE_INIT;
@@ -38,6 +36,8 @@ static void slack_read(void) {
                  "parts per million from 0 to 1000000");
 }
 
+/* A pool and its handle with the settings every pool starts with (CUDA's
+ * reuse policies on); NULL when memory runs out. */
 static tp__pool *pool_alloc(const tp_pool_props_t *props) {
   tp__pool *p = calloc(1, sizeof *p);
   tp_pool_t h = p ? tp__handle_new() : NULL;
