@@ -64,7 +64,7 @@ void tp__mutex_destroy(tp__mutex *l) {
 #ifdef TP_DEBUG
 /* The locks the thread holds, one per rank at most (ranks only rise), kept
  * small since it is static TLS (see TP_TLS). */
-#define NRANKS (TP_RANK_LIMBO + 1)
+#define NRANKS (TP_RANK_TABLES + 1)
 static _Thread_local struct {
   const void *lock[NRANKS];
   uint16_t mask; /* the ranks held */

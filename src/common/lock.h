@@ -25,7 +25,8 @@ typedef enum tp__rank {
   TP_RANK_EVENT,        /* an event's clock */
   TP_RANK_HANDLES,      /* the table of pool handles */
   TP_RANK_ADDRESSES,    /* the address-to-pool registry */
-  TP_RANK_LIMBO         /* the guard's retired objects */
+  TP_RANK_LIMBO,        /* the guard's retired objects */
+  TP_RANK_TABLES        /* the stock of zeroed granule tables (space.c) */
 } tp__rank;
 
 typedef struct tp__mutex {

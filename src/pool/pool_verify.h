@@ -25,4 +25,8 @@ void tp__pool_breakdown(tp_pool_t pool, uint64_t out[8]);
  * each on a GPU); 0 for an imported pool. */
 size_t tp__pool_tables(tp_pool_t pool);
 
+/* How many granule tables the process has allocated, all pools together;
+ * a table taken from the stock of emptied slots' tables is not counted. */
+size_t tp__space_tables_made(void);
+
 #endif /* TP_POOL_VERIFY_H */

@@ -13,20 +13,63 @@ static void free_table(void *t) {
   free(t);
 }
 
-/* A chunk slot that no mapping of the pool's segments uses any more holds
- * no live allocation, so its granule table is all zeros. Tables stay for
- * the next chunk mapped at the slot, but only as long as there are at most
- * about twice as many as chunks mapped: chunks that move climb to slots
- * never used before (a training loop's segment moved nine chunks up a
- * step), and 32 KiB of host memory a slot would otherwise pile up over a
- * long run. A table let go is retired through the guard, since a racing
- * bad free may still be reading it. */
+/* ---- granule tables ---------------------------------------------------------
+ * A chunk slot gets its table of granule entries when its first block is
+ * made, and a slot that no mapping uses any more holds no live allocation,
+ * so its table is all zeros. Chunks that move climb to slots never used
+ * before (a training loop's segment moved nine chunks up a step), so a
+ * table stays with its slot only while the space holds few: beyond that an
+ * emptied slot's table goes, through the guard (a racing bad free may still
+ * be reading it), to a stock of zeroed tables that the next slot to be
+ * mapped takes. A move then costs no 32 KiB calloc, with its page faults,
+ * and a long run's tables stay about as many as its mapped chunks. The
+ * stock is the process's, for tables of the usual 2 MiB chunk; a table of
+ * another size is freed. */
+#define STOCK_GRAN (UINT64_C(2) << 20)
+#define STOCK_MAX 256
+
+static struct {
+  tp__mutex lock;
+  size_t n;
+  void *v[STOCK_MAX];
+} stock = {TP_MUTEX_INIT(TP_RANK_TABLES), 0, {0}};
+
+static _Atomic size_t tables_made;
+
+size_t tp__space_tables_made(void) {
+  return atomic_load_explicit(&tables_made, memory_order_relaxed);
+}
+
+static void stock_put(void *t) {
+  tp__mutex_lock(&stock.lock);
+  bool kept = stock.n < STOCK_MAX;
+  if (kept)
+    stock.v[stock.n++] = t;
+  tp__mutex_unlock(&stock.lock);
+  if (!kept)
+    free(t);
+}
+
+static _Atomic uintptr_t *table_new(const tp__space *sp) {
+  void *t = NULL;
+  if (sp->gran == STOCK_GRAN) {
+    tp__mutex_lock(&stock.lock);
+    if (stock.n)
+      t = stock.v[--stock.n];
+    tp__mutex_unlock(&stock.lock);
+  }
+  if (t)
+    return t;
+  atomic_fetch_add_explicit(&tables_made, 1, memory_order_relaxed);
+  return calloc(sp->gran >> TP_GRANULE_SHIFT, sizeof(uintptr_t));
+}
+
 static void drop_table(tp__space *sp, size_t c) {
   _Atomic uintptr_t *t =
       atomic_load_explicit(&sp->gtab[c], memory_order_relaxed);
   uint64_t mapped =
       atomic_load_explicit(&sp->reserved, memory_order_relaxed) / sp->gran;
-  if (!t || sp->ntables <= 2 * mapped + 64)
+  if (!t || sp->ntables <= mapped + 64)
     return;
 #ifdef TP_DEBUG
   for (size_t i = 0; i < (sp->gran >> TP_GRANULE_SHIFT); i++)
@@ -34,7 +77,7 @@ static void drop_table(tp__space *sp, size_t c) {
 #endif
   atomic_store_explicit(&sp->gtab[c], NULL, memory_order_release);
   sp->ntables--;
-  tp__guard_retire((void *)t, free_table);
+  tp__guard_retire((void *)t, sp->gran == STOCK_GRAN ? stock_put : free_table);
 }
 
 static void set_slot(tp__space *sp, size_t c, tp__phys phys) {
@@ -108,7 +151,7 @@ _Atomic uintptr_t *tp__space_entry_make(tp__space *sp, uintptr_t addr) {
   _Atomic uintptr_t *t =
       atomic_load_explicit(&sp->gtab[c], memory_order_acquire);
   if (!t) {
-    t = calloc(sp->gran >> TP_GRANULE_SHIFT, sizeof *t);
+    t = table_new(sp);
     if (!t)
       return NULL;
     sp->ntables++;
