@@ -93,31 +93,44 @@ static tp_error_t carve(tp__heap *h, tp__block *b, size_t c0, size_t c1,
   return TP_SUCCESS;
 }
 
+/* What a free block is to its segment: all of it, an end, or a middle. */
+static int segment_part(const tp__block *b) {
+  return !b->prev && !b->next ? 0 : !b->prev || !b->next ? 1 : 2;
+}
+
 /* Takes up to `want` chunks that may move for the taker (see movable) out
- * of the bins, largest blocks first, from their high end. `keep` is a block
+ * of the bins, from their high end: first free blocks that are whole
+ * segments, then free ends of segments, then free middles, each largest
+ * first. Taking chunks out of a middle splits its segment in two, and each
+ * split leaves two partly used chunks at the new edges, which only small
+ * blocks fit; a 300-step GPT run that took largest first had split its
+ * pool into 138 segments by the end, and held 2% above its peak against
+ * 1% at step 20 (1.5% taking middles last). `keep` and `keep2` are blocks
  * not to touch. Returns how many were taken; *pending tells whether any
  * came from a pending free. */
 static size_t gather(tp__heap *h, const tp__taker *t, size_t want,
                      const tp__block *keep, const tp__block *keep2,
                      tp__phys *phys, bool *pending, tp_error_t *err) {
   size_t got = 0;
-  for (int bin = TP_NBINS - 1; bin >= 0 && got < want; bin--) {
-    tp__block *b = h->bins[bin];
-    while (b && got < want) {
-      tp__block *next = b->fnext;
-      size_t c0, c1;
-      if (b != keep && b != keep2 && movable(b, t) &&
-          whole_chunks(h->space, b, &c0, &c1)) {
-        if (c1 - c0 > want - got)
-          c0 = c1 - (want - got);
-        bool was_pending = b->tag.stream != NULL;
-        *err = carve(h, b, c0, c1, phys + got);
-        if (*err != TP_SUCCESS)
-          return got;
-        *pending = *pending || was_pending;
-        got += c1 - c0;
+  for (int part = 0; part < 3; part++) {
+    for (int bin = TP_NBINS - 1; bin >= 0 && got < want; bin--) {
+      tp__block *b = h->bins[bin];
+      while (b && got < want) {
+        tp__block *next = b->fnext;
+        size_t c0, c1;
+        if (segment_part(b) == part && b != keep && b != keep2 &&
+            movable(b, t) && whole_chunks(h->space, b, &c0, &c1)) {
+          if (c1 - c0 > want - got)
+            c0 = c1 - (want - got);
+          bool was_pending = b->tag.stream != NULL;
+          *err = carve(h, b, c0, c1, phys + got);
+          if (*err != TP_SUCCESS)
+            return got;
+          *pending = *pending || was_pending;
+          got += c1 - c0;
+        }
+        b = next;
       }
-      b = next;
     }
   }
   return got;
@@ -125,12 +138,13 @@ static size_t gather(tp__heap *h, const tp__taker *t, size_t want,
 
 /* Counts the chunks that gather() could take. */
 static size_t count_movable(const tp__heap *h, const tp__taker *t,
-                            const tp__block *keep) {
+                            const tp__block *keep, const tp__block *keep2) {
   size_t n = 0;
   for (unsigned bin = 0; bin < TP_NBINS; bin++)
     for (const tp__block *b = h->bins[bin]; b; b = b->fnext) {
       size_t c0, c1;
-      if (b != keep && movable(b, t) && whole_chunks(h->space, b, &c0, &c1))
+      if (b != keep && b != keep2 && movable(b, t) &&
+          whole_chunks(h->space, b, &c0, &c1))
         n += c1 - c0;
     }
   return n;
@@ -142,7 +156,38 @@ static size_t count_movable(const tp__heap *h, const tp__taker *t,
 typedef struct placement {
   size_t c0, n;
   tp__block *extend; /* NULL for a fresh run */
+  tp__block *bridge; /* the free first block of the segment the run joins */
 } placement;
+
+/* How many unmapped chunks follow chunk c, up to `max`. */
+static size_t unmapped_run(const tp__space *sp, size_t c, size_t max) {
+  size_t r = 0;
+  while (r < max && c + r < sp->nchunks && !tp__space_mapped(sp, c + r))
+    r++;
+  return r;
+}
+
+/* A segment's free last block `b` and the next segment's free first block,
+ * with the unmapped chunks between them, may hold `size` together: mapping
+ * those chunks joins the two segments, and the partly used chunks at their
+ * facing edges (see gather) become part of one free block again. Only a
+ * completed free first block joins, so that the joined block keeps the tag
+ * of the rest. Returns the chunks to map, 0 when no join fits. Taking
+ * middles last without this: multistream_train 1.0255 to 1.0319. */
+static size_t bridge(const tp__heap *h, const tp__taker *t, tp__block *b,
+                     size_t size, size_t n, tp__block **head) {
+  const tp__space *sp = h->space;
+  size_t after = tp__space_chunk(sp, b->addr + b->size);
+  size_t r = unmapped_run(sp, after, n);
+  if (r == 0 || r >= n || after + r >= sp->nchunks)
+    return 0;
+  tp__block *f = h->segs[after + r].first;
+  if (!tp__block_is_free(f) || f->tag.stream || !movable(f, t) ||
+      b->size + r * sp->gran + f->size < size)
+    return 0;
+  *head = f;
+  return r;
+}
 
 static bool place(const tp__heap *h, const tp__taker *t, size_t size,
                   placement *out) {
@@ -152,6 +197,7 @@ static bool place(const tp__heap *h, const tp__taker *t, size_t size,
   bool found = tp__space_first_run(sp, fresh, &out->c0);
   out->n = fresh;
   out->extend = NULL;
+  out->bridge = NULL;
   for (unsigned bin = 0; bin < TP_NBINS; bin++) {
     for (tp__block *b = h->bins[bin]; b; b = b->fnext) {
       if (!movable(b, t) || b->size >= size || (b->next && b->prev))
@@ -161,12 +207,18 @@ static bool place(const tp__heap *h, const tp__taker *t, size_t size,
         continue;
       size_t after = tp__space_chunk(sp, b->addr + b->size);
       size_t before = tp__space_chunk(sp, b->addr);
+      tp__block *head = NULL;
+      size_t r;
       if (!b->next && tp__space_unmapped(sp, after, n)) {
-        *out = (placement){after, n, b};
+        *out = (placement){after, n, b, NULL};
         found = true;
       } else if (!b->prev && before >= n &&
                  tp__space_unmapped(sp, before - n, n)) {
-        *out = (placement){before - n, n, b};
+        *out = (placement){before - n, n, b, NULL};
+        found = true;
+      } else if (!b->next && (r = bridge(h, t, b, size, n, &head)) > 0 &&
+                 (!found || r < out->n)) {
+        *out = (placement){after, r, b, head};
         found = true;
       }
     }
@@ -391,13 +443,14 @@ tp_error_t tp__heap_grow(tp__heap *h, const tp__taker *t, size_t size,
   placement pl;
   TP_RETURN_IF(!place(h, t, size, &pl), TP_ERROR_OUT_OF_MEMORY);
   TP_RETURN_IF(!layout_room(h), TP_ERROR_OUT_OF_MEMORY);
-  size_t have = count_movable(h, t, pl.extend);
+  size_t have = count_movable(h, t, pl.extend, pl.bridge);
   /* Sharing is for growth that makes memory (moving a chunk costs none),
    * and for blocks of up to TP_SHARE_CHUNKS chunks: one chunk is little
    * beside a larger block, whose segment edges are where the next growth
    * extends (gpt_train moved more chunks a step when they were shared). */
   bool makes = create > 0 || pl.n > have;
-  layout l = lay_out(h, &pl, size, makes && pl.n <= TP_SHARE_CHUNKS);
+  layout l =
+      lay_out(h, &pl, size, makes && pl.n <= TP_SHARE_CHUNKS && !pl.bridge);
   /* A donor lends the chunk at one end of the new ones: the first (TAIL)
    * or the last (HEAD); the others come from moving and making. */
   size_t need = pl.n - (l.donor ? 1 : 0);
@@ -420,8 +473,8 @@ tp_error_t tp__heap_grow(tp__heap *h, const tp__taker *t, size_t size,
   tp__phys *fill = phys + (l.donor && l.kind == TAIL ? 1 : 0);
   tp_error_t err = TP_SUCCESS;
   bool pending = false;
-  size_t made =
-      gather(h, t, need - create, pl.extend, l.donor, fill, &pending, &err);
+  size_t made = gather(h, t, need - create, pl.extend,
+                       pl.bridge ? pl.bridge : l.donor, fill, &pending, &err);
   /* The placement stays valid: gathering only takes chunks outside it,
    * and the block it extends was kept out of the gathering. */
   while (err == TP_SUCCESS && made < need)
@@ -447,6 +500,12 @@ tp_error_t tp__heap_grow(tp__heap *h, const tp__taker *t, size_t size,
     tp__tag_clear(&b->tag);
     b->tag = tp__stream_tag(t->a);
     tp__stream_ref(t->a);
+  }
+  /* A joined segment's first block becomes part of the grown block, which
+   * keeps its own tag: the first block's free had completed. */
+  if (pl.bridge) {
+    tp__bin_remove(h, pl.bridge);
+    tp__block_merge(h, b, pl.bridge);
   }
   if (!l.donor) {
     tp__block_release(h, b);
