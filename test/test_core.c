@@ -299,6 +299,60 @@ static void test_remap_instead_of_growth(void) {
   free_trim_destroy(pool, big, b);
 }
 
+/* Two segments whose facing ends are free, with unmapped chunks between
+ * them: a request that the free end, the gap and the free start hold
+ * together maps only the gap, and joins the segments into one block. The
+ * blocks on either side keep their bytes. */
+static void test_join_segments(void) {
+  tp_pool_t pool = make_pool(0);
+  uint64_t chunk = attr64(pool, TP_POOL_ATTR_CHUNK_SIZE);
+  uint64_t keep = UINT64_MAX, slack = TP_GROWTH_SLACK_MAX;
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &keep));
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_GROWTH_SLACK, &slack));
+  /* [x 1.5][f 2][y 1.5]: five chunks, x and y with half a chunk each in
+   * the chunks that f's middle chunk sits between. */
+  void *p = NULL, *x = NULL, *f = NULL, *y = NULL, *z = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&p, 5 * chunk, pool, NULL));
+  CHECK_OK(tp_free_async(p, NULL));
+  CHECK_OK(tp_stream_synchronize(NULL));
+  REQUIRE_OK(tp_malloc_from_pool_async(&x, 3 * chunk / 2, pool, NULL));
+  REQUIRE_OK(tp_malloc_from_pool_async(&f, 2 * chunk, pool, NULL));
+  REQUIRE_OK(tp_malloc_from_pool_async(&y, 3 * chunk / 2, pool, NULL));
+  CHECK((char *)f == (char *)x + 3 * chunk / 2);
+  CHECK((char *)y == (char *)f + 2 * chunk);
+  if (check_on_host()) {
+    memset(x, 0x11, 3 * chunk / 2);
+    memset(y, 0x22, 3 * chunk / 2);
+  }
+  /* f's whole chunk goes back: two segments with a chunk's gap between. */
+  CHECK_OK(tp_free_async(f, NULL));
+  CHECK_OK(tp_stream_synchronize(NULL));
+  CHECK_OK(tp_pool_trim_to(pool, 0));
+  CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 4 * chunk);
+  verify(pool);
+  /* Two chunks fit nowhere but in the half, the gap and the half. */
+  REQUIRE_OK(tp_malloc_from_pool_async(&z, 2 * chunk, pool, NULL));
+  CHECK(z == f);
+  CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 5 * chunk);
+  verify(pool);
+  if (check_on_host()) {
+    memset(z, 0x33, 2 * chunk);
+    const unsigned char *a = x, *b = y;
+    size_t bad = 0;
+    for (size_t i = 0; i < 3 * chunk / 2; i++)
+      bad += (a[i] != 0x11) + (b[i] != 0x22);
+    CHECK_EQ_U64(bad, 0);
+  }
+  CHECK_OK(tp_free_async(x, NULL));
+  CHECK_OK(tp_free_async(y, NULL));
+  CHECK_OK(tp_free_async(z, NULL));
+  CHECK_OK(tp_stream_synchronize(NULL));
+  CHECK_OK(tp_pool_trim_to(pool, 0));
+  CHECK_EQ_U64(attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);
+  verify(pool);
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
 /* Frees of addresses inside the climbing segment's blocks (never a
  * block's start) from another thread, while tables are let go: each must
  * answer INVALID_VALUE, and read no freed table (ASan). */
@@ -516,6 +570,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_remap_instead_of_growth);
   RUN_TEST(test_growth_slack);
   RUN_TEST(test_climbing_segment_tables);
+  RUN_TEST(test_join_segments);
   printf("   seed %llu\n", (unsigned long long)seed);
   test_random_walk(seed);
   return check_done();

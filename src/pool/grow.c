@@ -159,10 +159,11 @@ typedef struct placement {
   tp__block *bridge; /* the free first block of the segment the run joins */
 } placement;
 
-/* How many unmapped chunks follow chunk c, up to `max`. */
+/* How many free chunk slots (neither mapped nor held by a ghost) follow
+ * chunk c, up to `max`. */
 static size_t unmapped_run(const tp__space *sp, size_t c, size_t max) {
   size_t r = 0;
-  while (r < max && c + r < sp->nchunks && !tp__space_mapped(sp, c + r))
+  while (r < max && c + r < sp->nchunks && !tp__space_occupied(sp, c + r))
     r++;
   return r;
 }
@@ -179,7 +180,8 @@ static size_t bridge(const tp__heap *h, const tp__taker *t, tp__block *b,
   const tp__space *sp = h->space;
   size_t after = tp__space_chunk(sp, b->addr + b->size);
   size_t r = unmapped_run(sp, after, n);
-  if (r == 0 || r >= n || after + r >= sp->nchunks)
+  if (r == 0 || r >= n || after + r >= sp->nchunks ||
+      !tp__space_mapped(sp, after + r))
     return 0;
   tp__block *f = h->segs[after + r].first;
   if (!tp__block_is_free(f) || f->tag.stream || !movable(f, t) ||
@@ -203,22 +205,23 @@ static bool place(const tp__heap *h, const tp__taker *t, size_t size,
       if (!movable(b, t) || b->size >= size || (b->next && b->prev))
         continue;
       size_t n = tp__align_up(size - b->size, sp->gran) / sp->gran;
-      if (found && n >= out->n)
-        continue;
       size_t after = tp__space_chunk(sp, b->addr + b->size);
       size_t before = tp__space_chunk(sp, b->addr);
+      /* A join maps fewer chunks than extending b would (see bridge). */
       tp__block *head = NULL;
-      size_t r;
+      size_t r = b->next ? 0 : bridge(h, t, b, size, n, &head);
+      if (r > 0 && (!found || r < out->n)) {
+        *out = (placement){after, r, b, head};
+        found = true;
+      }
+      if (found && n >= out->n)
+        continue;
       if (!b->next && tp__space_unmapped(sp, after, n)) {
         *out = (placement){after, n, b, NULL};
         found = true;
       } else if (!b->prev && before >= n &&
                  tp__space_unmapped(sp, before - n, n)) {
         *out = (placement){before - n, n, b, NULL};
-        found = true;
-      } else if (!b->next && (r = bridge(h, t, b, size, n, &head)) > 0 &&
-                 (!found || r < out->n)) {
-        *out = (placement){after, r, b, head};
         found = true;
       }
     }
