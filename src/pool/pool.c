@@ -495,9 +495,8 @@ bool tp__pools_reap_polling(void) {
   return reap(true);
 }
 
-void tp__pool_maybe_reap(tp__pool *p) {
-  if (atomic_load_explicit(&p->destroyed, memory_order_acquire))
-    (void)reap(false);
+void tp__pools_reap(void) {
+  (void)reap(false);
 }
 
 tp_error_t tp__pool_destroy(tp__pool *p) {

@@ -125,8 +125,13 @@ tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
 tp_error_t tp__pool_new_imported(const tp_pool_props_t *props,
                                  const tp__pool_ops *ops, tp__pool **out);
 tp_error_t tp__pool_destroy(tp__pool *p);
-/* A destroyed pool may go once its last allocation is freed. */
-void tp__pool_maybe_reap(tp__pool *p);
+/* A destroyed pool may go once its last allocation is freed: every free
+ * asks, so the question is inline and the answer rarely yes. */
+void tp__pools_reap(void);
+static inline void tp__pool_maybe_reap(tp__pool *p) {
+  if (TP_UNLIKELY(atomic_load_explicit(&p->destroyed, memory_order_acquire)))
+    tp__pools_reap();
+}
 /* Finishes destroyed pools whose frees are found complete, asking their
  * streams (an allocation that found the device full calls it, since such a
  * pool's memory counts against the device until then); true when one went.
