@@ -93,6 +93,16 @@ static tp_error_t carve(tp__heap *h, tp__block *b, size_t c0, size_t c1,
   return TP_SUCCESS;
 }
 
+/* Whether gathering may take the whole chunks [*c0, *c1) of free block b
+ * for the taker: it holds some, may move (see movable), and is neither
+ * `keep` nor `keep2`. */
+static bool takable(const tp__heap *h, const tp__taker *t, const tp__block *b,
+                    const tp__block *keep, const tp__block *keep2, size_t *c0,
+                    size_t *c1) {
+  return b != keep && b != keep2 && movable(b, t) &&
+         whole_chunks(h->space, b, c0, c1);
+}
+
 /* What a free block is to its segment: all of it, an end, or a middle. */
 static int segment_part(const tp__block *b) {
   return !b->prev && !b->next ? 0 : !b->prev || !b->next ? 1 : 2;
@@ -118,8 +128,8 @@ static size_t gather(tp__heap *h, const tp__taker *t, size_t want,
       while (b && got < want) {
         tp__block *next = b->fnext;
         size_t c0, c1;
-        if (segment_part(b) == part && b != keep && b != keep2 &&
-            movable(b, t) && whole_chunks(h->space, b, &c0, &c1)) {
+        if (segment_part(b) == part &&
+            takable(h, t, b, keep, keep2, &c0, &c1)) {
           if (c1 - c0 > want - got)
             c0 = c1 - (want - got);
           bool was_pending = b->tag.stream != NULL;
@@ -143,8 +153,7 @@ static size_t count_movable(const tp__heap *h, const tp__taker *t,
   for (unsigned bin = 0; bin < TP_NBINS; bin++)
     for (const tp__block *b = h->bins[bin]; b; b = b->fnext) {
       size_t c0, c1;
-      if (b != keep && b != keep2 && movable(b, t) &&
-          whole_chunks(h->space, b, &c0, &c1))
+      if (takable(h, t, b, keep, keep2, &c0, &c1))
         n += c1 - c0;
     }
   return n;
