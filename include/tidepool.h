@@ -479,8 +479,11 @@ TP_API tp_error_t tp_get_device(int *device);
 TP_API tp_error_t tp_stream_create(tp_stream_t *stream, unsigned flags);
 
 /* Destroys a stream once its queued work has run; blocks freed on it stay
- * reusable by other streams as their frees complete. Errors: INVALID_VALUE
- * (unknown stream, the legacy default stream). */
+ * reusable by other streams as their frees complete. A call on the stream
+ * that races the destroy from another thread (undefined in CUDA) either
+ * completes on the stream or answers INVALID_VALUE, and never touches freed
+ * memory; a free it made after the destroy completes with the stream's
+ * work. Errors: INVALID_VALUE (unknown stream, the legacy default stream). */
 TP_API tp_error_t tp_stream_destroy(tp_stream_t stream);
 
 /* Waits for all work queued on the stream, then makes the frees it covered
@@ -517,7 +520,8 @@ TP_API tp_error_t tp_device_synchronize(void);
  * memory's pool does not grant to the stream's device, or an address the
  * process does not have, faults the stream: TP_ERROR_ILLEGAL_ADDRESS at its
  * next synchronize (bytes before the faulting one may have been written).
- * Errors: INVALID_VALUE (NULL pointers with size > 0, unknown stream). */
+ * Errors: INVALID_VALUE (NULL pointers with size > 0, a range that wraps
+ * around the end of the address space, unknown stream). */
 TP_API tp_error_t tp_memset_async(void *ptr, int value, size_t size,
                                   tp_stream_t stream);
 TP_API tp_error_t tp_memcpy_async(void *dst, const void *src, size_t size,
@@ -659,7 +663,9 @@ TP_API tp_error_t tp_stream_is_capturing(tp_stream_t stream,
  * most one exec at a time, as in CUDA; on host its memory is mapped here.
  * Errors: INVALID_VALUE (exec NULL, unknown or destroyed graph, unknown
  * flags, a second exec of a graph with allocations), OUT_OF_MEMORY (the
- * graph's memory cannot be mapped), PLATFORM. Thread-safe. */
+ * graph's memory cannot be mapped), PLATFORM. Thread-safe, also against
+ * tp_graph_destroy of the same graph: the exec is made whole, or the call
+ * answers INVALID_VALUE. */
 TP_API tp_error_t tp_graph_instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
                                        unsigned long long flags);
 
@@ -672,7 +678,9 @@ TP_API tp_error_t tp_graph_instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
  * frees and that is not live), NOT_SUPPORTED (a launch into a capture: on
  * host always, on cuda for a graph with allocations or frees),
  * STREAM_CAPTURE_IMPLICIT (the legacy stream during a blocking capture).
- * Thread-safe, but one exec's launches must not race each other. */
+ * Thread-safe, but one exec's launches must not race each other; a launch
+ * that races tp_graph_exec_destroy of its exec is queued whole or answers
+ * INVALID_VALUE. */
 TP_API tp_error_t tp_graph_launch(tp_graph_exec_t exec, tp_stream_t stream);
 
 /* Destroys an exec; launches already queued still run, and its memory is

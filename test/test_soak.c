@@ -4,8 +4,10 @@
  * set while it is destroyed, and IPC imports racing with destroys. The
  * promise tested: a call on a destroyed object answers
  * TP_ERROR_INVALID_VALUE and never crashes, and a call that raced with the
- * destroy either succeeds fully or answers INVALID_VALUE. Streams destroyed
- * while in use are undefined in CUDA too and are left out. Meant for TSan.
+ * destroy either succeeds fully or answers INVALID_VALUE. Streams, graphs
+ * and execs destroyed while in use (undefined in CUDA) are held to the same
+ * promise, so that a program's race costs it an error, not its heap. Meant
+ * for TSan and ASan.
  *
  * Usage: test_soak [--case NAME] [SEED]; TP_SOAK_SECONDS (default 6) is the
  * time shared by the cases, TP_SOAK_SEED the seed, TP_SOAK_SKIP a list of
@@ -835,6 +837,209 @@ static void test_pools_churn(void) {
   leak_check();
 }
 
+/* ========================================================================
+ * 8. A stream destroyed while other threads queue work on it, allocate and
+ *    free on it, and synchronize it: every call succeeds or answers
+ *    INVALID_VALUE, and a block allocated on it is freed elsewhere when
+ *    the stream went first, so that nothing stays in use.
+ * ======================================================================== */
+
+static _Atomic(tp_stream_t) stream_slot;
+/* Each user's finished iterations: a new stream is made only once every
+ * user has finished the iteration it may have begun with the old one, so
+ * that no iteration's calls reach two streams through one handle value
+ * (the platform may give a new stream the handle of one released). */
+static atomic_long stream_user_iters[WORKERS];
+
+static void count_host_func(void *arg) {
+  atomic_fetch_add((atomic_long *)arg, 1);
+}
+
+static void *stream_user(void *arg) {
+  worker *w = arg;
+  tp_event_t ev = NULL;
+  tp_stream_t mine = NULL;
+  if (!CHECK_OK(tp_event_create(&ev)) ||
+      !CHECK_OK(tp_stream_create(&mine, TP_STREAM_NON_BLOCKING)))
+    return NULL;
+  static atomic_long ran;
+  while (!atomic_load(&stop)) {
+    tp_stream_t s = atomic_load(&stream_slot);
+    if (!s) {
+      atomic_fetch_add(&stream_user_iters[w->index], 1);
+      sched_yield();
+      continue;
+    }
+    const unsigned any = OK_ | INVAL_ | NOTREADY_;
+    switch (rng_below(&w->rng, 6)) {
+    case 0: {
+      void *p = NULL;
+      size_t size = small_or_medium(&w->rng);
+      tp_error_t err = tp_malloc_async(&p, size, s);
+      if (!EXPECT(err, OK_ | INVAL_) || err != TP_SUCCESS)
+        break;
+      EXPECT(tp_memset_async(p, 0x5A, size, s), OK_ | INVAL_);
+      err = tp_free_async(p, s);
+      if (EXPECT(err, OK_ | INVAL_) && err == TP_ERROR_INVALID_VALUE) {
+        /* The stream went first: its memset may still be queued, and only
+         * a device synchronize orders another stream's free after it. */
+        EXPECT(tp_device_synchronize(), OK_);
+        EXPECT(tp_free_async(p, mine), OK_);
+      }
+      break;
+    }
+    case 1:
+      EXPECT(tp_launch_host_func(s, count_host_func, &ran), OK_ | INVAL_);
+      break;
+    case 2:
+      EXPECT(tp_event_record(ev, s), OK_ | INVAL_);
+      EXPECT(tp_stream_wait_event(s, ev, 0), OK_ | INVAL_);
+      break;
+    case 3: EXPECT(tp_stream_query(s), any); break;
+    case 4: EXPECT(tp_stream_synchronize(s), OK_ | INVAL_); break;
+    default: {
+      tp_capture_status_t st;
+      EXPECT(tp_stream_is_capturing(s, &st), OK_ | INVAL_);
+      break;
+    }
+    }
+    w->ops++;
+    atomic_fetch_add(&stream_user_iters[w->index], 1);
+  }
+  CHECK_OK(tp_device_synchronize());
+  CHECK_OK(tp_event_destroy(ev));
+  CHECK_OK(tp_stream_destroy(mine));
+  return NULL;
+}
+
+static void test_stream_destroyed(void) {
+  leak_baseline();
+  tp_pool_t def = NULL;
+  CHECK_OK(tp_device_get_default_mem_pool(&def, 0));
+  worker w[WORKERS];
+  check_rng rng = {seed + 8};
+  start_workers(w, WORKERS, stream_user);
+  long made = 0;
+  double end = check_now_s() + case_seconds;
+  while (check_now_s() < end) {
+    tp_stream_t s = NULL;
+    unsigned flags = rng_chance(&rng, 50) ? TP_STREAM_NON_BLOCKING : 0;
+    if (!CHECK_OK(tp_stream_create(&s, flags)))
+      break;
+    made++;
+    atomic_store(&stream_slot, s);
+    check_sleep_us((long)rng_below(&rng, 400));
+    /* Destroyed while still published half the time: calls that read the
+     * handle after this find it gone. */
+    if (rng_chance(&rng, 50))
+      atomic_store(&stream_slot, NULL);
+    EXPECT(tp_stream_destroy(s), OK_);
+    atomic_store(&stream_slot, NULL);
+    for (int i = 0; i < WORKERS; i++) {
+      long seen = atomic_load(&stream_user_iters[i]);
+      while (atomic_load(&stream_user_iters[i]) == seen)
+        sched_yield();
+    }
+    check_sleep_us((long)rng_below(&rng, 100));
+  }
+  long ops = stop_workers(w, WORKERS);
+  uint64_t used = 1;
+  CHECK_OK(tp_pool_get_attribute(def, TP_POOL_ATTR_USED_MEM_CURRENT, &used));
+  CHECK_EQ_U64(used, 0);
+  printf("   %ld streams destroyed under %ld calls\n", made, ops);
+  leak_check();
+}
+
+/* ========================================================================
+ * 9. Graphs destroyed while other threads instantiate them, and execs
+ *    destroyed while another thread launches them (one launcher an exec,
+ *    as CUDA asks): refused or done whole, never a graph freed under a
+ *    call.
+ * ======================================================================== */
+
+static _Atomic(tp_graph_t) graph_slot;
+static _Atomic(tp_graph_exec_t) exec_slot;
+
+static void *graph_user(void *arg) {
+  worker *w = arg;
+  tp_stream_t s = NULL;
+  if (!CHECK_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING)))
+    return NULL;
+  while (!atomic_load(&stop)) {
+    if (w->index == 0) { /* the one launcher */
+      tp_graph_exec_t x = atomic_load(&exec_slot);
+      if (x)
+        EXPECT(tp_graph_launch(x, s), OK_ | INVAL_);
+      else
+        sched_yield();
+    } else {
+      tp_graph_t g = atomic_load(&graph_slot);
+      tp_graph_exec_t x = NULL;
+      tp_error_t err = g ? tp_graph_instantiate(&x, g, 0) : TP_SUCCESS;
+      if (EXPECT(err, OK_ | INVAL_) && x)
+        EXPECT(tp_graph_exec_destroy(x), OK_);
+      if (!g)
+        sched_yield();
+    }
+    if (rng_chance(&w->rng, 10))
+      EXPECT(tp_stream_synchronize(s), OK_);
+    w->ops++;
+  }
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_stream_destroy(s));
+  return NULL;
+}
+
+static void nothing(void *arg) {
+  (void)arg;
+}
+
+static void test_graph_destroyed(void) {
+  leak_baseline();
+  tp_stream_t s = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  void *buf = NULL;
+  REQUIRE_OK(tp_malloc_async(&buf, 4 * KiB, s));
+  worker w[WORKERS];
+  check_rng rng = {seed + 9};
+  start_workers(w, WORKERS, graph_user);
+  long rounds = 0;
+  double end = check_now_s() + case_seconds;
+  while (check_now_s() < end) {
+    tp_graph_t g = NULL;
+    tp_graph_exec_t x = NULL;
+    if (!CHECK_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_RELAXED)))
+      break;
+    EXPECT(tp_memset_async(buf, 0x11, 4 * KiB, s), OK_);
+    EXPECT(tp_launch_host_func(s, nothing, NULL), OK_);
+    if (!CHECK_OK(tp_stream_end_capture(s, &g)))
+      break;
+    if (!CHECK_OK(tp_graph_instantiate(&x, g, 0)))
+      break;
+    atomic_store(&graph_slot, g);
+    atomic_store(&exec_slot, x);
+    check_sleep_us((long)rng_below(&rng, 300));
+    /* Either goes first; the handles stay published while they go. */
+    if (rng_chance(&rng, 50)) {
+      EXPECT(tp_graph_destroy(g), OK_);
+      EXPECT(tp_graph_exec_destroy(x), OK_);
+    } else {
+      EXPECT(tp_graph_exec_destroy(x), OK_);
+      EXPECT(tp_graph_destroy(g), OK_);
+    }
+    check_sleep_us((long)rng_below(&rng, 100));
+    atomic_store(&graph_slot, NULL);
+    atomic_store(&exec_slot, NULL);
+    rounds++;
+  }
+  long ops = stop_workers(w, WORKERS);
+  CHECK_OK(tp_free_async(buf, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_stream_destroy(s));
+  printf("   %ld graphs and execs destroyed under %ld calls\n", rounds, ops);
+  leak_check();
+}
+
 /* ======================================================================== */
 
 typedef struct soak_case {
@@ -850,6 +1055,8 @@ static const soak_case cases[] = {
     {"set_current_races_destroy", test_set_current_races_destroy},
     {"ipc_races_destroy", test_ipc_races_destroy},
     {"pools_churn", test_pools_churn},
+    {"stream_destroyed", test_stream_destroyed},
+    {"graph_destroyed", test_graph_destroyed},
 };
 #define NCASES (sizeof cases / sizeof cases[0])
 

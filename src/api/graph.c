@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include "api/api.h"
+#include "common/guard.h"
 #include "graph/graph_mem.h"
 
 /* ---- handles ----------------------------------------------------------------
@@ -16,6 +17,9 @@
 struct tp_graph_opaque {
   uint32_t magic;
   atomic_int live;
+  /* Held by instantiation and destruction, so that a graph destroyed by
+   * another thread meanwhile is either instantiated whole or refused. */
+  pthread_mutex_t use;
   tp__pgraph *pg;
   tp__gmem *gm; /* NULL: the capture allocated and freed nothing */
   struct tp_graph_opaque *next;
@@ -24,6 +28,7 @@ struct tp_graph_opaque {
 struct tp_graph_exec_opaque {
   uint32_t magic;
   atomic_int live;
+  pthread_mutex_t use; /* launches and destruction, as the graph's */
   tp__pexec *pe;
   tp__gmem *gm;
   bool auto_free;
@@ -328,9 +333,9 @@ void tp__graph_event_forget(tp_event_t event) {
 /* ---- capture ----------------------------------------------------------------
  */
 
-TP_API tp_error_t tp_stream_begin_capture(tp_stream_t stream,
-                                          tp_capture_mode_t mode) {
-  TP_FORWARD(tp__api_init());
+/* The calls that resolve a stream run inside the guard, as every such call
+ * does (see tp_stream_destroy). */
+static tp_error_t begin_capture(tp_stream_t stream, tp_capture_mode_t mode) {
   tp__stream *s;
   TP_FORWARD(tp__stream_get(stream, &s));
   TP_RETURN_IF(mode != TP_CAPTURE_MODE_GLOBAL &&
@@ -346,10 +351,13 @@ TP_API tp_error_t tp_stream_begin_capture(tp_stream_t stream,
   return TP_SUCCESS;
 }
 
-TP_API tp_error_t tp_stream_end_capture(tp_stream_t stream, tp_graph_t *graph) {
-  TP_RETURN_IF(!graph, TP_ERROR_INVALID_VALUE);
-  *graph = NULL;
+TP_API tp_error_t tp_stream_begin_capture(tp_stream_t stream,
+                                          tp_capture_mode_t mode) {
   TP_FORWARD(tp__api_init());
+  return TP_GUARDED(begin_capture(stream, mode));
+}
+
+static tp_error_t end_capture(tp_stream_t stream, tp_graph_t *graph) {
   tp__stream *s;
   TP_FORWARD(tp__stream_get(stream, &s));
   tp_capture_status_t status = TP_CAPTURE_STATUS_NONE;
@@ -374,6 +382,7 @@ TP_API tp_error_t tp_stream_end_capture(tp_stream_t stream, tp_graph_t *graph) {
   }
   g->magic = GRAPH_MAGIC;
   atomic_init(&g->live, 1);
+  pthread_mutex_init(&g->use, NULL);
   g->pg = pg;
   g->gm = id ? tp__gmem_of_capture(id) : NULL;
   if (g->gm)
@@ -386,26 +395,33 @@ TP_API tp_error_t tp_stream_end_capture(tp_stream_t stream, tp_graph_t *graph) {
   return TP_SUCCESS;
 }
 
-TP_API tp_error_t tp_stream_is_capturing(tp_stream_t stream,
-                                         tp_capture_status_t *status) {
-  TP_RETURN_IF(!status, TP_ERROR_INVALID_VALUE);
+TP_API tp_error_t tp_stream_end_capture(tp_stream_t stream, tp_graph_t *graph) {
+  TP_RETURN_IF(!graph, TP_ERROR_INVALID_VALUE);
+  *graph = NULL;
   TP_FORWARD(tp__api_init());
+  return TP_GUARDED(end_capture(stream, graph));
+}
+
+static tp_error_t is_capturing(tp_stream_t stream,
+                               tp_capture_status_t *status) {
   tp__stream *s;
   TP_FORWARD(tp__stream_get(stream, &s));
   return tp__platform->capture_status(s->ps, status, NULL);
 }
 
+TP_API tp_error_t tp_stream_is_capturing(tp_stream_t stream,
+                                         tp_capture_status_t *status) {
+  TP_RETURN_IF(!status, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  return TP_GUARDED(is_capturing(stream, status));
+}
+
 /* ---- graphs and execs -------------------------------------------------------
  */
 
-TP_API tp_error_t tp_graph_instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
-                                       unsigned long long flags) {
-  TP_RETURN_IF(!exec, TP_ERROR_INVALID_VALUE);
-  *exec = NULL;
-  TP_FORWARD(tp__api_init());
-  TP_FORWARD(graph_get(graph));
-  TP_RETURN_IF(flags & ~TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH,
-               TP_ERROR_INVALID_VALUE);
+/* Under the graph's lock, the graph alive. */
+static tp_error_t instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
+                              unsigned long long flags) {
   struct tp_graph_exec_opaque *x = calloc(1, sizeof *x);
   TP_RETURN_IF(!x, TP_ERROR_OUT_OF_MEMORY);
   void (*release)(void *) = NULL;
@@ -424,6 +440,7 @@ TP_API tp_error_t tp_graph_instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
   }
   x->magic = EXEC_MAGIC;
   atomic_init(&x->live, 1);
+  pthread_mutex_init(&x->use, NULL);
   x->gm = graph->gm;
   x->auto_free = flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH;
   x->track = tp__gmem_self_held(graph->gm);
@@ -435,9 +452,24 @@ TP_API tp_error_t tp_graph_instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
   return TP_SUCCESS;
 }
 
-TP_API tp_error_t tp_graph_launch(tp_graph_exec_t exec, tp_stream_t stream) {
+TP_API tp_error_t tp_graph_instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
+                                       unsigned long long flags) {
+  TP_RETURN_IF(!exec, TP_ERROR_INVALID_VALUE);
+  *exec = NULL;
   TP_FORWARD(tp__api_init());
-  TP_FORWARD(exec_get(exec));
+  TP_FORWARD(graph_get(graph));
+  TP_RETURN_IF(flags & ~TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH,
+               TP_ERROR_INVALID_VALUE);
+  pthread_mutex_lock(&graph->use);
+  tp_error_t err = graph_get(graph);
+  if (err == TP_SUCCESS)
+    err = instantiate(exec, graph, flags);
+  pthread_mutex_unlock(&graph->use);
+  return err;
+}
+
+/* Under the exec's lock, the exec alive. */
+static tp_error_t launch(tp_graph_exec_t exec, tp_stream_t stream) {
   tp__stream *s;
   TP_FORWARD(tp__stream_get(stream, &s));
   /* Graph memory is booked per launch of its exec, which a launch captured
@@ -465,16 +497,33 @@ TP_API tp_error_t tp_graph_launch(tp_graph_exec_t exec, tp_stream_t stream) {
   return err;
 }
 
+TP_API tp_error_t tp_graph_launch(tp_graph_exec_t exec, tp_stream_t stream) {
+  TP_FORWARD(tp__api_init());
+  TP_FORWARD(exec_get(exec));
+  pthread_mutex_lock(&exec->use);
+  tp_error_t err = exec_get(exec);
+  if (err == TP_SUCCESS)
+    err = TP_GUARDED(launch(exec, stream));
+  pthread_mutex_unlock(&exec->use);
+  return err;
+}
+
 TP_API tp_error_t tp_graph_exec_destroy(tp_graph_exec_t exec) {
   TP_FORWARD(tp__api_init());
   TP_FORWARD(exec_get(exec));
+  pthread_mutex_lock(&exec->use);
   int one = 1;
-  TP_RETURN_IF(!atomic_compare_exchange_strong(&exec->live, &one, 0),
-               TP_ERROR_INVALID_VALUE);
+  if (!atomic_compare_exchange_strong(&exec->live, &one, 0)) {
+    pthread_mutex_unlock(&exec->use);
+    return TP_ERROR_INVALID_VALUE;
+  }
   bool may_run = exec->last.stream != NULL;
   if (exec->gm)
     tp__gmem_exec_destroyed(exec->gm, may_run);
   tp_error_t err = tp__platform->graph_exec_destroy(exec->pe);
+  pthread_mutex_unlock(&exec->use);
+  /* The last launch is watched outside the lock: watching may wait for it,
+   * and its work may call into tidepool. */
   if (may_run)
     watch_last_launch(exec);
   else
@@ -485,13 +534,18 @@ TP_API tp_error_t tp_graph_exec_destroy(tp_graph_exec_t exec) {
 TP_API tp_error_t tp_graph_destroy(tp_graph_t graph) {
   TP_FORWARD(tp__api_init());
   TP_FORWARD(graph_get(graph));
+  pthread_mutex_lock(&graph->use);
   int one = 1;
-  TP_RETURN_IF(!atomic_compare_exchange_strong(&graph->live, &one, 0),
-               TP_ERROR_INVALID_VALUE);
+  if (!atomic_compare_exchange_strong(&graph->live, &one, 0)) {
+    pthread_mutex_unlock(&graph->use);
+    return TP_ERROR_INVALID_VALUE;
+  }
   if (graph->gm)
     tp__gmem_graph_destroyed(graph->gm);
+  tp_error_t err = tp__platform->graph_destroy(graph->pg);
+  pthread_mutex_unlock(&graph->use);
   settle_running();
-  return tp__platform->graph_destroy(graph->pg);
+  return err;
 }
 
 /* ---- graph memory -----------------------------------------------------------

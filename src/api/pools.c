@@ -346,9 +346,9 @@ static tp_error_t malloc_current(void **ptr, size_t size, tp__stream *s,
   }
 }
 
-TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream) {
-  TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);
-  TP_FORWARD(tp__api_init());
+/* The stream is resolved inside the guard, which keeps a stream destroyed
+ * meanwhile readable until the call leaves (see tp_stream_destroy). */
+static tp_error_t malloc_async(void **ptr, size_t size, tp_stream_t stream) {
   tp__stream *s;
   bool idle;
   TP_FORWARD(tp__stream_resolve(stream, &s, &idle));
@@ -356,7 +356,13 @@ TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream) {
     *ptr = NULL;
     return TP_SUCCESS;
   }
-  return TP_GUARDED(malloc_current(ptr, size, s, idle));
+  return malloc_current(ptr, size, s, idle);
+}
+
+TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream) {
+  TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  return TP_GUARDED(malloc_async(ptr, size, stream));
 }
 
 static tp_error_t malloc_from(void **ptr, size_t size, tp_pool_t pool,
@@ -397,12 +403,16 @@ static tp_error_t free_on(void *ptr, tp__stream *s, bool idle) {
   return tp__pool_free(ptr, s);
 }
 
-TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream) {
-  TP_FORWARD(tp__api_init());
+static tp_error_t free_async(void *ptr, tp_stream_t stream) {
   tp__stream *s;
   bool idle;
   TP_FORWARD(tp__stream_resolve(stream, &s, &idle));
   if (!ptr)
     return TP_SUCCESS;
-  return TP_GUARDED(free_on(ptr, s, idle));
+  return free_on(ptr, s, idle);
+}
+
+TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream) {
+  TP_FORWARD(tp__api_init());
+  return TP_GUARDED(free_async(ptr, stream));
 }

@@ -93,18 +93,31 @@ TP_API tp_error_t tp_stream_create(tp_stream_t *stream, unsigned flags) {
   return tp__stream_create(flags, stream);
 }
 
+/* Every call that resolves a stream handle runs inside the guard, and a
+ * destroyed stream's platform stream and object go only once no call that
+ * may have resolved it before its destruction is still inside: a thread
+ * that races a destroy gets INVALID_VALUE or finishes its call on the old
+ * stream, never a stream freed under it. */
+static void release_stream(void *s) {
+  (void)tp__stream_release(s); /* owned by tidepool: nothing to report */
+}
+
 /* The stream's cached blocks go back to their pools between its two steps
  * of destruction, so that they stay resolvable through its last marker. */
-TP_API tp_error_t tp_stream_destroy(tp_stream_t stream) {
-  TP_RETURN_IF(!stream, TP_ERROR_INVALID_VALUE);
+static tp_error_t stream_destroy(tp_stream_t stream) {
   tp__stream *s;
   TP_FORWARD(stream_of(stream, &s));
   tp_error_t err = tp__stream_retire(s);
   if (err == TP_ERROR_INVALID_VALUE)
     return err;
   tp__pools_drop_stream(s);
-  tp_error_t derr = tp__stream_release(s);
-  return err != TP_SUCCESS ? err : derr;
+  tp__guard_retire(s, release_stream);
+  return err;
+}
+
+TP_API tp_error_t tp_stream_destroy(tp_stream_t stream) {
+  TP_RETURN_IF(!stream, TP_ERROR_INVALID_VALUE);
+  return TP_GUARDED(stream_destroy(stream));
 }
 
 /* After the host saw the stream's work up to `epoch` complete: its frees
@@ -116,7 +129,7 @@ static void completed(tp__stream *s, uint64_t epoch) {
   tp__ipc_settle();
 }
 
-TP_API tp_error_t tp_stream_synchronize(tp_stream_t stream) {
+static tp_error_t stream_synchronize(tp_stream_t stream) {
   tp__stream *s;
   TP_FORWARD(stream_of(stream, &s));
   uint64_t epoch = tp__stream_advance(s);
@@ -126,7 +139,11 @@ TP_API tp_error_t tp_stream_synchronize(tp_stream_t stream) {
   return err;
 }
 
-TP_API tp_error_t tp_stream_query(tp_stream_t stream) {
+TP_API tp_error_t tp_stream_synchronize(tp_stream_t stream) {
+  return TP_GUARDED(stream_synchronize(stream));
+}
+
+static tp_error_t stream_query(tp_stream_t stream) {
   tp__stream *s;
   TP_FORWARD(stream_of(stream, &s));
   uint64_t epoch = tp__stream_advance(s);
@@ -134,6 +151,10 @@ TP_API tp_error_t tp_stream_query(tp_stream_t stream) {
   if (err == TP_SUCCESS)
     tp__stream_mark_done(s, epoch);
   return err;
+}
+
+TP_API tp_error_t tp_stream_query(tp_stream_t stream) {
+  return TP_GUARDED(stream_query(stream));
 }
 
 static tp_error_t stream_wait_event(tp_stream_t stream, tp_event_t event) {
@@ -255,9 +276,8 @@ TP_API tp_error_t tp_event_synchronize(tp_event_t event) {
 
 /* ---- stream-ordered work ------------------------------------------------- */
 
-TP_API tp_error_t tp_memset_async(void *ptr, int value, size_t size,
-                                  tp_stream_t stream) {
-  TP_RETURN_IF(!ptr && size, TP_ERROR_INVALID_VALUE);
+static tp_error_t memset_async(void *ptr, int value, size_t size,
+                               tp_stream_t stream) {
   tp__stream *s;
   TP_FORWARD(stream_of(stream, &s));
   if (!size)
@@ -268,9 +288,14 @@ TP_API tp_error_t tp_memset_async(void *ptr, int value, size_t size,
   return err;
 }
 
-TP_API tp_error_t tp_memcpy_async(void *dst, const void *src, size_t size,
+TP_API tp_error_t tp_memset_async(void *ptr, int value, size_t size,
                                   tp_stream_t stream) {
-  TP_RETURN_IF((!dst || !src) && size, TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(!ptr && size, TP_ERROR_INVALID_VALUE);
+  return TP_GUARDED(memset_async(ptr, value, size, stream));
+}
+
+static tp_error_t memcpy_async(void *dst, const void *src, size_t size,
+                               tp_stream_t stream) {
   tp__stream *s;
   TP_FORWARD(stream_of(stream, &s));
   if (!size)
@@ -281,13 +306,24 @@ TP_API tp_error_t tp_memcpy_async(void *dst, const void *src, size_t size,
   return err;
 }
 
-TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
-                                      void *arg) {
-  TP_RETURN_IF(!fn, TP_ERROR_INVALID_VALUE);
+TP_API tp_error_t tp_memcpy_async(void *dst, const void *src, size_t size,
+                                  tp_stream_t stream) {
+  TP_RETURN_IF((!dst || !src) && size, TP_ERROR_INVALID_VALUE);
+  return TP_GUARDED(memcpy_async(dst, src, size, stream));
+}
+
+static tp_error_t launch_host_func(tp_stream_t stream, void (*fn)(void *),
+                                   void *arg) {
   tp__stream *s;
   TP_FORWARD(stream_of(stream, &s));
   tp__work_begin(s);
   tp_error_t err = tp__platform->launch_host_func(s->ps, fn, arg);
   tp__work_end(s, err);
   return err;
+}
+
+TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
+                                      void *arg) {
+  TP_RETURN_IF(!fn, TP_ERROR_INVALID_VALUE);
+  return TP_GUARDED(launch_host_func(stream, fn, arg));
 }

@@ -141,6 +141,14 @@ tp_error_t tp__pool_free_in(tp__pool *p, void *ptr, tp__stream *s) {
  * the call was on its way in: the pool is gone for the caller (INVALID_VALUE),
  * and its object stays readable until the call leaves the guard. */
 
+/* Why a stream has no cache in a pool: it is being destroyed by another
+ * thread (the caller's handle is gone), or memory is short. */
+static tp_error_t gone_or_short(const tp__stream *s) {
+  return atomic_load_explicit(&s->destroyed, memory_order_acquire)
+             ? TP_ERROR_INVALID_VALUE
+             : TP_ERROR_OUT_OF_MEMORY;
+}
+
 static tp__reuse reuse_of(tp__pool *p) {
   return (tp__reuse){
       .heap = &p->heap,
@@ -172,7 +180,7 @@ static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
     tp__reuse r = reuse_of(p);
     n = tp__reuse_small(&r, s, cls, got, 16, &err);
   } else if (!p->torn_down) {
-    err = TP_ERROR_OUT_OF_MEMORY;
+    err = gone_or_short(s);
   }
   if (n > 0) {
     /* The first block is the caller's; the rest wait in the cache. */
@@ -201,11 +209,12 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
   if (!p->torn_down) {
     /* The stream's own cached blocks go back first, so that they merge
      * with their neighbours before the search. */
-    err = TP_ERROR_OUT_OF_MEMORY;
     if (tp__caches_drain_one(&p->caches, s) ||
         tp__cache_ensure(&p->caches, s)) {
       tp__reuse ctx = reuse_of(p);
       err = tp__reuse_large(&ctx, s, r, true, &b);
+    } else {
+      err = gone_or_short(s);
     }
   }
   if (err == TP_SUCCESS && !tp__space_entry(&p->space, b->addr, true)) {

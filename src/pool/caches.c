@@ -9,7 +9,9 @@ tp__cache *tp__cache_ensure(tp__caches *set, tp__stream *s) {
   tp__blspin_lock(&s->lock);
   tp__cache *c = tp__cache_find(s, set);
   tp__blspin_unlock(&s->lock);
-  if (c)
+  /* A stream being destroyed has had its caches dropped, under each pool's
+   * lock, after it was marked: a cache made now would outlive it. */
+  if (c || atomic_load_explicit(&s->destroyed, memory_order_acquire))
     return c;
   c = aligned_alloc(_Alignof(tp__cache), sizeof *c);
   if (!c)

@@ -134,7 +134,8 @@ static inline bool tp__cache_push(tp__cache *c, unsigned cls, bool large,
 /* ---- under the pool lock ---------------------------------------------------
  */
 
-/* The cache of `s` in `set`, made on first use; NULL when memory is short. */
+/* The cache of `s` in `set`, made on first use; NULL when memory is short
+ * or `s` is being destroyed. */
 tp__cache *tp__cache_ensure(tp__caches *set, tp__stream *s);
 /* Hands entries that left stream `s`'s cache to the pool (a class's small
  * blocks, or large ones when `large`); the stream lock not held, since a

@@ -162,6 +162,14 @@ static bool reg_add(tp__stream *s) {
   return ok;
 }
 
+/* Where s is in the registry; nreg when it is not. */
+static uint32_t reg_index(const tp__stream *s) {
+  uint32_t i = 0;
+  while (i < nreg && reg[i] != s)
+    i++;
+  return i;
+}
+
 static tp__stream *reg_find_handle(tp_stream_t handle) {
   for (uint32_t i = 0; i < nreg; i++)
     if (reg[i]->owned && reg[i]->handle == handle)
@@ -317,7 +325,9 @@ tp_error_t tp__stream_get_slow(tp_stream_t handle, tp__stream **out,
     return TP_SUCCESS;
   tp__mutex_lock(&reg_lock);
   tp__stream *s = reg_find_handle(handle);
+  bool retired = s && s->retired;
   tp__mutex_unlock(&reg_lock);
+  TP_RETURN_IF(retired, TP_ERROR_INVALID_VALUE);
   if (!s)
     return adopt(handle, out);
   unsigned way = tls_cache.next++ % TLS_WAYS;
@@ -428,7 +438,7 @@ static tp__marker *marker_covering(tp__stream *s, uint64_t epoch) {
    * the legacy stream the marker is itself legacy work that the device's
    * blocking streams then wait for (docs/design.md, "Markers"). Recording
    * one at every free would put a driver call on the free path. */
-  if (atomic_load_explicit(&s->destroyed, memory_order_relaxed))
+  if (atomic_load_explicit(&s->released, memory_order_relaxed))
     return NULL;
   return marker_record(s);
 }
@@ -446,7 +456,7 @@ static bool covered(const tp__stream *s, uint64_t epoch) {
 static void ask_stream(tp__stream *s) {
   tp_capture_status_t status = TP_CAPTURE_STATUS_NONE;
   uint64_t id = 0;
-  if (atomic_load_explicit(&s->destroyed, memory_order_relaxed) ||
+  if (atomic_load_explicit(&s->released, memory_order_relaxed) ||
       tp__platform->capture_status(s->ps, &status, &id) != TP_SUCCESS ||
       status != TP_CAPTURE_STATUS_NONE)
     return;
@@ -517,7 +527,7 @@ tp_error_t tp__stream_make_wait(tp__stream *waiter, const tp__tag *t) {
    * stream's work so far, so that the waiter follows exactly the frees of
    * that stream issued until now (which its clock then says). */
   tp__marker *m =
-      s->legacy && !atomic_load_explicit(&s->destroyed, memory_order_relaxed)
+      s->legacy && !atomic_load_explicit(&s->released, memory_order_relaxed)
           ? marker_record(s)
           : marker_covering(s, t->epoch);
   tp_error_t err = m ? tp__platform->stream_wait_event(waiter->ps, m->ev)
@@ -571,12 +581,9 @@ bool tp__stream_follows(tp__stream *a, const tp__tag *t) {
 tp_error_t tp__stream_retire(tp__stream *s) {
   TP_RETURN_IF(!s->owned, TP_ERROR_INVALID_VALUE);
   tp__mutex_lock(&reg_lock);
-  uint32_t i = 0;
-  while (i < nreg && reg[i] != s)
-    i++;
-  bool found = i < nreg;
+  bool found = !s->retired && reg_index(s) < nreg;
   if (found) {
-    reg[i] = reg[--nreg];
+    s->retired = true;
     atomic_fetch_add_explicit(&tp__stream_gen, 1, memory_order_release);
   }
   tp__mutex_unlock(&reg_lock);
@@ -585,8 +592,7 @@ tp_error_t tp__stream_retire(tp__stream *s) {
    * it cached stay resolvable once the platform stream is gone. */
   tp__blspin_lock(&s->lock);
   tp__marker *m = marker_record(s);
-  s->dead_syncs =
-      atomic_load_explicit(&syncs_begun[s->device], memory_order_acquire);
+  atomic_store_explicit(&s->dead_syncs, UINT64_MAX, memory_order_relaxed);
   atomic_store_explicit(&s->destroyed, true, memory_order_release);
   tp__blspin_unlock(&s->lock);
   if (m)
@@ -608,13 +614,29 @@ void tp__device_sync_done(int device, uint64_t ticket) {
 
 bool tp__stream_dead_synced(tp__stream *s) {
   if (atomic_load_explicit(&syncs_done[s->device], memory_order_acquire) <=
-      s->dead_syncs)
+      atomic_load_explicit(&s->dead_syncs, memory_order_acquire))
     return false;
   tp__stream_mark_done(s, atomic_load(&s->epoch));
   return true;
 }
 
 tp_error_t tp__stream_release(tp__stream *s) {
+  /* A call that raced the destroy may have freed after retire's marker: a
+   * marker recorded now covers those frees too, and should recording fail,
+   * the next device synchronize does. */
+  tp__blspin_lock(&s->lock);
+  (void)marker_record(s);
+  atomic_store_explicit(&s->released, true, memory_order_relaxed);
+  atomic_store_explicit(
+      &s->dead_syncs,
+      atomic_load_explicit(&syncs_begun[s->device], memory_order_acquire),
+      memory_order_release);
+  tp__blspin_unlock(&s->lock);
+  tp__mutex_lock(&reg_lock);
+  uint32_t i = reg_index(s);
+  if (i < nreg)
+    reg[i] = reg[--nreg];
+  tp__mutex_unlock(&reg_lock);
   tp_error_t err = tp__platform->stream_destroy(s->ps);
   tp__stream_unref(s);
   return err;

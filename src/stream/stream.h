@@ -59,17 +59,26 @@ struct tp__stream {
   unsigned flags;
   bool legacy;
   bool owned; /* made by tp_stream_create */
+  /* Destroyed and not yet released: still in the registry, so that its
+   * handle is refused rather than adopted as a stream made elsewhere.
+   * Under the registry's lock. */
+  bool retired;
   tp__pstream *ps;
   tp_stream_t handle;
   _Atomic int refs;
   _Atomic bool destroyed;
+  /* Its platform stream is destroyed (tp__stream_release): no marker may
+   * be recorded on it, nor the stream asked. */
+  _Atomic bool released;
   /* The capture tp_stream_begin_capture began here last: the driver names
    * a capture only while it is active, and one that failed must still be
    * found to give back its memory. Read and written by the graph layer. */
   _Atomic uint64_t capture_id;
-  /* Device synchronizes begun before the stream was destroyed: one begun
-   * after covers all its work (tp__stream_settles). */
-  uint64_t dead_syncs;
+  /* Device synchronizes begun before the stream was released, when no call
+   * that found it before its destruction can still queue work on it: one
+   * begun after covers all its work (tp__stream_settles). UINT64_MAX from
+   * its destruction until then. */
+  _Atomic uint64_t dead_syncs;
 
   tp__blspin lock;        /* guards everything below, and the stream's caches */
   _Atomic uint64_t epoch; /* epoch given to frees issued now */
@@ -99,8 +108,12 @@ static inline tp_error_t tp__stream_get(tp_stream_t handle, tp__stream **out);
 tp_error_t tp__stream_create(unsigned flags, tp_stream_t *handle);
 /* Destruction in two steps, so that the pool layer can give back the
  * stream's caches in between: retire takes the stream out of the registry
- * and records a last marker covering every free issued on it; release
- * destroys the platform stream and drops the registry's reference. */
+ * and records a last marker covering every free issued on it so far;
+ * release, once no call that found the stream before can still be inside
+ * (the caller retires it through the guard), destroys the platform stream
+ * and drops the registry's reference. A call that raced the destroy may
+ * have queued work or freed after the marker: those frees complete with
+ * the next device synchronize begun after the release. */
 tp_error_t tp__stream_retire(tp__stream *s);
 tp_error_t tp__stream_release(tp__stream *s);
 void tp__stream_unref(tp__stream *s);
