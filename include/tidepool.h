@@ -483,7 +483,10 @@ TP_API tp_error_t tp_stream_create(tp_stream_t *stream, unsigned flags);
  * that races the destroy from another thread (undefined in CUDA) either
  * completes on the stream or answers INVALID_VALUE, and never touches freed
  * memory; a free it made after the destroy completes with the stream's
- * work. Errors: INVALID_VALUE (unknown stream, the legacy default stream). */
+ * work. On cuda a handle used once the stream is gone is the driver's to
+ * judge, as in CUDA (a stream tidepool did not make may have taken its
+ * value); on host it answers INVALID_VALUE.
+ * Errors: INVALID_VALUE (unknown stream, the legacy default stream). */
 TP_API tp_error_t tp_stream_destroy(tp_stream_t stream);
 
 /* Waits for all work queued on the stream, then makes the frees it covered

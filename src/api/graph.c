@@ -17,8 +17,12 @@
 struct tp_graph_opaque {
   uint32_t magic;
   atomic_int live;
-  /* Held by instantiation and destruction, so that a graph destroyed by
-   * another thread meanwhile is either instantiated whole or refused. */
+  /* Held around every driver call on the graph or on an exec made from
+   * it: instantiation, launches, and the destruction of either. A graph
+   * destroyed by another thread meanwhile is then instantiated whole or
+   * refused, and so is an exec's launch. The driver's graphs and execs are
+   * not synchronized internally, and one exec's destruction racing its
+   * graph's took the driver down (an H200, 2026-12-01). */
   pthread_mutex_t use;
   tp__pgraph *pg;
   tp__gmem *gm; /* NULL: the capture allocated and freed nothing */
@@ -28,7 +32,7 @@ struct tp_graph_opaque {
 struct tp_graph_exec_opaque {
   uint32_t magic;
   atomic_int live;
-  pthread_mutex_t use; /* launches and destruction, as the graph's */
+  struct tp_graph_opaque *graph; /* made from; its lock guards this one */
   tp__pexec *pe;
   tp__gmem *gm;
   bool auto_free;
@@ -440,7 +444,7 @@ static tp_error_t instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
   }
   x->magic = EXEC_MAGIC;
   atomic_init(&x->live, 1);
-  pthread_mutex_init(&x->use, NULL);
+  x->graph = graph;
   x->gm = graph->gm;
   x->auto_free = flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH;
   x->track = tp__gmem_self_held(graph->gm);
@@ -468,7 +472,7 @@ TP_API tp_error_t tp_graph_instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
   return err;
 }
 
-/* Under the exec's lock, the exec alive. */
+/* Under the lock of the exec's graph, the exec alive. */
 static tp_error_t launch(tp_graph_exec_t exec, tp_stream_t stream) {
   tp__stream *s;
   TP_FORWARD(tp__stream_get(stream, &s));
@@ -500,28 +504,28 @@ static tp_error_t launch(tp_graph_exec_t exec, tp_stream_t stream) {
 TP_API tp_error_t tp_graph_launch(tp_graph_exec_t exec, tp_stream_t stream) {
   TP_FORWARD(tp__api_init());
   TP_FORWARD(exec_get(exec));
-  pthread_mutex_lock(&exec->use);
+  pthread_mutex_lock(&exec->graph->use);
   tp_error_t err = exec_get(exec);
   if (err == TP_SUCCESS)
     err = TP_GUARDED(launch(exec, stream));
-  pthread_mutex_unlock(&exec->use);
+  pthread_mutex_unlock(&exec->graph->use);
   return err;
 }
 
 TP_API tp_error_t tp_graph_exec_destroy(tp_graph_exec_t exec) {
   TP_FORWARD(tp__api_init());
   TP_FORWARD(exec_get(exec));
-  pthread_mutex_lock(&exec->use);
+  pthread_mutex_lock(&exec->graph->use);
   int one = 1;
   if (!atomic_compare_exchange_strong(&exec->live, &one, 0)) {
-    pthread_mutex_unlock(&exec->use);
+    pthread_mutex_unlock(&exec->graph->use);
     return TP_ERROR_INVALID_VALUE;
   }
   bool may_run = exec->last.stream != NULL;
   if (exec->gm)
     tp__gmem_exec_destroyed(exec->gm, may_run);
   tp_error_t err = tp__platform->graph_exec_destroy(exec->pe);
-  pthread_mutex_unlock(&exec->use);
+  pthread_mutex_unlock(&exec->graph->use);
   /* The last launch is watched outside the lock: watching may wait for it,
    * and its work may call into tidepool. */
   if (may_run)
