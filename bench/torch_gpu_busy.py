@@ -35,7 +35,6 @@ def main():
         import tidepool_torch
         tidepool_torch.install()
     import torch
-    import torch.nn.functional as F
     from torch.profiler import profile, ProfilerActivity
     import torch_train_bench as tb
 
@@ -48,19 +47,12 @@ def main():
     pick = random.Random(1236)
     vocab = cfg["vocab"]
 
+    device = torch.device("cuda")
+
     def step():
         b, t = pick.choice(cfg["shapes"])
         idx = torch.randint(vocab, (b, t + 1), generator=data)
-        x, y = idx[:, :-1].cuda(), idx[:, 1:].cuda()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().view(-1, vocab), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        del logits
-        loss.item()
+        tb.train_step(torch, model, opt, idx, device, True, vocab).item()
         torch.cuda.synchronize()
 
     def timed(n):

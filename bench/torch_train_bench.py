@@ -137,6 +137,22 @@ def build_model(torch, cfg):
                max(t for _, t in cfg["shapes"]), cfg["dropout"])
 
 
+def train_step(torch, model, opt, idx, device, amp, vocab):
+    """One optimizer step on the token batch idx (inputs and shifted
+    targets); returns the loss, not yet waited for."""
+    F = torch.nn.functional
+    x = idx[:, :-1].to(device)
+    y = idx[:, 1:].to(device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+        logits = model(x)
+    loss = F.cross_entropy(logits.float().view(-1, vocab), y.reshape(-1))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def child(args):
     cfg = json.loads(args.config)
     on_gpu = cfg["device"] == "cuda"
@@ -146,7 +162,6 @@ def child(args):
         import tidepool_torch
         tidepool_torch.install()
     import torch
-    import torch.nn.functional as F
 
     torch.manual_seed(cfg["seed"])
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -176,16 +191,7 @@ def child(args):
         b, t = pick.choice(cfg["shapes"])
         idx = torch.randint(vocab, (b, t + 1), generator=data)
         t0 = time.perf_counter()
-        x = idx[:, :-1].to(device)
-        y = idx[:, 1:].to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().view(-1, vocab), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        del logits
+        loss = train_step(torch, model, opt, idx, device, amp, vocab)
         losses.append(loss.item())  # waits for the step's work
         if on_gpu:
             torch.cuda.synchronize()

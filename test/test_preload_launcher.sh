@@ -43,6 +43,14 @@ out=$(env -u LD_PRELOAD -u PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF=x \
   TIDEPOOL_PRELOAD=0 "$run" "$test_program" env 2>/dev/null)
 expect "PYTORCH_ALLOC_CONF respected" "$out" "$lib_abs|unset"
 
+# A name without a slash, found in the current directory, reaches
+# LD_PRELOAD as an absolute path: the loader would search its library path
+# for the bare name and run the command without the interposer.
+out=$(cd "$libdir" && env -u LD_PRELOAD -u PYTORCH_CUDA_ALLOC_CONF \
+  -u PYTORCH_ALLOC_CONF TIDEPOOL_PRELOAD=0 \
+  TIDEPOOL_PRELOAD_LIB=$(basename "$lib") "$run" "$test_program" env)
+expect "relative library made absolute" "$out" "$lib_abs|backend:cudaMallocAsync"
+
 env -u LD_PRELOAD TIDEPOOL_PRELOAD_LIB=/elsewhere/x.so "$run" true 2>/dev/null
 expect "missing library refused" "$?" "2"
 

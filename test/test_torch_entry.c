@@ -320,6 +320,21 @@ static void test_trace_recorded(void) {
   remove(trace_path);
 }
 
+/* The process's first call counts too: the configuration is read before a
+ * call decides whether to time itself (it was read inside the call, and
+ * the first allocation went uncounted). */
+static void test_timing_counts_first(void) {
+  uint64_t a[4];
+  CHECK_OK(tp_torch_timing(a));
+  CHECK_EQ_U64(a[1], 0);
+  void *p = tp_torch_alloc(4096, 0, NULL);
+  CHECK(p != NULL);
+  tp_torch_free(p, 4096, 0, NULL);
+  CHECK_OK(tp_torch_timing(a));
+  CHECK_EQ_U64(a[1], 1);
+  CHECK_EQ_U64(a[3], 1);
+}
+
 /* TIDEPOOL_TORCH_TIMING=1 (set before the first call): each entry point
  * counts its calls and the time they took. */
 static void test_timing(void) {
@@ -354,6 +369,7 @@ int main(void) {
   const char *platform = tp_platform_name();
   printf("tp_torch_* on platform %s\n", platform ? platform : "(none)");
   REQUIRE_EXIT(platform != NULL);
+  RUN_TEST(test_timing_counts_first);
   RUN_TEST(test_config_applied);
   RUN_TEST(test_alloc_free_legacy);
   RUN_TEST(test_alloc_free_stream);

@@ -252,6 +252,13 @@ static void read_config_once(void) {
   trace_open();
 }
 
+/* Whether calls time themselves; the configuration is read first, so
+ * that the process's first call is counted too. */
+static bool timing_on(void) {
+  pthread_once(&config_once, read_config_once);
+  return atomic_load_explicit(&timing, memory_order_relaxed);
+}
+
 static uint64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -349,7 +356,7 @@ TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream) {
   }
   void *ptr = NULL;
   int saved;
-  bool timed_call = atomic_load_explicit(&timing, memory_order_relaxed);
+  bool timed_call = timing_on();
   uint64_t t0 = TP_UNLIKELY(timed_call) ? now_ns() : 0;
   tp_error_t err = enter(device, &saved);
   if (err == TP_SUCCESS) {
@@ -372,7 +379,7 @@ TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   if (!ptr)
     return;
   int saved;
-  bool timed_call = atomic_load_explicit(&timing, memory_order_relaxed);
+  bool timed_call = timing_on();
   uint64_t t0 = TP_UNLIKELY(timed_call) ? now_ns() : 0;
   tp_error_t err = enter(device, &saved);
   if (err == TP_SUCCESS && TP_UNLIKELY(trace_file != NULL))
