@@ -406,8 +406,9 @@ TP_API tp_error_t tp_device_get_attribute(int *value, tp_device_attr_t attr,
  * gives another, and any number of processes may import through one. The
  * pool serves importers from a thread of its own, started by the first
  * export and stopped when the destroyed pool goes.
- * Errors: INVALID_VALUE (pool not created for `type`, imported pool, flags
- * != 0, NULL handle), NOT_SUPPORTED (TP_HANDLE_FABRIC), PLATFORM. */
+ * Errors: INVALID_VALUE (pool not created for `type`, which is every pool
+ * for TP_HANDLE_FABRIC since none can be created with it; imported pool,
+ * flags != 0, NULL handle), PLATFORM. */
 TP_API tp_error_t tp_pool_export_to_shareable_handle(void *handle,
                                                      tp_pool_t pool,
                                                      tp_handle_type_t type,

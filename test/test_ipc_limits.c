@@ -6,6 +6,9 @@
  * (ipc_child.h). */
 #include "ipc_child.h"
 
+#include <sys/socket.h>
+#include <sys/un.h>
+
 /* The descriptor comes by value, (void *)(uintptr_t)fd, as the driver
  * takes it; NULL is descriptor 0. A pointer to a descriptor (the old
  * convention), a number that is no open descriptor, and descriptors that
@@ -34,7 +37,25 @@ static void test_handle_by_value(void) {
   CHECK_ERR(tp_pool_import_from_shareable_handle(
                 &imported, (void *)(uintptr_t)sv[0], TP_HANDLE_POSIX_FD, 0),
             TP_ERROR_INVALID_VALUE);
+  /* Sockets that are no connected channel: one never connected, and one
+   * that listens (sendmsg answers ENOTCONN, the caller's fault). */
+  int lone = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+  int listening = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  snprintf(addr.sun_path + 1, sizeof addr.sun_path - 1, "tp-ipc-limits-%d",
+           (int)getpid()); /* abstract: nothing to clean up */
+  REQUIRE(lone >= 0 && listening >= 0);
+  REQUIRE(bind(listening, (struct sockaddr *)&addr, sizeof addr) == 0 &&
+          listen(listening, 1) == 0);
+  CHECK_ERR(tp_pool_import_from_shareable_handle(
+                &imported, (void *)(uintptr_t)lone, TP_HANDLE_POSIX_FD, 0),
+            TP_ERROR_INVALID_VALUE);
+  CHECK_ERR(tp_pool_import_from_shareable_handle(
+                &imported, (void *)(uintptr_t)listening, TP_HANDLE_POSIX_FD, 0),
+            TP_ERROR_INVALID_VALUE);
   CHECK(imported == NULL);
+  close(lone);
+  close(listening);
   close(pv[0]);
   close(pv[1]);
   close(sv[0]);

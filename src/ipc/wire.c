@@ -138,7 +138,12 @@ tp_error_t tp__wire_send(int sock, const tp__wire *w, int fd, bool creds,
     TP_RETURN_IF(ready < 0, tp__platform_fail(errno, "poll"));
     TP_RETURN_IF(ready == 0, TP_ERROR_INVALID_VALUE); /* no room in time */
   }
-  TP_RETURN_IF(n < 0 && (errno == EPIPE || errno == ECONNRESET),
+  /* A peer gone, or a descriptor that is no connected channel at all (a
+   * socket never connected, one that listens): the handle's fault, not
+   * the system's. */
+  TP_RETURN_IF(n < 0 && (errno == EPIPE || errno == ECONNRESET ||
+                         errno == ENOTCONN || errno == EDESTADDRREQ ||
+                         errno == ENOTSOCK),
                TP_ERROR_INVALID_VALUE);
   TP_RETURN_IF(n < 0, tp__platform_fail(errno, "sendmsg"));
   TP_RETURN_IF((size_t)n != sizeof *w, TP_ERROR_INVALID_VALUE);
