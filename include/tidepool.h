@@ -591,8 +591,9 @@ TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
  * on one never recorded (STREAM_CAPTURE_ISOLATION); tp_device_synchronize
  * during a capture in global mode, or in thread-local mode on the
  * capturing thread (STREAM_CAPTURE_UNSUPPORTED). tp_event_query and
- * tp_event_synchronize refuse an event last recorded in a capture, and so
- * does tp_stream_wait_event once that capture has ended (CAPTURED_EVENT);
+ * tp_event_synchronize refuse an event last recorded in a capture
+ * (CAPTURED_EVENT), and tp_stream_wait_event refuses it once that capture
+ * has ended (INVALID_VALUE, as the driver answers on an H200);
  * while it runs, a stream that waits on such an event joins it, unless the
  * capture was invalidated (INVALID_VALUE, the stream stays out). Two
  * captures that would merge through an event are both invalidated

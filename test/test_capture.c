@@ -243,6 +243,20 @@ static void test_fork_join(void) {
   CHECK_EQ_INT(status_of(s1), TP_CAPTURE_STATUS_NONE);
   CHECK_EQ_INT(status_of(s2), TP_CAPTURE_STATUS_NONE);
 
+  /* So does one whose only work is an allocation: the driver's allocation
+   * is a node of the fork (tidepool's once made no node, and the capture
+   * ended well). */
+  REQUIRE_OK(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_OK(tp_event_record(fork, s1));
+  CHECK_OK(tp_stream_wait_event(s2, fork, 0));
+  void *c = NULL;
+  CHECK_OK(tp_malloc_async(&c, MiB, s2));
+  graph = (tp_graph_t)&graph;
+  CHECK_EQ_INT(tp_stream_end_capture(s1, &graph),
+               TP_ERROR_STREAM_CAPTURE_UNJOINED);
+  CHECK(graph == NULL);
+  CHECK_EQ_INT(status_of(s2), TP_CAPTURE_STATUS_NONE);
+
   CHECK_OK(tp_free_async(out, s1));
   CHECK_OK(tp_stream_synchronize(s1));
   CHECK_OK(tp_event_destroy(fork));
@@ -436,7 +450,9 @@ static void test_auto_free(void) {
 }
 
 /* A graph may free what another graph's launch left live. */
-static void test_free_in_other_graph(void) {
+/* `late`: both graphs are captured before the producer is instantiated,
+ * which CUDA allows too (the free once failed so, INVALID_VALUE). */
+static void free_in_other_graph(bool late) {
   tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING);
   REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
   void *p = NULL;
@@ -445,7 +461,8 @@ static void test_free_in_other_graph(void) {
   tp_graph_t ga = NULL, gb = NULL;
   REQUIRE_OK(tp_stream_end_capture(s, &ga));
   tp_graph_exec_t xa = NULL, xb = NULL;
-  REQUIRE_OK(tp_graph_instantiate(&xa, ga, 0));
+  if (!late)
+    REQUIRE_OK(tp_graph_instantiate(&xa, ga, 0));
 
   void *out = NULL;
   REQUIRE_OK(tp_malloc_async(&out, MiB, s));
@@ -454,6 +471,8 @@ static void test_free_in_other_graph(void) {
   CHECK_OK(tp_free_async(p, s));
   CHECK_EQ_INT(tp_free_async(p, s), TP_ERROR_INVALID_VALUE);
   REQUIRE_OK(tp_stream_end_capture(s, &gb));
+  if (late)
+    REQUIRE_OK(tp_graph_instantiate(&xa, ga, 0));
   REQUIRE_OK(tp_graph_instantiate(&xb, gb, 0));
 
   CHECK_EQ_INT(tp_graph_launch(xb, s), TP_ERROR_INVALID_VALUE); /* p dead */
@@ -473,6 +492,11 @@ static void test_free_in_other_graph(void) {
   CHECK_OK(tp_free_async(out, s));
   CHECK_OK(tp_stream_synchronize(s));
   CHECK_OK(tp_stream_destroy(s));
+}
+
+static void test_free_in_other_graph(void) {
+  free_in_other_graph(false);
+  free_in_other_graph(true);
 }
 
 /* Synchronous calls CUDA forbids during capture fail and invalidate it;

@@ -212,6 +212,12 @@ tp_error_t tp__gmem_malloc(tp__pstream *ps, uint64_t capture_id,
   tp_error_t err = gmem_of(ps, capture_id, &gm);
   if (err == TP_SUCCESS && gm->sealed)
     err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
+  /* The allocation is work of the stream, as the driver's allocation node
+   * is: a fork that allocates and never joins back leaves the capture
+   * unjoined. */
+  tp__pnode at = 0;
+  if (err == TP_SUCCESS)
+    err = tp__platform->capture_point(ps, &at);
   if (err == TP_SUCCESS)
     err = tp__gspace_plan(gm, ps, kind, need, ptr);
   pthread_mutex_unlock(&lock);
@@ -239,8 +245,13 @@ tp_error_t tp__gmem_free_captured(tp__pstream *ps, uint64_t capture_id,
     }
   } else if (err == TP_SUCCESS) {
     /* Another graph's allocation: only one that outlives its launches
-     * (its capture over, not freed in it), freed once per launch here. */
-    if (!owner->sealed || al->freed_in_graph)
+     * (its capture over, not freed in it), freed once per launch here.
+     * The capture is over once instantiated, or once tidepool ended it
+     * well: the free need not wait for the owner's instantiation, which
+     * CUDA does not ask either (a producer and a consumer captured first,
+     * instantiated after). */
+    bool over = owner->sealed || (owner->seen && !owner->failed);
+    if (!over || al->freed_in_graph)
       err = TP_ERROR_INVALID_VALUE;
     if (err == TP_SUCCESS)
       err = gmem_of(ps, capture_id, &gm);
@@ -413,6 +424,7 @@ void tp__gmem_capture_failed(uint64_t capture_id) {
   tp__gmem *gm = capture_id ? gmem_find(capture_id) : NULL;
   if (gm && !gm->seen) {
     gm->seen = true;
+    gm->failed = true;
     for (uint32_t i = 0; i < gm->nallocs; i++)
       set_live(gm, &gm->allocs[i], false);
     sweep();
