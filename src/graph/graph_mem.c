@@ -212,12 +212,6 @@ tp_error_t tp__gmem_malloc(tp__pstream *ps, uint64_t capture_id,
   tp_error_t err = gmem_of(ps, capture_id, &gm);
   if (err == TP_SUCCESS && gm->sealed)
     err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
-  /* The allocation is work of the stream, as the driver's allocation node
-   * is: a fork that allocates and never joins back leaves the capture
-   * unjoined. */
-  tp__pnode at = 0;
-  if (err == TP_SUCCESS)
-    err = tp__platform->capture_point(ps, &at);
   if (err == TP_SUCCESS)
     err = tp__gspace_plan(gm, ps, kind, need, ptr);
   pthread_mutex_unlock(&lock);
