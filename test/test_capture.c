@@ -885,6 +885,32 @@ static void test_other_device(void) {
     CHECK_OK(tp_graph_exec_destroy(exec));
     CHECK_OK(tp_graph_destroy(graph));
   }
+  if (check_on_host()) {
+    /* A node keeps the device it was captured on: captured on a stream of
+     * device 1, it writes device 1's memory, which device 0 may not touch
+     * (access none, from the loop), also when a stream of device 0
+     * launches it (the host once ran it with the launcher's rights). */
+    REQUIRE_OK(tp_set_device(1));
+    tp_stream_t s1 = new_stream(TP_STREAM_NON_BLOCKING);
+    REQUIRE_OK(tp_set_device(0));
+    void *p = NULL;
+    REQUIRE_OK(tp_malloc_from_pool_async(&p, 2 * MiB, pool, s1));
+    REQUIRE_OK(tp_stream_synchronize(s1));
+    REQUIRE_OK(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL));
+    CHECK_OK(tp_memset_async(p, 0x62, 2 * MiB, s1));
+    tp_graph_t graph = NULL;
+    tp_graph_exec_t exec = NULL;
+    REQUIRE_OK(tp_stream_end_capture(s1, &graph));
+    REQUIRE_OK(tp_graph_instantiate(&exec, graph, 0));
+    CHECK_OK(tp_graph_launch(exec, s));
+    CHECK_OK(tp_stream_synchronize(s));
+    CHECK(bytes_are(p, 2 * MiB, 0x62, s1));
+    CHECK_OK(tp_graph_exec_destroy(exec));
+    CHECK_OK(tp_graph_destroy(graph));
+    CHECK_OK(tp_free_async(p, s1));
+    CHECK_OK(tp_stream_synchronize(s1));
+    CHECK_OK(tp_stream_destroy(s1));
+  }
   CHECK_OK(tp_stream_synchronize(s));
   CHECK_OK(tp_pool_destroy(pool));
   CHECK_OK(tp_stream_destroy(s));

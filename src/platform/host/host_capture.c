@@ -403,7 +403,9 @@ tp_error_t tp__host_capture_node(tp__pstream *ps, const tp__host_node *work,
     uint32_t id = 0;
     if (m->c->invalidated)
       err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
-    else if ((id = graph_add(m->c->graph, work, &m->deps)) == 0)
+    tp__host_node w = *work;
+    w.device = m->device;
+    if (err == TP_SUCCESS && (id = graph_add(m->c->graph, &w, &m->deps)) == 0)
       err = TP_ERROR_OUT_OF_MEMORY;
     if (id) {
       m->deps.n = 0;
@@ -670,7 +672,7 @@ void tp__host_exec_unref(tp__pexec *e) {
   free(e);
 }
 
-bool tp__host_exec_run(tp__pexec *e, int device) {
+bool tp__host_exec_run(tp__pexec *e) {
   const tp__pgraph *g = e->graph;
   bool ok = true;
   for (uint32_t i = 0; i < g->n; i++) {
@@ -680,8 +682,8 @@ bool tp__host_exec_run(tp__pexec *e, int device) {
     case TP__HOST_NODE_HOST_FUNC: w->u.host.fn(w->u.host.arg); break;
     case TP__HOST_NODE_MEMSET:
     case TP__HOST_NODE_MEMCPY:
-      ok &= tp__host_mem_run(device, w->u.mem.dst, w->u.mem.src, w->u.mem.value,
-                             w->u.mem.size);
+      ok &= tp__host_mem_run(w->device, w->u.mem.dst, w->u.mem.src,
+                             w->u.mem.value, w->u.mem.size);
       break;
     }
   }

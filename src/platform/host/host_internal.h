@@ -122,6 +122,9 @@ typedef enum tp__host_node_kind {
 /* The work of one graph node, as a stream op would do it. */
 typedef struct tp__host_node {
   tp__host_node_kind kind;
+  /* The device of the stream it was captured on, whose access it runs
+   * with wherever the graph is launched (set by the capture). */
+  int device;
   union {
     struct {
       void (*fn)(void *);
@@ -158,9 +161,10 @@ tp_error_t tp__host_capture_check_sync(void);
 void tp__host_capture_stream_gone(tp__pstream *ps);
 /* An event recorded in a capture is being destroyed. */
 void tp__host_capture_event_forget(tp__pevent *ev);
-/* Runs a launch of the exec on a worker of `device`: false when memory
- * work faulted. */
-bool tp__host_exec_run(tp__pexec *exec, int device);
+/* Runs a launch of the exec, each node with the access of the device it
+ * was captured on, whichever stream launched it: false when memory work
+ * faulted. */
+bool tp__host_exec_run(tp__pexec *exec);
 void tp__host_exec_unref(tp__pexec *exec);
 tp_error_t tp__host_capture_begin(tp__pstream *ps, tp_capture_mode_t mode);
 tp_error_t tp__host_capture_end(tp__pstream *ps, tp__pgraph **graph);

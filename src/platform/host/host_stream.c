@@ -258,7 +258,7 @@ static void run(tp__pstream *s, op *o) {
       atomic_store(&s->faulted, true);
     break;
   case OP_GRAPH:
-    if (!tp__host_exec_run(o->u.exec, s->device))
+    if (!tp__host_exec_run(o->u.exec))
       atomic_store(&s->faulted, true);
     break;
   }
