@@ -56,7 +56,8 @@ static void test_env_size(void) {
               {"-1", 7, true},
               {"abc", 7, true},
               {"5X", 7, true},
-              {"99999999999T", 7, true}};
+              {"99999999999T", 7, true},
+              {"99999999999999999999", 7, true}}; /* beyond 64 bits */
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
     setenv("TP_TEST_ENV_SIZE", rows[i].text, 1);
     bool bad = false;

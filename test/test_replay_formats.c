@@ -82,6 +82,16 @@ static void test_pickle_memo(void) {
   CHECK(a->u.list.v[0]->type == PK_FLOAT && a->u.list.v[0]->u.f == 1.5);
   CHECK(pk_get(root, "c") == NULL);
   pk_free(doc);
+
+  /* A key given twice: the last value is the dict's, as in Python (keys
+   * are appended, not searched for, so that a dict of many keys costs
+   * their number, not its square). */
+  static const char twice[] = "\x80\x04}(\x8c\x01kK\x01\x8c\x01kK\x02u.";
+  REQUIRE_EXIT(parse(twice, sizeof twice - 1, &doc, &root, err, sizeof err) ==
+               0);
+  const pk_value *k = pk_get(root, "k");
+  CHECK(k && k->type == PK_INT && k->u.i == 2);
+  pk_free(doc);
 }
 
 /* Damaged streams: each refused with the offset and the reason. */
@@ -106,6 +116,9 @@ static void test_pickle_damaged(void) {
        4, "APPEND without a list"},
       {"\x80\x04\xfe.", 4, "opcode 0xfe"},
       {"\x80\x04r\x00\x00\x00\x7f.", 8, "memo store with an empty stack"},
+      /* An index no pickler gives after one value: refused before the memo
+       * grows to it (2^28 - 1 once asked for 2 GiB). */
+      {"\x80\x04]r\xff\xff\xff\x0f.", 9, "memo index 268435455 is out"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     pk_doc *doc = NULL;

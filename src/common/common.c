@@ -17,8 +17,10 @@ uint64_t tp__env_size(const char *name, uint64_t fallback, bool *bad) {
   if (!s || !*s)
     return fallback;
   char *end = NULL;
+  errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
-  if (end == s || !isdigit((unsigned char)*s)) {
+  /* errno: a number beyond 64 bits, which strtoull saturates. */
+  if (end == s || !isdigit((unsigned char)*s) || errno) {
     *bad = true;
     return fallback;
   }

@@ -10,9 +10,6 @@
 #include <string.h>
 
 #define CHUNK_VALUES 4096
-/* More memo entries than this cannot come from a real snapshot; refusing
- * them keeps a damaged index from asking for gigabytes. */
-#define MEMO_MAX (1u << 28)
 
 typedef struct chunk {
   struct chunk *next;
@@ -34,6 +31,7 @@ typedef struct parser {
   size_t nmarks, capmarks;
   pk_value **memo;
   size_t nmemo, capmemo;
+  size_t nvalues; /* made so far: no memo index of a real pickle exceeds it */
   char *err;
   size_t errlen;
 } parser;
@@ -59,6 +57,7 @@ static pk_value *new_value(parser *p, pk_type type) {
     p->doc->chunks = c;
   }
   pk_value *v = &c->v[c->used++];
+  p->nvalues++;
   memset(v, 0, sizeof *v);
   v->type = type;
   return v;
@@ -128,16 +127,9 @@ static int dict_set(parser *p, pk_value *d, pk_value *k, pk_value *v) {
       !reserve((void **)&d->u.dict.v, &d->u.dict.cap, d->u.dict.n,
                sizeof(pk_value *)))
     return fail(p, "out of memory");
-  /* Keys are rarely repeated; a repeated string key replaces the value, as
-   * in Python. */
-  if (k->type == PK_STR)
-    for (size_t i = 0; i < d->u.dict.n; i++)
-      if (d->u.dict.k[i]->type == PK_STR &&
-          d->u.dict.k[i]->u.str.n == k->u.str.n &&
-          memcmp(d->u.dict.k[i]->u.str.s, k->u.str.s, k->u.str.n) == 0) {
-        d->u.dict.v[i] = v;
-        return 0;
-      }
+  /* A repeated key is appended, not searched for (a search per key made a
+   * dict of n keys cost n^2: 200,000 keys took 81 s); pk_get reads the
+   * last one, so that it replaces the value, as in Python. */
   d->u.dict.k[d->u.dict.n] = k;
   d->u.dict.v[d->u.dict.n++] = v;
   return 0;
@@ -222,7 +214,10 @@ static int memo_put(parser *p, uint64_t idx) {
   pk_value *v = top(p);
   if (!v)
     return fail(p, "memo store with an empty stack");
-  if (idx >= MEMO_MAX)
+  /* A pickler numbers what it stores in order, so an index beyond the
+   * values made so far is damage; refusing it keeps a 9-byte file from
+   * asking for gigabytes of memo (an index of 2^28 did). */
+  if (idx > p->nvalues)
     return fail(p, "memo index %llu is out of range", (unsigned long long)idx);
   while (p->nmemo <= idx) {
     if (!reserve((void **)&p->memo, &p->capmemo, p->nmemo, sizeof *p->memo))
@@ -486,7 +481,7 @@ bool pk_str_is(const pk_value *v, const char *s) {
 const pk_value *pk_get(const pk_value *d, const char *key) {
   if (!d || d->type != PK_DICT)
     return NULL;
-  for (size_t i = 0; i < d->u.dict.n; i++)
+  for (size_t i = d->u.dict.n; i-- > 0;)
     if (pk_str_is(d->u.dict.k[i], key))
       return d->u.dict.v[i];
   return NULL;

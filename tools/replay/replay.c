@@ -15,6 +15,10 @@
 #include "tidepool.h"
 #include "trace.h"
 
+/* What an allocation of 0 bytes, which gives no pointer, is recorded as, so
+ * that its free is not taken for the free of an allocation never made. */
+static char zero_bytes;
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -140,6 +144,11 @@ int replay_trace(const replay_options *o, const trace *t, replay_result *r,
     if (i == t->nops / 2)
       half_unmaps = attr64(pool, TP_POOL_ATTR_CHUNK_UNMAPS);
     bool alloc = op->action == TRACE_ALLOC;
+    if (op->action == TRACE_FREE && op->name != TRACE_NO_NAME &&
+        ptrs[op->name] == &zero_bytes) {
+      ptrs[op->name] = NULL; /* the free of an allocation of 0 bytes */
+      continue;
+    }
     bool issue = alloc || (op->action == TRACE_FREE &&
                            op->name != TRACE_NO_NAME && ptrs[op->name]);
     if (op->action == TRACE_FREE && !issue)
@@ -158,6 +167,8 @@ int replay_trace(const replay_options *o, const trace *t, replay_result *r,
       if (e != TP_SUCCESS) {
         alloc_failed(t, op, e, pool, err, errlen);
         rc = -1;
+      } else if (op->size == 0) {
+        ptrs[op->name] = &zero_bytes; /* NULL would read as never made */
       }
     } else {
       e = tp_free_async(ptrs[op->name], streams[op->stream]);
@@ -212,7 +223,7 @@ int replay_trace(const replay_options *o, const trace *t, replay_result *r,
   r->ratio =
       r->peak_used ? (double)r->peak_reserved / (double)r->peak_used : 0.0;
   for (uint32_t n = 0; ptrs && n < t->nnames; n++)
-    if (ptrs[n])
+    if (ptrs[n] && ptrs[n] != &zero_bytes)
       (void)tp_free_async(ptrs[n], NULL);
   (void)tp_device_synchronize();
   if (rc == 0 && o->driver)

@@ -370,7 +370,10 @@ static int slurp(const char *path, char **out, size_t *outlen, char *err,
       buf = b;
       cap *= 2;
     }
-    int got = gzread(f, buf + n, (unsigned)(cap - n));
+    /* gzread counts in an int: at most 1 GiB a call, so that a trace of
+     * more than 2 GiB reads on (it was refused as a corrupt gzip). */
+    size_t room = cap - n < ((size_t)1 << 30) ? cap - n : (size_t)1 << 30;
+    int got = gzread(f, buf + n, (unsigned)room);
     if (got > 0) {
       n += (size_t)got;
       continue;
