@@ -108,6 +108,15 @@ static void test_notes(void) {
   CHECK_EQ_INT(run(NULL, "notes.csv", out, sizeof out), 0);
   expect_in(out, "note: 1 free of allocations the trace never made");
   expect_in(out, "1 allocation at an address still live");
+
+  /* An allocation of 0 bytes gives no pointer, and its free is no free of
+   * an allocation never made (it was counted as one). */
+  write_file("zero.csv", "action,addr,size,stream\n"
+                         "alloc,1,0,0\n"
+                         "free_requested,1,0,0\n");
+  CHECK_EQ_INT(run(NULL, "zero.csv", out, sizeof out), 0);
+  if (strstr(out, "never made"))
+    CHECK_FAIL("a 0-byte allocation's free was counted as foreign:\n%s", out);
 }
 
 static void test_directory(void) {
