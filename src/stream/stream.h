@@ -107,13 +107,13 @@ tp_error_t tp__streams_init(void);
 static inline tp_error_t tp__stream_get(tp_stream_t handle, tp__stream **out);
 tp_error_t tp__stream_create(unsigned flags, tp_stream_t *handle);
 /* Destruction in two steps, so that the pool layer can give back the
- * stream's caches in between: retire takes the stream out of the registry
- * and records a last marker covering every free issued on it so far;
- * release, once no call that found the stream before can still be inside
- * (the caller retires it through the guard), destroys the platform stream
- * and drops the registry's reference. A call that raced the destroy may
- * have queued work or freed after the marker: those frees complete with
- * the next device synchronize begun after the release. */
+ * stream's caches in between: retire marks the stream retired (its handle
+ * refused from then on) and records a last marker covering every free
+ * issued on it so far; release, once no call that found the stream before
+ * can still be inside (the caller retires it through the guard), records
+ * one more marker for the frees such calls made after the first, takes the
+ * stream out of the registry, destroys the platform stream and drops the
+ * registry's reference. */
 tp_error_t tp__stream_retire(tp__stream *s);
 tp_error_t tp__stream_release(tp__stream *s);
 void tp__stream_unref(tp__stream *s);
