@@ -1,7 +1,8 @@
 /* test_soak: threads that use an object while another thread destroys it,
  * for every such pair the API allows: the current pool, pools used by
  * handle, events, frees racing with a deferred destroy, the current pool
- * set while it is destroyed, and IPC imports racing with destroys. The
+ * set while it is destroyed, IPC imports racing with destroys, and an
+ * exporter's release of a shared block racing a second free of it. The
  * promise tested: a call on a destroyed object answers
  * TP_ERROR_INVALID_VALUE and never crashes, and a call that raced with the
  * destroy either succeeds fully or answers INVALID_VALUE. Streams, graphs
@@ -1040,6 +1041,68 @@ static void test_graph_destroyed(void) {
   leak_check();
 }
 
+/* ========================================================================
+ * 10. A pointer freed by its exporter while another pool holds it is freed
+ *     once: the importer's release, which finishes that free on the
+ *     exporter's thread, races the application freeing the pointer again,
+ *     and every second free answers INVALID_VALUE (a fuzz input found one
+ *     that succeeded, and gave the block to the pool a second time).
+ * ======================================================================== */
+
+static void test_export_double_free(void) {
+  leak_baseline();
+  tp_stream_t s = NULL, s2 = NULL;
+  tp_pool_t pool = NULL, imported = NULL;
+  int fd = -1;
+  tp_pool_props_t props = device_props(TP_HANDLE_POSIX_FD);
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_stream_create(&s2, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  REQUIRE_OK(
+      tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD, 0));
+  REQUIRE_OK(tp_pool_import_from_shareable_handle(&imported, FD_HANDLE(fd),
+                                                  TP_HANDLE_POSIX_FD, 0));
+  check_rng rng = {seed + 10};
+  long rounds = 0, tries = 0;
+  double end = check_now_s() + case_seconds;
+  while (check_now_s() < end && atomic_load(&reports) == 0) {
+    size_t size = rng_chance(&rng, 50) ? (size_t)rng_range(&rng, 1, 4 * KiB)
+                                       : (size_t)rng_range(&rng, 64 * KiB, MiB);
+    void *p = NULL, *q = NULL;
+    tp_pool_ptr_export_data_t rec;
+    if (!CHECK_OK(tp_malloc_from_pool_async(&p, size, pool, s)) ||
+        !CHECK_OK(tp_pool_export_pointer(&rec, p)) ||
+        !CHECK_OK(tp_pool_import_pointer(&q, imported, &rec)))
+      break;
+    /* The exporter's free keeps the block while the import holds it; the
+     * import's free releases it once s2 reaches it. */
+    CHECK_OK(tp_free_async(p, s));
+    CHECK_OK(tp_free_async(q, s2));
+    uint64_t used = 1;
+    double give_up = check_now_s() + 10.0;
+    while (used && check_now_s() < give_up) {
+      EXPECT(tp_free_async(p, s), INVAL_);
+      CHECK_OK(
+          tp_pool_get_attribute(pool, TP_POOL_ATTR_USED_MEM_CURRENT, &used));
+      tries++;
+    }
+    CHECK_EQ_U64(used, 0);
+    EXPECT(tp_free_async(p, s), INVAL_);
+    rounds++;
+  }
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_stream_synchronize(s2));
+  CHECK_OK(tp_pool_destroy(imported));
+  close(fd);
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(s));
+  CHECK_OK(tp_stream_destroy(s2));
+  printf("   %ld exported pointers freed again %ld times while their "
+         "release was on its way\n",
+         rounds, tries);
+  leak_check();
+}
+
 /* ======================================================================== */
 
 typedef struct soak_case {
@@ -1065,6 +1128,7 @@ static const soak_case cases[] = {
     {"pools_churn", test_pools_churn, NULL},
     {"stream_destroyed", test_stream_destroyed, DRIVER_HANDLES},
     {"graph_destroyed", test_graph_destroyed, NULL},
+    {"export_double_free", test_export_double_free, NULL},
 };
 #define NCASES (sizeof cases / sizeof cases[0])
 

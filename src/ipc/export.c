@@ -104,7 +104,7 @@ static entry *entry_insert(tp__pool *p, uint64_t offset) {
   memmove(&x->entries[i + 1], &x->entries[i],
           (x->nentries - i) * sizeof *x->entries);
   x->nentries++;
-  atomic_store_explicit(&p->watched, x->nentries, memory_order_relaxed);
+  atomic_store_explicit(&p->watched, x->nentries, memory_order_release);
   x->entries[i] = (entry){.offset = offset};
   return &x->entries[i];
 }
@@ -115,7 +115,7 @@ static void entry_remove(tp__pool *p, entry *e) {
   memmove(&x->entries[i], &x->entries[i + 1],
           (x->nentries - i - 1) * sizeof *x->entries);
   x->nentries--;
-  atomic_store_explicit(&p->watched, x->nentries, memory_order_relaxed);
+  atomic_store_explicit(&p->watched, x->nentries, memory_order_release);
 }
 
 static void wake_thread(tp__ipc_export *x) {
@@ -158,21 +158,21 @@ static void export_fini(tp__pool *p) {
 }
 
 /* Drops one hold on the allocation at `offset`; the last one of a block the
- * exporter already freed finishes that free. No lock held. */
+ * exporter already freed finishes that free. No lock held. The free is
+ * finished under the export lock, and the entry goes after it: until then
+ * the core sends every free of the pool here (`watched`), where a second
+ * free of the pointer by the application waits for the lock and then finds
+ * the block gone from the pool. The core takes no export lock, so export
+ * lock, then pool lock, is the only order. */
 static void release_hold(tp__pool *p, uint64_t offset) {
   tp__ipc_export *x = p->exp;
-  bool finish = false;
-  tp__tag tag = {0};
   pthread_mutex_lock(&x->lock);
   entry *e = entry_find(x, offset);
   if (e && e->holds && --e->holds == 0 && e->freed) {
-    tag = e->tag;
-    finish = true;
+    (void)tp__pool_free_tagged(p, (void *)(p->space.base + offset), e->tag);
     entry_remove(p, e);
   }
   pthread_mutex_unlock(&x->lock);
-  if (finish)
-    (void)tp__pool_free_tagged(p, (void *)(p->space.base + offset), tag);
 }
 
 /* Closes a channel and releases everything it held: an importer that ends,

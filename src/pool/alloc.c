@@ -119,9 +119,11 @@ tp_error_t tp__pool_free_in(tp__pool *p, void *ptr, tp__stream *s) {
   TP_RETURN_IF(addr % TP_GRANULE, TP_ERROR_INVALID_VALUE);
   /* A pool another process shares may consume the free itself: an
    * importer gives up its hold, an exporter keeps a block an importer
-   * still holds (and frees it with this free's tag once released). */
+   * still holds (and frees it with this free's tag once released). The
+   * acquire pairs with the exporter's store: a pool seen unwatched shows
+   * the free that the exporter finished before its last entry went. */
   if (TP_UNLIKELY(p->imported ||
-                  atomic_load_explicit(&p->watched, memory_order_relaxed))) {
+                  atomic_load_explicit(&p->watched, memory_order_acquire))) {
     bool kept = false;
     TP_FORWARD(p->ops->free(p, addr, s, &kept));
     if (kept)
