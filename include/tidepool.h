@@ -308,16 +308,17 @@ TP_API tp_error_t tp_pool_set_attribute(tp_pool_t pool, tp_pool_attr_t attr,
                                         void *value);
 
 /* Access of a location to the pool's memory: the own device always has
- * TP_ACCESS_READ_WRITE. Errors: INVALID_VALUE (NULL arguments, unknown pool),
- * INVALID_DEVICE (location not a device that exists). */
+ * TP_ACCESS_READ_WRITE. Errors: INVALID_VALUE (NULL arguments, unknown pool,
+ * location a device that does not exist, as the driver answers). */
 TP_API tp_error_t tp_pool_get_access(tp_access_flags_t *flags, tp_pool_t pool,
                                      const tp_location_t *location);
 
 /* Grants or revokes access for each descriptor, for memory already mapped
  * and mapped later. All descriptors are checked before any is applied.
  * Errors: INVALID_VALUE (NULL list with count > 0, unknown flags, unknown
- * pool), INVALID_DEVICE (unknown device, or an attempt to reduce the pool's
- * own device below read-write). */
+ * pool), INVALID_DEVICE (unknown device, or the pool's own device set to
+ * TP_ACCESS_NONE), NOT_SUPPORTED (the own device set to TP_ACCESS_READ), as
+ * the driver answers. */
 TP_API tp_error_t tp_pool_set_access(tp_pool_t pool,
                                      const tp_access_desc_t *desc_list,
                                      size_t count);
@@ -354,7 +355,9 @@ TP_API tp_error_t tp_mem_get_pool(tp_pool_t *pool,
 TP_API tp_error_t tp_mem_set_pool(const tp_location_t *location,
                                   tp_allocation_type_t type, tp_pool_t pool);
 
-/* The device forms of the above, for pinned device memory. */
+/* The device forms of the above, for pinned device memory. As the driver's,
+ * the get and set forms answer INVALID_VALUE for a device that does not
+ * exist (the default-pool form INVALID_DEVICE). */
 TP_API tp_error_t tp_device_get_default_mem_pool(tp_pool_t *pool, int device);
 TP_API tp_error_t tp_device_set_mem_pool(int device, tp_pool_t pool);
 TP_API tp_error_t tp_device_get_mem_pool(tp_pool_t *pool, int device);

@@ -443,7 +443,7 @@ static void test_pool_create(void) {
   CHECK_RC(cu.pool_get_access(&flags, pool, &loc), CUDA_SUCCESS);
   CHECK_EQ_INT(flags, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   loc.id = 1 << 20;
-  CHECK_RC(cu.pool_get_access(&flags, pool, &loc), CUDA_ERROR_INVALID_DEVICE);
+  CHECK_RC(cu.pool_get_access(&flags, pool, &loc), CUDA_ERROR_INVALID_VALUE);
 
   CUmemoryPool def = NULL;
   REQUIRE_RC(cu.default_pool(&def, dev0), CUDA_SUCCESS);
@@ -468,8 +468,8 @@ static void test_pool_create(void) {
   props.location.type = (CUmemLocationType)99;
   CHECK_RC(cu.pool_create(&pool, &props), CUDA_ERROR_INVALID_VALUE);
   props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  props.handleTypes = CU_MEM_HANDLE_TYPE_WIN32;
-  CHECK_RC(cu.pool_create(&pool, &props), CUDA_ERROR_NOT_SUPPORTED);
+  props.handleTypes = CU_MEM_HANDLE_TYPE_WIN32; /* as the driver on Linux */
+  CHECK_RC(cu.pool_create(&pool, &props), CUDA_ERROR_INVALID_VALUE);
   props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
   props.allocType = (CUmemAllocationType)5;
   CHECK_RC(cu.pool_create(&pool, &props), CUDA_ERROR_INVALID_VALUE);

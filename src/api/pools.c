@@ -150,14 +150,21 @@ TP_API tp_error_t tp_device_get_default_mem_pool(tp_pool_t *pool, int device) {
   return tp_mem_get_default_pool(pool, &loc, TP_ALLOCATION_PINNED);
 }
 
+/* The driver's device forms of "the current pool" answer INVALID_VALUE for
+ * a device that does not exist, where its default-pool form answers
+ * INVALID_DEVICE (bench/edge_answers.cu on an H200). */
+static tp_error_t device_form(tp_error_t err) {
+  return err == TP_ERROR_INVALID_DEVICE ? TP_ERROR_INVALID_VALUE : err;
+}
+
 TP_API tp_error_t tp_device_set_mem_pool(int device, tp_pool_t pool) {
   tp_location_t loc = {TP_LOCATION_DEVICE, device, 0};
-  return tp_mem_set_pool(&loc, TP_ALLOCATION_PINNED, pool);
+  return device_form(tp_mem_set_pool(&loc, TP_ALLOCATION_PINNED, pool));
 }
 
 TP_API tp_error_t tp_device_get_mem_pool(tp_pool_t *pool, int device) {
   tp_location_t loc = {TP_LOCATION_DEVICE, device, 0};
-  return tp_mem_get_pool(pool, &loc, TP_ALLOCATION_PINNED);
+  return device_form(tp_mem_get_pool(pool, &loc, TP_ALLOCATION_PINNED));
 }
 
 /* ---- pools --------------------------------------------------------------- */
@@ -269,8 +276,10 @@ static tp_error_t pool_get_access(tp_access_flags_t *flags, tp_pool_t pool,
                                   const tp_location_t *location) {
   tp__pool *p;
   TP_FORWARD(tp__pool_get(pool, &p));
-  if (location->type == TP_LOCATION_DEVICE)
-    TP_FORWARD(tp__check_device(location->id));
+  /* An unknown device is a bad value here, as the driver answers. */
+  TP_RETURN_IF(location->type == TP_LOCATION_DEVICE &&
+                   tp__check_device(location->id) != TP_SUCCESS,
+               TP_ERROR_INVALID_VALUE);
   return tp__pool_get_access(p, location, flags);
 }
 
@@ -294,10 +303,12 @@ static tp_error_t pool_set_access(tp_pool_t pool,
     TP_RETURN_IF(d->location.type != TP_LOCATION_DEVICE,
                  TP_ERROR_INVALID_VALUE);
     TP_FORWARD(tp__check_device(d->location.id));
-    TP_RETURN_IF(p->props.location.type == TP_LOCATION_DEVICE &&
-                     d->location.id == p->props.location.id &&
-                     d->flags != TP_ACCESS_READ_WRITE,
-                 TP_ERROR_INVALID_DEVICE);
+    /* The own device keeps read-write. The driver refuses read-only there
+     * as unsupported and none as a bad device. */
+    bool own = p->props.location.type == TP_LOCATION_DEVICE &&
+               d->location.id == p->props.location.id;
+    TP_RETURN_IF(own && d->flags == TP_ACCESS_READ, TP_ERROR_NOT_SUPPORTED);
+    TP_RETURN_IF(own && d->flags == TP_ACCESS_NONE, TP_ERROR_INVALID_DEVICE);
   }
   return tp__pool_set_access(p, desc_list, count);
 }
