@@ -64,53 +64,56 @@ static void end_row(const char *label, cudaStream_t s) {
     cudaGraphDestroy(g);
 }
 
+/* One call made while a stream of its own captures in `mode`: the call's
+ * answer, the capture's state after it, and how the capture ends. */
+template <class Call>
+static void in_capture(const char *label, cudaStreamCaptureMode mode,
+                       Call call) {
+  cudaStream_t a;
+  cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+  cudaStreamBeginCapture(a, mode);
+  row(label, call(a));
+  status_row("the capture then", a);
+  end_row("end of that capture", a);
+  cudaStreamDestroy(a);
+}
+
+/* A global capture begun on a new stream *a, and a new stream *b forked
+ * from it through `e`. */
+static void begin_fork(cudaStream_t *a, cudaStream_t *b, cudaEvent_t e) {
+  cudaStreamCreateWithFlags(a, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(b, cudaStreamNonBlocking);
+  cudaStreamBeginCapture(*a, cudaStreamCaptureModeGlobal);
+  cudaEventRecord(e, *a);
+  cudaStreamWaitEvent(*b, e, 0);
+}
+
 static void capture_cases(void) {
   cudaStream_t a, b;
   cudaEvent_t e;
   void *p = NULL, *q = NULL;
+  const cudaStreamCaptureMode global = cudaStreamCaptureModeGlobal,
+                              relaxed = cudaStreamCaptureModeRelaxed;
 
-  /* A synchronous free during a global capture. */
-  cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+  /* Synchronous allocator calls during a capture. */
   cudaMalloc(&q, 1 << 20);
-  cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal);
-  row("cudaFree during a global capture", cudaFree(q));
-  status_row("the capture then", a);
-  end_row("end of that capture", a);
+  in_capture("cudaFree during a global capture", global,
+             [&](cudaStream_t) { return cudaFree(q); });
   row("cudaFree of it after the capture", cudaFree(q));
-  cudaStreamDestroy(a);
-
-  cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
-  cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal);
-  row("cudaFree(NULL) during a global capture", cudaFree(NULL));
-  status_row("the capture then", a);
-  end_row("end of that capture", a);
-  cudaStreamDestroy(a);
-
-  cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
-  cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal);
+  in_capture("cudaFree(NULL) during a global capture", global,
+             [](cudaStream_t) { return cudaFree(NULL); });
   q = NULL;
-  row("cudaMalloc during a global capture", cudaMalloc(&q, 1 << 20));
-  status_row("the capture then", a);
-  end_row("end of that capture", a);
+  in_capture("cudaMalloc during a global capture", global,
+             [&](cudaStream_t) { return cudaMalloc(&q, 1 << 20); });
   if (q)
     cudaFree(q);
-  cudaStreamDestroy(a);
-
-  cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
   cudaMalloc(&q, 1 << 20);
-  cudaStreamBeginCapture(a, cudaStreamCaptureModeRelaxed);
-  row("cudaFree during a relaxed capture", cudaFree(q));
-  status_row("the capture then", a);
-  end_row("end of that capture", a);
-  cudaStreamDestroy(a);
+  in_capture("cudaFree during a relaxed capture", relaxed,
+             [&](cudaStream_t) { return cudaFree(q); });
 
   /* A fork that only allocates, and does not join back. */
-  cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
-  cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
   cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-  cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal);
-  cudaEventRecord(e, a);
-  cudaStreamWaitEvent(b, e, 0);
+  begin_fork(&a, &b, e);
   row("mallocAsync on an unjoined fork", cudaMallocAsync(&p, 1 << 20, b));
   end_row("end with the fork unjoined (alloc only)", a);
   status_row("the fork then", b);
@@ -118,11 +121,7 @@ static void capture_cases(void) {
   cudaStreamDestroy(a);
 
   /* The same fork, allocating and freeing. */
-  cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
-  cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
-  cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal);
-  cudaEventRecord(e, a);
-  cudaStreamWaitEvent(b, e, 0);
+  begin_fork(&a, &b, e);
   cudaMallocAsync(&p, 1 << 20, b);
   row("freeAsync on an unjoined fork", cudaFreeAsync(p, b));
   end_row("end with the fork unjoined (alloc and free)", a);
@@ -130,15 +129,11 @@ static void capture_cases(void) {
   cudaStreamDestroy(a);
 
   /* Calls that wait, on a capturing stream. */
+  in_capture("cudaStreamQuery of a capturing stream", relaxed,
+             [](cudaStream_t s) { return cudaStreamQuery(s); });
+  in_capture("cudaStreamSynchronize of a capturing stream", relaxed,
+             [](cudaStream_t s) { return cudaStreamSynchronize(s); });
   cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
-  cudaStreamBeginCapture(a, cudaStreamCaptureModeRelaxed);
-  row("cudaStreamQuery of a capturing stream", cudaStreamQuery(a));
-  status_row("the capture then", a);
-  end_row("end of that capture", a);
-  cudaStreamBeginCapture(a, cudaStreamCaptureModeRelaxed);
-  row("cudaStreamSynchronize of a capturing stream", cudaStreamSynchronize(a));
-  status_row("the capture then", a);
-  end_row("end of that capture", a);
   cudaStreamBeginCapture(a, cudaStreamCaptureModeRelaxed);
   cudaEventRecord(e, a);
   row("cudaEventQuery of an event recorded in a capture", cudaEventQuery(e));
