@@ -7,6 +7,13 @@ every allocator; the differences between allocators are theirs. Each
 allocator runs in its own process; rounds alternate the order.
 
   python3 bench/torch_trace_cost.py traces/gpt_train.csv.gz --rounds 3
+  python3 bench/torch_trace_cost.py traces/gpt_train.csv.gz \
+      --allocators expandable,tidepool,tidepool/25000 --pin 2-5
+
+tidepool/N is tidepool with the growth slack N (parts per million). Under
+tidepool the time spent inside tidepool's entry points is printed too
+(TIDEPOOL_TORCH_TIMING), which tells PyTorch's share of a call from
+tidepool's.
 """
 import argparse
 import csv
@@ -34,6 +41,7 @@ def load(path):
 
 
 def child(name, path, passes):
+    tidepool_torch = None
     if name == "tidepool":
         sys.path.insert(0, os.path.join(REPO, "integrations", "pytorch"))
         import tidepool_torch
@@ -48,8 +56,9 @@ def child(name, path, passes):
 
         def free(ptr):
             return None
-    best = None
+    best, inside = None, None
     for p in range(passes):
+        before = tidepool_torch.timing() if tidepool_torch else None
         live = {}
         n = 0
         t0 = time.perf_counter()
@@ -66,9 +75,14 @@ def child(name, path, passes):
             free(ptr)
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-        if p > 0:  # the first pass grows the pool
-            best = dt / n if best is None else min(best, dt / n)
-    print("RESULT " + json.dumps({"allocator": name, "ns_per_op": 1e9 * best, "ops": n}))
+        if p > 0 and (best is None or dt / n < best):  # the first pass grows the pool
+            best = dt / n
+            if tidepool_torch:
+                after = tidepool_torch.timing()
+                inside = (after["alloc_ns"] + after["free_ns"] - before["alloc_ns"]
+                          - before["free_ns"]) / n
+    print("RESULT " + json.dumps({"allocator": name, "ns_per_op": 1e9 * best, "ops": n,
+                                  "ns_inside_tidepool": inside}))
 
 
 def main():
@@ -77,21 +91,38 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--passes", type=int, default=3, help="passes per process; the first is not timed")
     ap.add_argument("--allocators", default="none,caching,expandable,tidepool")
+    ap.add_argument("--pin", help="CPUs every process is bound to, e.g. 2-5")
     ap.add_argument("--child")
     a = ap.parse_args()
     if a.child:
-        return child(a.child, a.trace, a.passes)
+        if a.pin:
+            cpus = set()
+            for part in a.pin.split(","):
+                lo, _, hi = part.partition("-")
+                cpus.update(range(int(lo), int(hi or lo) + 1))
+            os.sched_setaffinity(0, cpus)
+        return child(a.child.split("/", 1)[0], a.trace, a.passes)
     names = a.allocators.split(",")
+    for n in names:
+        kind, _, slack = n.partition("/")
+        if kind not in CONF or (slack and (kind != "tidepool" or not slack.isdigit())):
+            sys.exit(f"unknown allocator {n!r}; known: {', '.join(CONF)}, tidepool/SLACK")
     res = {n: [] for n in names}
     for r in range(a.rounds):
         order = names if r % 2 == 0 else names[::-1]
         for n in order:
             env = dict(os.environ)
             env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-            if CONF[n]:
-                env["PYTORCH_CUDA_ALLOC_CONF"] = CONF[n]
+            kind, _, slack = n.partition("/")
+            if CONF[kind]:
+                env["PYTORCH_CUDA_ALLOC_CONF"] = CONF[kind]
+            if kind == "tidepool":
+                env["TIDEPOOL_TORCH_TIMING"] = "1"
+                if slack:
+                    env["TIDEPOOL_TORCH_GROWTH_SLACK"] = slack
             out = subprocess.run([sys.executable, __file__, a.trace, "--child", n,
-                                  "--passes", str(a.passes)],
+                                  "--passes", str(a.passes)]
+                                 + (["--pin", a.pin] if a.pin else []),
                                  env=env, capture_output=True, text=True)
             line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
             if not line:
@@ -99,8 +130,10 @@ def main():
                 continue
             v = json.loads(line[0][7:])
             res[n].append(v["ns_per_op"])
+            inside = v.get("ns_inside_tidepool")
             print(f"[round {r + 1}] {n}: {v['ns_per_op']:.0f} ns per allocation or free "
-                  f"({v['ops']} a pass)", flush=True)
+                  f"({v['ops']} a pass)"
+                  + (f", {inside:.0f} ns of it inside tidepool" if inside else ""), flush=True)
     for n in names:
         if res[n]:
             print(f"{n:12s} best {min(res[n]):.0f} ns, rounds " +

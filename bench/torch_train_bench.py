@@ -13,6 +13,8 @@ loss sequences are identical step by step, since an allocator must change
 nothing but memory and time, and prints a table and a JSON line.
 
     python3 bench/torch_train_bench.py                  # full run
+    python3 bench/torch_train_bench.py --allocators expandable,tidepool,tidepool/25000 \
+        --rounds 6 --pin 2-5                            # a growth slack, pinned
     python3 bench/torch_train_bench.py --quick          # a smaller, shorter one
     TIDEPOOL_LIB=build/libtidepool.so python3 bench/torch_train_bench.py
 
@@ -59,6 +61,14 @@ BACKENDS = {
     "tidepool": "pluggable",
     "tidepool-run": "cudaMallocAsync",
 }
+
+
+
+def base(name):
+    """An allocator's kind: "tidepool/N" is tidepool with the growth slack
+    N (parts per million, TIDEPOOL_TORCH_GROWTH_SLACK)."""
+    return name.split("/", 1)[0]
+
 
 # (batch, sequence) shapes; each step draws one with a seeded generator.
 SHAPES = [(8, 128), (16, 256), (4, 512), (32, 64), (2, 1024), (12, 384),
@@ -156,7 +166,12 @@ def train_step(torch, model, opt, idx, device, amp, vocab):
 def child(args):
     cfg = json.loads(args.config)
     on_gpu = cfg["device"] == "cuda"
-    if args.child == "tidepool" and on_gpu:
+    if args.pin:
+        # The same cores for every run, so that runs differ by allocator and
+        # not by where the scheduler put the Python thread.
+        os.sched_setaffinity(0, parse_cpus(args.pin))
+    tidepool = base(args.child) == "tidepool"
+    if tidepool and on_gpu:
         # Before torch initialises CUDA: the allocator is chosen once.
         sys.path.insert(0, os.path.join(REPO, "integrations", "pytorch"))
         import tidepool_torch
@@ -200,7 +215,7 @@ def child(args):
         if on_gpu:
             free, total = torch.cuda.mem_get_info()
             dev_peak = max(dev_peak, total - free - base_used)
-        if args.child == "tidepool":
+        if tidepool:
             m = tidepool_torch.chunk_maps()
             t = tidepool_torch.timing()
             vmm.append([m["maps"], m["unmaps"], t["alloc_ns"] + t["free_ns"],
@@ -220,7 +235,7 @@ def child(args):
         result["gpu"] = torch.cuda.get_device_name()
         result["device_peak"] = dev_peak
         result["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
-        if args.child == "tidepool":
+        if tidepool:
             st = tidepool_torch.stats()
             result["peak_reserved"] = st["reserved_peak"]
             result["peak_allocated"] = st["used_peak"]
@@ -249,8 +264,10 @@ def run_child(name, cfg, args):
     env = dict(os.environ)
     env.pop("PYTORCH_ALLOC_CONF", None)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    if ALLOCATORS[name]:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATORS[name]
+    if ALLOCATORS[base(name)]:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATORS[base(name)]
+    if base(name) == "tidepool" and "/" in name:
+        env["TIDEPOOL_TORCH_GROWTH_SLACK"] = name.split("/", 1)[1]
     # cuBLAS is deterministic on one stream only with a fixed workspace.
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     if args.lib:
@@ -262,7 +279,7 @@ def run_child(name, cfg, args):
         env["LD_PRELOAD"] = os.path.abspath(lib) + (
             ":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name,
-           "--config", json.dumps(cfg)]
+           "--config", json.dumps(cfg)] + (["--pin", args.pin] if args.pin else [])
     t0 = time.time()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
@@ -301,6 +318,21 @@ def summarise(name, runs, warmup):
     return s
 
 
+def parse_cpus(text):
+    """The CPUs of a list such as "2-5,8"."""
+    cpus = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def round_medians(runs, warmup):
+    """Each round's median step (ms), in round order."""
+    return [1e3 * statistics.median(r["times_s"][warmup:] or r["times_s"])
+            for r in runs]
+
+
 def first_mismatch(a, b):
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -335,8 +367,10 @@ def parent(args):
     names = (args.allocators.split(",") if args.allocators
              else [n for n in ALLOCATORS if n != "tidepool-run"])
     for n in names:
-        if n not in ALLOCATORS:
-            sys.exit(f"unknown allocator {n!r}; known: {', '.join(ALLOCATORS)}")
+        if base(n) not in ALLOCATORS or ("/" in n and not (
+                base(n) == "tidepool" and n.split("/", 1)[1].isdigit())):
+            sys.exit(f"unknown allocator {n!r}; known: {', '.join(ALLOCATORS)}, "
+                     "tidepool/SLACK")
 
     print(f"== torch_train_bench: {cfg['layers']} layers, d_model {cfg['d_model']}, "
           f"{cfg['heads']} heads, vocab {cfg['vocab']}, {len(cfg['shapes'])} shapes, "
@@ -394,7 +428,7 @@ def parent(args):
                 mismatches[f"{n}#{i + 1}"] = {"step": m, "reference": a, "got": b}
     backend_wrong = {n: runs[n][0].get("backend") for n in names
                      if runs[n] and cfg["device"] == "cuda"
-                     and runs[n][0].get("backend") != BACKENDS[n]}
+                     and runs[n][0].get("backend") != BACKENDS[base(n)]}
     expandable_off = [n for n in names if n == "expandable" and runs[n]
                       and runs[n][0].get("expandable_segments") is False]
 
@@ -418,6 +452,26 @@ def parent(args):
     print(f"(step ms: median over steps {warmup + 1}..{cfg['steps']} of every round; "
           f"reserved/allocated: peaks as each allocator counts them; device: peak "
           f"of cudaMemGetInfo's used memory above the process's start)")
+
+    # Round by round: a run of the same allocator can differ from the next
+    # by more than allocators differ, so each round's tidepool runs are also
+    # set against the round's best PyTorch allocator, and the spread of
+    # those ratios says what the medians alone cannot.
+    torch_runs = [n for n in names if base(n) != "tidepool" and runs[n]]
+    by_round = {n: round_medians(runs[n], warmup) for n in names if runs[n]}
+    if rounds > 1 and by_round:
+        print("median step by round (ms): " + "; ".join(
+            f"{n} " + " ".join(f"{m:.1f}" for m in v) for n, v in by_round.items()))
+        for n in names:
+            if base(n) != "tidepool" or n not in by_round or not torch_runs:
+                continue
+            k = min(len(by_round[n]), *(len(by_round[t]) for t in torch_runs))
+            ratios = sorted(by_round[n][i] / min(by_round[t][i] for t in torch_runs)
+                            for i in range(k))
+            if ratios:
+                print(f"{n}: step against the round's best PyTorch allocator: median "
+                      f"{statistics.median(ratios):.3f}x, from {ratios[0]:.3f}x to "
+                      f"{ratios[-1]:.3f}x over {k} rounds")
 
     ok = not errors and not mismatches and not backend_wrong and not expandable_off
     steps_total = cfg["steps"]
@@ -482,11 +536,14 @@ def main():
     ap.add_argument("--warmup", type=int, default=10,
                     help="steps left out of the median step time (default 10)")
     ap.add_argument("--allocators", help="comma-separated subset of: "
-                    + ",".join(ALLOCATORS))
+                    + ",".join(ALLOCATORS) + "; tidepool/N is tidepool with "
+                    "the growth slack N (parts per million)")
     ap.add_argument("--lib", help="libtidepool.so to use (else $TIDEPOOL_LIB or "
                     "the module's search)")
     ap.add_argument("--json", help="also write the full results (with every loss "
                     "and step time) to this file")
+    ap.add_argument("--pin", help="CPUs every run is bound to, e.g. 2-5 (default: "
+                    "wherever the scheduler puts it)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--vocab", type=int)
     ap.add_argument("--d-model", dest="d_model", type=int)
