@@ -309,9 +309,15 @@ static uint64_t get_reserved(tp__pool *p) {
 static uint64_t get_reserved_high(tp__pool *p) {
   return atomic_load(&p->space.reserved_high);
 }
+/* Growth adds to the total and then raises the high, with no lock; a growth
+ * whose add falls between the reset's load and its store would be lost, so
+ * the reset raises the high again from a second load, taken after its store:
+ * either that load sees the growth or the growth's own raise comes after the
+ * store. */
 static tp_error_t reset_reserved_high(tp__pool *p, uint64_t v) {
   (void)v;
   atomic_store(&p->space.reserved_high, atomic_load(&p->space.reserved));
+  tp__atomic_max(&p->space.reserved_high, atomic_load(&p->space.reserved));
   return TP_SUCCESS;
 }
 static uint64_t get_used(tp__pool *p) {
