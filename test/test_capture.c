@@ -243,6 +243,36 @@ static void test_fork_join(void) {
   CHECK_EQ_INT(status_of(s1), TP_CAPTURE_STATUS_NONE);
   CHECK_EQ_INT(status_of(s2), TP_CAPTURE_STATUS_NONE);
 
+  /* So does a fork that only allocates, or allocates and frees: as the
+   * driver's allocation and free nodes, they are work of the fork. The
+   * memory goes back with the failed capture. */
+  for (int frees = 0; frees < 2; frees++) {
+    REQUIRE_OK(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL));
+    CHECK_OK(tp_event_record(fork, s1));
+    CHECK_OK(tp_stream_wait_event(s2, fork, 0));
+    void *c = NULL;
+    CHECK_OK(tp_malloc_async(&c, MiB, s2));
+    if (frees)
+      CHECK_OK(tp_free_async(c, s2));
+    graph = (tp_graph_t)&graph;
+    CHECK_EQ_INT(tp_stream_end_capture(s1, &graph),
+                 TP_ERROR_STREAM_CAPTURE_UNJOINED);
+    CHECK(graph == NULL);
+    CHECK_EQ_INT(status_of(s1), TP_CAPTURE_STATUS_NONE);
+    CHECK_EQ_INT(status_of(s2), TP_CAPTURE_STATUS_NONE);
+  }
+  /* Joined back, the same allocations end well. */
+  REQUIRE_OK(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_OK(tp_event_record(fork, s1));
+  CHECK_OK(tp_stream_wait_event(s2, fork, 0));
+  void *d = NULL;
+  CHECK_OK(tp_malloc_async(&d, MiB, s2));
+  CHECK_OK(tp_event_record(join, s2));
+  CHECK_OK(tp_stream_wait_event(s1, join, 0));
+  CHECK_OK(tp_free_async(d, s1));
+  REQUIRE_OK(tp_stream_end_capture(s1, &graph));
+  CHECK_OK(tp_graph_destroy(graph));
+
   CHECK_OK(tp_free_async(out, s1));
   CHECK_OK(tp_stream_synchronize(s1));
   CHECK_OK(tp_event_destroy(fork));

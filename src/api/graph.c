@@ -3,6 +3,7 @@
  * capture, and events recorded inside captures. Capture itself is the
  * platform's; graph memory is src/graph/'s. */
 #include <pthread.h>
+#include <string.h>
 
 #include "api/api.h"
 #include "common/guard.h"
@@ -47,6 +48,38 @@ struct tp_graph_exec_opaque {
 static pthread_mutex_t handles_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct tp_graph_opaque *graphs;
 static struct tp_graph_exec_opaque *execs;
+
+/* The captures tidepool began and has not ended, by id, under handles_lock;
+ * the oldest makes room past BEGUN_MAX (a capture the application ended
+ * with the driver stays until then). */
+#define BEGUN_MAX 256
+static uint64_t begun[BEGUN_MAX];
+static unsigned nbegun;
+
+static void begun_note(uint64_t id, bool add) {
+  pthread_mutex_lock(&handles_lock);
+  for (unsigned i = 0; i < nbegun; i++)
+    if (begun[i] == id) {
+      memmove(&begun[i], &begun[i + 1], (nbegun - i - 1) * sizeof *begun);
+      nbegun--;
+      break;
+    }
+  if (add && id) {
+    if (nbegun == BEGUN_MAX)
+      memmove(&begun[0], &begun[1], --nbegun * sizeof *begun);
+    begun[nbegun++] = id;
+  }
+  pthread_mutex_unlock(&handles_lock);
+}
+
+static bool begun_here(uint64_t id) {
+  bool found = false;
+  pthread_mutex_lock(&handles_lock);
+  for (unsigned i = 0; i < nbegun && !found; i++)
+    found = begun[i] == id;
+  pthread_mutex_unlock(&handles_lock);
+  return found;
+}
 
 static tp_error_t graph_get(tp_graph_t g) {
   TP_RETURN_IF(!g || g->magic != GRAPH_MAGIC || !atomic_load(&g->live),
@@ -215,7 +248,18 @@ tp_error_t tp__graph_malloc(void **ptr, size_t size, tp_pool_t pool,
                TP_ERROR_STREAM_CAPTURE_INVALIDATED);
   tp__gmem_kind kind;
   TP_FORWARD(kind_of(pool, &kind));
-  return tp__gmem_malloc(s->ps, id, &kind, size, ptr);
+  /* The driver's allocation node is work of its stream: a forked stream
+   * that allocates and does not join back fails the end of the capture.
+   * Tidepool adds no node of its own for an allocation, so on a stream
+   * other than the origin of a capture that tidepool began (and will most
+   * likely end) it marks the position with an empty node, which the end
+   * checks and strips. The origin's allocations come before its end
+   * anyway, and a capture the application began with the runtime is also
+   * ended there, where marks would only stay and slow the launches. */
+  bool mark =
+      atomic_load_explicit(&s->capture_id, memory_order_relaxed) != id &&
+      begun_here(id);
+  return tp__gmem_malloc(s->ps, id, &kind, size, mark, ptr);
 }
 
 bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err) {
@@ -352,6 +396,7 @@ static tp_error_t begin_capture(tp_stream_t stream, tp_capture_mode_t mode) {
   if (tp__platform->capture_status(s->ps, &status, &id) != TP_SUCCESS)
     id = 0;
   atomic_store_explicit(&s->capture_id, id, memory_order_relaxed);
+  begun_note(id, true);
   return TP_SUCCESS;
 }
 
@@ -370,6 +415,10 @@ static tp_error_t end_capture(tp_stream_t stream, tp_graph_t *graph) {
     id = 0;
   tp__pgraph *pg = NULL;
   tp_error_t err = tp__platform->capture_end(s->ps, &pg);
+  if (status != TP_CAPTURE_STATUS_NONE)
+    begun_note(id ? id
+                  : atomic_load_explicit(&s->capture_id, memory_order_relaxed),
+               false);
   /* An invalidated capture has no id the driver will tell; the one this
    * stream began last is the failed one (one that already ended is found
    * seen and left as it is). */

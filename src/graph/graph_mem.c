@@ -200,7 +200,8 @@ static tp_error_t gmem_of(tp__pstream *ps, uint64_t capture_id,
 }
 
 tp_error_t tp__gmem_malloc(tp__pstream *ps, uint64_t capture_id,
-                           const tp__gmem_kind *kind, size_t size, void **ptr) {
+                           const tp__gmem_kind *kind, size_t size, bool mark,
+                           void **ptr) {
   TP_RETURN_IF(!ps || !kind || !ptr, TP_ERROR_INVALID_VALUE);
   TP_RETURN_IF(kind->device < 0 || kind->device >= TP__GMEM_MAX_DEVICES,
                TP_ERROR_INVALID_VALUE);
@@ -212,6 +213,9 @@ tp_error_t tp__gmem_malloc(tp__pstream *ps, uint64_t capture_id,
   tp_error_t err = gmem_of(ps, capture_id, &gm);
   if (err == TP_SUCCESS && gm->sealed)
     err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
+  tp__pnode at = 0;
+  if (err == TP_SUCCESS && mark)
+    err = tp__platform->capture_point(ps, &at);
   if (err == TP_SUCCESS)
     err = tp__gspace_plan(gm, ps, kind, need, ptr);
   pthread_mutex_unlock(&lock);

@@ -49,10 +49,13 @@ typedef struct tp__gmem_kind {
 /* An allocation of `size` bytes in the graph that the capture `capture_id`
  * on ps builds, at an address fixed for the graph's life. The first call
  * of a capture ties the graph's memory to the graph (capture_attach) and,
- * where the platform maps at capture, maps as the plan grows.
- * Errors: OUT_OF_MEMORY, INVALID_VALUE, the platform's. */
+ * where the platform maps at capture, maps as the plan grows. With `mark`,
+ * the allocation's position on ps is marked (capture_point), so that the
+ * end of the capture finds a forked stream that allocated and did not join
+ * back. Errors: OUT_OF_MEMORY, INVALID_VALUE, the platform's. */
 tp_error_t tp__gmem_malloc(tp__pstream *ps, uint64_t capture_id,
-                           const tp__gmem_kind *kind, size_t size, void **ptr);
+                           const tp__gmem_kind *kind, size_t size, bool mark,
+                           void **ptr);
 
 /* A free captured on ps, in capture `capture_id`: `ptr` must be an
  * allocation of this capture not yet freed in it, or one of another graph

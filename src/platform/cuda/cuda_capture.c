@@ -125,14 +125,25 @@ static void strip_empty_nodes(CUgraph g) {
   free(nodes);
 }
 
+static bool unjoined_marks(CUstream s);
+
+/* The driver ends a capture whose forked stream ends in tidepool's empty
+ * nodes (it counts only the work it captured itself); those nodes mark
+ * allocations and frees, which are work to the application as the driver's
+ * own allocation and free nodes are, so such an end is refused as the
+ * driver refuses its own nodes left unjoined: the capture ends, with no
+ * graph. */
 tp_error_t tp__cu_capture_end(tp__pstream *ps, tp__pgraph **graph) {
   TP_CU_NEED(cuStreamEndCapture);
   *graph = NULL;
   CUstream s;
   tp__cu_scope scope;
   TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
+  bool unjoined = unjoined_marks(s);
   CUgraph g = NULL;
   CUresult r = tp__cu.cuStreamEndCapture(s, &g);
+  if (r == CUDA_SUCCESS && unjoined)
+    r = CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
   /* A failed capture's graph, should the driver return one, is of no use
    * to anyone. */
   if (r != CUDA_SUCCESS && g && tp__cu.cuGraphDestroy)
@@ -333,6 +344,39 @@ static tp_error_t follows(CUstream s, const tp__pnode *nodes, size_t n,
   free(w.stack);
   TP_RETURN_IF(oom, TP_ERROR_OUT_OF_MEMORY);
   return tp__cu_error(r);
+}
+
+/* Whether an empty node of the capture on s does not come before the
+ * stream's position; false where that cannot be told (the driver's answer
+ * to the end then stands). */
+static bool unjoined_marks(CUstream s) {
+  CUgraph g = NULL;
+  const CUgraphNode *deps = NULL;
+  size_t n = 0, marks = 0;
+  if (!tp__cu.cuGraphGetNodes || !tp__cu.cuGraphNodeGetType ||
+      capture_info(s, &g, &deps, &n) != TP_SUCCESS ||
+      tp__cu.cuGraphGetNodes(g, NULL, &n) != CUDA_SUCCESS || n == 0)
+    return false;
+  CUgraphNode *nodes = calloc(n, sizeof *nodes);
+  tp__pnode *empty = calloc(n, sizeof *empty);
+  unsigned char *found = calloc(n, 1);
+  bool unjoined = false;
+  if (nodes && empty && found &&
+      tp__cu.cuGraphGetNodes(g, nodes, &n) == CUDA_SUCCESS) {
+    for (size_t i = 0; i < n; i++) {
+      CUgraphNodeType type;
+      if (tp__cu.cuGraphNodeGetType(nodes[i], &type) == CUDA_SUCCESS &&
+          type == CU_GRAPH_NODE_TYPE_EMPTY)
+        empty[marks++] = (tp__pnode)nodes[i];
+    }
+    if (marks && follows(s, empty, marks, found) == TP_SUCCESS)
+      for (size_t i = 0; i < marks && !unjoined; i++)
+        unjoined = !found[i];
+  }
+  free(nodes);
+  free(empty);
+  free(found);
+  return unjoined;
 }
 
 tp_error_t tp__cu_capture_follows(tp__pstream *ps, const tp__pnode *nodes,
