@@ -388,7 +388,11 @@ TP_API tp_error_t tp_device_get_attribute(int *value, tp_device_attr_t attr,
  * as used) until the importer's free has completed; an importer that exits
  * or dies releases all it held. The exporter can still trim every chunk
  * that no importer maps. Only processes of the exporter's user may import.
- * TP_HANDLE_FABRIC is not supported for pools on any platform yet.
+ * TP_HANDLE_FABRIC: on cuda a device pool may be created with it where
+ * the device reports fabric handles, as the driver allows (its chunks are
+ * then made with fabric handles, and an allocation answers NOT_SUPPORTED
+ * where the machine grants no IMEX channel); no platform exports or
+ * imports pools through it yet (NOT_SUPPORTED).
  *
  * Limits. Every wait of an importer on its exporter ends: the answer to a
  * pool import, to a pointer import (and each chunk it maps), and room to
@@ -409,9 +413,9 @@ TP_API tp_error_t tp_device_get_attribute(int *value, tp_device_attr_t attr,
  * gives another, and any number of processes may import through one. The
  * pool serves importers from a thread of its own, started by the first
  * export and stopped when the destroyed pool goes.
- * Errors: INVALID_VALUE (pool not created for `type`, which is every pool
- * for TP_HANDLE_FABRIC since none can be created with it; imported pool,
- * flags != 0, NULL handle), PLATFORM. */
+ * Errors: INVALID_VALUE (pool not created for `type`, imported pool,
+ * flags != 0, NULL handle), NOT_SUPPORTED (TP_HANDLE_FABRIC, for a pool
+ * created with it), PLATFORM. */
 TP_API tp_error_t tp_pool_export_to_shareable_handle(void *handle,
                                                      tp_pool_t pool,
                                                      tp_handle_type_t type,

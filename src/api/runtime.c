@@ -288,9 +288,16 @@ static tp_error_t memset_async(void *ptr, int value, size_t size,
   return err;
 }
 
+/* A range that wraps around the end of the address space is refused here,
+ * on every platform: on cuda the driver would take such an address for host
+ * memory and copy into it. */
+static bool wraps(const void *p, size_t size) {
+  return size > UINTPTR_MAX - (uintptr_t)p;
+}
+
 TP_API tp_error_t tp_memset_async(void *ptr, int value, size_t size,
                                   tp_stream_t stream) {
-  TP_RETURN_IF(!ptr && size, TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF((!ptr && size) || wraps(ptr, size), TP_ERROR_INVALID_VALUE);
   return TP_GUARDED(memset_async(ptr, value, size, stream));
 }
 
@@ -308,7 +315,8 @@ static tp_error_t memcpy_async(void *dst, const void *src, size_t size,
 
 TP_API tp_error_t tp_memcpy_async(void *dst, const void *src, size_t size,
                                   tp_stream_t stream) {
-  TP_RETURN_IF((!dst || !src) && size, TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(((!dst || !src) && size) || wraps(dst, size) || wraps(src, size),
+               TP_ERROR_INVALID_VALUE);
   return TP_GUARDED(memcpy_async(dst, src, size, stream));
 }
 
