@@ -17,12 +17,15 @@ static void free_table(void *t) {
  * A chunk slot gets its table of granule entries when its first block is
  * made, and a slot that no mapping uses any more holds no live allocation,
  * so its table is all zeros. Chunks that move climb to slots never used
- * before (a training loop's segment moved nine chunks up a step), so a
- * table stays with its slot only while the space holds few: beyond that an
- * emptied slot's table goes, through the guard (a racing bad free may still
- * be reading it), to a stock of zeroed tables that the next slot to be
- * mapped takes. A move then costs no 32 KiB calloc, with its page faults,
- * and a long run's tables stay about as many as its mapped chunks. The
+ * before (a training loop's segment moved nine chunks up a step), so an
+ * emptied slot keeps its table only while few emptied slots hold one
+ * (SPARE_MAX): beyond that the table goes, through the guard (a racing bad
+ * free may still be reading it), to a stock of zeroed tables that the next
+ * slot to be mapped takes. A move then costs no 32 KiB calloc, with its
+ * page faults (about 20 us on the H200's host), and the tables stay about
+ * as many as the mapped chunks that hold blocks. (The bound was once the
+ * mapped chunks plus 64, which a pool that moves never reached: a GPT run
+ * made 16 tables a step.) The
  * stock is the process's, for tables of the usual 2 MiB chunk; a table of
  * another size is freed. */
 #define STOCK_GRAN (UINT64_C(2) << 20)
@@ -64,13 +67,20 @@ static _Atomic uintptr_t *table_new(const tp__space *sp) {
   return calloc(sp->gran >> TP_GRANULE_SHIFT, sizeof(uintptr_t));
 }
 
+/* A slot left unmapped keeps its table while few slots do (SPARE_MAX),
+ * since a chunk may come back to it; beyond that the table goes to the
+ * stock, for the next slot to be mapped. */
+#define SPARE_MAX 64
+
 static void drop_table(tp__space *sp, size_t c) {
   _Atomic uintptr_t *t =
       atomic_load_explicit(&sp->gtab[c], memory_order_relaxed);
-  uint64_t mapped =
-      atomic_load_explicit(&sp->reserved, memory_order_relaxed) / sp->gran;
-  if (!t || sp->ntables <= mapped + 64)
+  if (!t)
     return;
+  if (sp->nspare < SPARE_MAX) {
+    sp->nspare++;
+    return;
+  }
 #ifdef TP_DEBUG
   for (size_t i = 0; i < (sp->gran >> TP_GRANULE_SHIFT); i++)
     TP_CHECK(atomic_load_explicit(&t[i], memory_order_relaxed) == 0);
@@ -81,12 +91,16 @@ static void drop_table(tp__space *sp, size_t c) {
 }
 
 static void set_slot(tp__space *sp, size_t c, tp__phys phys) {
+  bool was = tp__space_mapped(sp, c);
   sp->phys[c] = phys;
   if (phys) {
     sp->mapbits[c / 64] |= UINT64_C(1) << (c % 64);
+    if (!was && atomic_load_explicit(&sp->gtab[c], memory_order_relaxed))
+      sp->nspare--;
   } else {
     sp->mapbits[c / 64] &= ~(UINT64_C(1) << (c % 64));
-    drop_table(sp, c);
+    if (was)
+      drop_table(sp, c);
   }
 }
 

@@ -39,6 +39,7 @@ typedef struct tp__space {
    * allocation that starts there (a block, or a slab with its low bit). */
   _Atomic(_Atomic uintptr_t *) *gtab;
   size_t ntables; /* granule tables allocated (see tp__space_entry_make) */
+  size_t nspare;  /* of them, those of unmapped slots */
   /* Chunks whose physical chunk another chunk maps too (blocks.h's twins):
    * the chunk goes back to the platform through that other mapping. */
   size_t *lent;
