@@ -69,9 +69,10 @@ int main(void) {
     printf("cu_call_cost: no CUDA driver here; nothing measured\n");
     return 0;
   }
-  CUstream s;
+  CUstream s, b;
   CUevent ev;
   if (cu.stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+      cu.stream_create(&b, CU_STREAM_DEFAULT) != CUDA_SUCCESS ||
       cu.event_create(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS ||
       cu.event_record(ev, s) != CUDA_SUCCESS || cu.sync(s) != CUDA_SUCCESS) {
     printf("cu_call_cost: could not make a stream and an event\n");
@@ -86,6 +87,12 @@ int main(void) {
   for (int round = 1; round <= 2; round++) {
     printf("round %d\n", round);
     TIME("cuStreamIsCapturing", cu.is_capturing(s, &st));
+    /* PyTorch allocates on the legacy default stream, whose answer covers
+     * the context's blocking streams. */
+    TIME("cuStreamIsCapturing (CU_STREAM_LEGACY)",
+         cu.is_capturing(CU_STREAM_LEGACY, &st));
+    TIME("cuStreamIsCapturing (NULL)", cu.is_capturing(NULL, &st));
+    TIME("cuStreamIsCapturing (blocking stream)", cu.is_capturing(b, &st));
     TIME("cuStreamGetId", cu.get_id(s, &id));
     TIME("cuStreamGetFlags", cu.get_flags(s, &flags));
     TIME("cuStreamGetCtx", cu.get_ctx(s, &c));
