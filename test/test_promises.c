@@ -1583,7 +1583,8 @@ static void test_race_stats_vs_stream_churn(void) {
 typedef struct trim_race {
   tp_pool_t pool;
   atomic_int stop;
-  long trims, rounds[2];
+  long trims;
+  atomic_long rounds[2]; /* read by the trimming thread as they go */
 } trim_race_t;
 
 typedef struct trim_worker {
@@ -1631,7 +1632,7 @@ static void *trim_reader_main(void *arg) {
     if ((err != TP_SUCCESS || !all_bytes(out, OUT, v)) && reported++ < 3)
       CHECK_FAIL("worker %d: read back %s, byte 0x%02x, expected 0x%02x",
                  w->index, tp_error_name(err), out[0], v);
-    t->rounds[w->index]++;
+    atomic_fetch_add(&t->rounds[w->index], 1);
   }
   free(out);
   if (side)
@@ -1662,9 +1663,14 @@ static void test_race_trim_vs_pending_reads(void) {
   unsigned char got[64];
   CHECK_OK(tp_malloc_from_pool_async(&live, 3 * MiB, t.pool, mine));
   check_rng rng = {seed ^ 0x2233};
-  double end = check_now_s() + 1.5;
+  /* 1.5 s, and on a slow machine until each reader has held a read. */
+  double start = check_now_s();
   int reported = 0;
-  while (check_now_s() < end) {
+  for (;;) {
+    double now = check_now_s();
+    bool both = atomic_load(&t.rounds[0]) > 0 && atomic_load(&t.rounds[1]) > 0;
+    if (now > start + 60 || (now > start + 1.5 && both))
+      break;
     tp_error_t err = tp_pool_trim_to(t.pool, (size_t)rng_below(&rng, 8 * MiB));
     if (err != TP_SUCCESS && reported++ < 3)
       CHECK_FAIL("tp_pool_trim_to: %s", tp_error_name(err));
@@ -1693,9 +1699,9 @@ static void test_race_trim_vs_pending_reads(void) {
   CHECK_EQ_U64(used_of(t.pool), 0);
   CHECK_OK(tp_pool_trim_to(t.pool, 0));
   CHECK_EQ_U64(reserved_of(t.pool), 0);
-  CHECK(t.rounds[0] > 0 && t.rounds[1] > 0);
-  printf("   %ld trims, %ld + %ld held reads\n", t.trims, t.rounds[0],
-         t.rounds[1]);
+  CHECK(atomic_load(&t.rounds[0]) > 0 && atomic_load(&t.rounds[1]) > 0);
+  printf("   %ld trims, %ld + %ld held reads\n", t.trims,
+         atomic_load(&t.rounds[0]), atomic_load(&t.rounds[1]));
   stream_done(mine);
   CHECK_OK(tp_pool_destroy(t.pool));
 }
