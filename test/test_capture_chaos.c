@@ -7,9 +7,11 @@
  * tried on a fork first, which invalidates the capture). A graph that ends
  * well is instantiated and launched, and the buffer must then hold what each
  * stream wrote last; graph allocations it did not free outlive the launch
- * and are freed once afterwards. At the end the pool holds only the buffer and
- * graph memory goes back to zero. Runs on host and on cuda; TP_CHAOS_SEED or
- * the first argument chooses the seed, TP_CHAOS_ROUNDS the number of rounds. */
+ * and are freed once afterwards. Pool memory freed during a capture is
+ * refused, and the capture goes on. At the end the pool holds only the buffer
+ * and graph memory goes back to zero. Runs on host and on cuda; TP_CHAOS_SEED
+ * or the first argument chooses the seed, TP_CHAOS_ROUNDS the number of rounds.
+ */
 #include <stdbool.h>
 
 #include "check.h"
@@ -45,6 +47,7 @@ typedef struct round_state {
   tp_event_t ev[MAXEVENTS];
   int nev;
   void *out;
+  void *pool_ptr; /* pool memory allocated before the capture */
 } round_state;
 
 static uint64_t graph_used(void) {
@@ -103,7 +106,7 @@ static void one_op(round_state *r, check_rng *rng) {
   int m = pick_member(r, rng);
   if (!room(r))
     return;
-  switch (rng_below(rng, 6)) {
+  switch (rng_below(rng, 7)) {
   case 0: { /* fork a stream in, or move one member behind another */
     int n = (int)rng_below(rng, NS);
     if (n != m && n != r->origin)
@@ -141,6 +144,13 @@ static void one_op(round_state *r, check_rng *rng) {
     r->wrote[m] = v;
     r->has_write[m] = true;
     work_on(r, m);
+    break;
+  }
+  case 5: { /* pool memory may not be freed in a capture, which goes on */
+    CHECK_ERR(tp_free_async(r->pool_ptr, r->s[m]), TP_ERROR_INVALID_VALUE);
+    tp_capture_status_t st = TP_CAPTURE_STATUS_NONE;
+    CHECK_OK(tp_stream_is_capturing(r->s[m], &st));
+    CHECK_EQ_INT(st, TP_CAPTURE_STATUS_ACTIVE);
     break;
   }
   default: /* graph memory written where it was allocated */
@@ -205,6 +215,10 @@ int main(int argc, char **argv) {
     r.s = s;
     r.out = out;
     r.origin = (int)rng_below(&rng, NS);
+    int pm = (int)rng_below(&rng, NS);
+    if (!CHECK_OK(tp_malloc_async(&r.pool_ptr,
+                                  (size_t)rng_range(&rng, 1, 3 << 20), s[pm])))
+      break;
     r.member[r.origin] = true;
     static const tp_capture_mode_t modes[3] = {TP_CAPTURE_MODE_GLOBAL,
                                                TP_CAPTURE_MODE_THREAD_LOCAL,
@@ -305,6 +319,8 @@ int main(int argc, char **argv) {
         CHECK_OK(tp_graph_destroy(graph));
       }
     }
+    /* The pool memory the capture could not free is freed now. */
+    CHECK_OK(tp_free_async(r.pool_ptr, s[pm]));
     /* Pool work outside captures in between. */
     if (rng_chance(&rng, 30)) {
       void *p = NULL;
