@@ -12,6 +12,7 @@
  * and graph memory goes back to zero. Runs on host and on cuda; TP_CHAOS_SEED
  * or the first argument chooses the seed, TP_CHAOS_ROUNDS the number of rounds.
  */
+#include <pthread.h>
 #include <stdbool.h>
 
 #include "check.h"
@@ -183,29 +184,27 @@ static void check_buffer(const round_state *r, tp_stream_t s,
   }
 }
 
-int main(int argc, char **argv) {
-  const char *env = getenv("TP_CHAOS_SEED");
-  uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0)
-                  : env    ? strtoull(env, NULL, 0)
-                           : UINT64_C(0xc4a05);
-  const char *rounds_env = getenv("TP_CHAOS_ROUNDS");
-  int rounds = rounds_env ? atoi(rounds_env) : 400;
-  printf("test_capture_chaos on %s, seed 0x%" PRIx64 ", %d rounds\n",
-         tp_platform_name(), seed, rounds);
-  check_rng rng = {seed};
+typedef struct worker {
+  uint64_t seed;
+  int rounds;
+  bool one_thread; /* global mode only then: see worker_main */
+  int ended, unjoined, unmatched, launches, outlived;
+} worker;
+
+/* One thread's rounds, on streams and a buffer of its own. */
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  check_rng rng = {w->seed};
+  int rounds = w->rounds;
   tp_stream_t s[NS];
   for (int i = 0; i < NS; i++)
-    REQUIRE_OK_EXIT(tp_stream_create(&s[i], TP_STREAM_NON_BLOCKING));
+    if (!CHECK_OK(tp_stream_create(&s[i], TP_STREAM_NON_BLOCKING)))
+      return NULL;
   void *out = NULL;
-  REQUIRE_OK_EXIT(tp_malloc_async(&out, NS * REGION, s[0]));
-  REQUIRE_OK_EXIT(tp_memset_async(out, 0, NS * REGION, s[0]));
-  REQUIRE_OK_EXIT(tp_stream_synchronize(s[0]));
-  tp_pool_t pool = NULL;
-  REQUIRE_OK_EXIT(tp_device_get_mem_pool(&pool, 0));
-  uint64_t used0 = 0;
-  REQUIRE_OK_EXIT(
-      tp_pool_get_attribute(pool, TP_POOL_ATTR_USED_MEM_CURRENT, &used0));
-
+  if (!CHECK_OK(tp_malloc_async(&out, NS * REGION, s[0])) ||
+      !CHECK_OK(tp_memset_async(out, 0, NS * REGION, s[0])) ||
+      !CHECK_OK(tp_stream_synchronize(s[0])))
+    return NULL;
   unsigned char expect[NS] = {0};
   bool known[NS] = {true, true, true, true};
   int ended = 0, unjoined = 0, unmatched = 0, launches = 0, outlived = 0;
@@ -220,11 +219,14 @@ int main(int argc, char **argv) {
                                   (size_t)rng_range(&rng, 1, 3 << 20), s[pm])))
       break;
     r.member[r.origin] = true;
-    static const tp_capture_mode_t modes[3] = {TP_CAPTURE_MODE_GLOBAL,
-                                               TP_CAPTURE_MODE_THREAD_LOCAL,
-                                               TP_CAPTURE_MODE_RELAXED};
-    if (!CHECK_OK(
-            tp_stream_begin_capture(s[r.origin], modes[rng_below(&rng, 3)])))
+    /* A global capture refuses calls CUDA deems unsafe on every thread
+     * (on cuda, a copy to pageable memory is one), so with other threads
+     * at work only the thread-local and relaxed modes are drawn. */
+    static const tp_capture_mode_t modes[3] = {TP_CAPTURE_MODE_THREAD_LOCAL,
+                                               TP_CAPTURE_MODE_RELAXED,
+                                               TP_CAPTURE_MODE_GLOBAL};
+    tp_capture_mode_t mode = modes[rng_below(&rng, w->one_thread ? 3 : 2)];
+    if (!CHECK_OK(tp_stream_begin_capture(s[r.origin], mode)))
       break;
     int ops = (int)rng_range(&rng, 1, 24);
     for (int i = 0; i < ops; i++)
@@ -332,6 +334,55 @@ int main(int argc, char **argv) {
   }
   for (int m = 0; m < NS; m++)
     CHECK_OK(tp_stream_synchronize(s[m]));
+  CHECK_OK(tp_free_async(out, s[0]));
+  for (int m = 0; m < NS; m++) {
+    CHECK_OK(tp_stream_synchronize(s[m]));
+    CHECK_OK(tp_stream_destroy(s[m]));
+  }
+  w->ended = ended;
+  w->unjoined = unjoined;
+  w->unmatched = unmatched;
+  w->launches = launches;
+  w->outlived = outlived;
+  return NULL;
+}
+
+int main(int argc, char **argv) {
+  const char *env = getenv("TP_CHAOS_SEED");
+  uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0)
+                  : env    ? strtoull(env, NULL, 0)
+                           : UINT64_C(0xc4a05);
+  const char *rounds_env = getenv("TP_CHAOS_ROUNDS");
+  const char *threads_env = getenv("TP_CHAOS_THREADS");
+  int rounds = rounds_env ? atoi(rounds_env) : 400;
+  int nthreads = threads_env ? atoi(threads_env) : 2;
+  if (nthreads < 1 || nthreads > 16)
+    nthreads = 2;
+  printf("test_capture_chaos on %s, seed 0x%" PRIx64
+         ", %d rounds on each of %d threads\n",
+         tp_platform_name(), seed, rounds, nthreads);
+  tp_pool_t pool = NULL;
+  REQUIRE_OK_EXIT(tp_device_get_mem_pool(&pool, 0));
+  uint64_t used0 = 0;
+  REQUIRE_OK_EXIT(
+      tp_pool_get_attribute(pool, TP_POOL_ATTR_USED_MEM_CURRENT, &used0));
+  worker w[16];
+  pthread_t th[16];
+  for (int t = 0; t < nthreads; t++) {
+    w[t] = (worker){.seed = seed + (uint64_t)t * 0x9E3779B97F4A7C15ull,
+                    .rounds = rounds,
+                    .one_thread = nthreads == 1};
+    REQUIRE_EXIT(pthread_create(&th[t], NULL, worker_main, &w[t]) == 0);
+  }
+  int ended = 0, unjoined = 0, unmatched = 0, launches = 0, outlived = 0;
+  for (int t = 0; t < nthreads; t++) {
+    pthread_join(th[t], NULL);
+    ended += w[t].ended;
+    unjoined += w[t].unjoined;
+    unmatched += w[t].unmatched;
+    launches += w[t].launches;
+    outlived += w[t].outlived;
+  }
   uint64_t used = UINT64_MAX;
   CHECK_OK(tp_pool_get_attribute(pool, TP_POOL_ATTR_USED_MEM_CURRENT, &used));
   CHECK_EQ_U64(used, used0);
@@ -346,10 +397,5 @@ int main(int argc, char **argv) {
          "unjoined ends, %d ended on a fork\n",
          ended, launches, outlived, unjoined, unmatched);
   CHECK(ended > 0 && unjoined > 0);
-  CHECK_OK(tp_free_async(out, s[0]));
-  for (int m = 0; m < NS; m++) {
-    CHECK_OK(tp_stream_synchronize(s[m]));
-    CHECK_OK(tp_stream_destroy(s[m]));
-  }
   return check_done();
 }

@@ -94,6 +94,13 @@ typedef struct tp__platform_ops {
                                 tp_capture_status_t *status);
   tp_error_t (*stream_synchronize)(tp__pstream *ps); /* or ILLEGAL_ADDRESS */
   tp_error_t (*stream_query)(tp__pstream *ps);       /* SUCCESS / NOT_READY */
+  /* The allocator's own question, whether ps has run all its work: as
+   * stream_query, but NOT_READY while ps captures (or the legacy stream is
+   * implicated in a capture), never disturbing the capture. A capture that
+   * another thread begins meanwhile must not be invalidated by it (cuda
+   * can only narrow that window: the driver's query of a capturing stream
+   * invalidates it, and the driver tells no one when a capture begins). */
+  tp_error_t (*stream_poll)(tp__pstream *ps);
   tp_error_t (*stream_wait_event)(tp__pstream *ps, tp__pevent *ev);
   tp_error_t (*memset_async)(tp__pstream *ps, void *ptr, int value,
                              size_t size);

@@ -452,7 +452,12 @@ static bool covered(const tp__stream *s, uint64_t epoch) {
  * every free issued on it before the question, so none needs a marker (a
  * marker recorded now would only complete later). The epoch moves first, so
  * that frees issued meanwhile are not counted. A capturing stream is not
- * asked, since the question would end its capture. Stream lock held. */
+ * asked, since the question would end its capture; and since another
+ * thread may begin a capture on it between the check and the question, the
+ * question is the platform's poll, which answers NOT_READY then rather than
+ * invalidate (test_capture_chaos with several threads saw a capture
+ * invalidated by a query that came just after its begin). Stream lock
+ * held. */
 static void ask_stream(tp__stream *s) {
   tp_capture_status_t status = TP_CAPTURE_STATUS_NONE;
   uint64_t id = 0;
@@ -462,7 +467,7 @@ static void ask_stream(tp__stream *s) {
     return;
   uint64_t epoch =
       atomic_fetch_add_explicit(&s->epoch, 1, memory_order_relaxed);
-  if (tp__platform->stream_query(s->ps) == TP_SUCCESS) {
+  if (tp__platform->stream_poll(s->ps) == TP_SUCCESS) {
     tp__atomic_max(&s->seen_epoch, epoch);
     markers_trim(s);
   }

@@ -201,6 +201,24 @@ tp_error_t tp__cu_stream_query(tp__pstream *ps) {
   return tp__cu_error(r);
 }
 
+/* The capture question right before the query, so that a capture another
+ * thread begins in between has as little time as the driver allows. */
+tp_error_t tp__cu_stream_poll(tp__pstream *ps) {
+  CUstream s;
+  tp__cu_scope scope;
+  TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
+  tp__cu_scope_relax(&scope);
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = tp__cu.cuStreamIsCapturing ? tp__cu.cuStreamIsCapturing(s, &st)
+                                          : CUDA_SUCCESS;
+  if (r == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE)
+    r = tp__cu.cuStreamQuery(s);
+  else if (r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+    r = CUDA_ERROR_NOT_READY;
+  tp__cu_scope_leave(&scope);
+  return tp__cu_error(r);
+}
+
 static CUresult event_query_relaxed(CUevent ev) {
   tp__cu_scope scope = {0};
   tp__cu_scope_relax(&scope);

@@ -228,6 +228,7 @@ const tp__platform_ops tp__host_platform = {
     .stream_adopt = tp__host_stream_adopt,
     .stream_synchronize = tp__host_stream_synchronize,
     .stream_query = tp__host_stream_query,
+    .stream_poll = tp__host_stream_poll,
     .stream_wait_event = tp__host_stream_wait_event,
     .memset_async = tp__host_memset_async,
     .memcpy_async = tp__host_memcpy_async,

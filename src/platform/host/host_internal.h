@@ -61,6 +61,7 @@ tp_error_t tp__host_stream_legacy(int device, tp__stream_desc *desc);
 tp_error_t tp__host_stream_adopt(tp_stream_t handle, tp__stream_desc *desc);
 tp_error_t tp__host_stream_synchronize(tp__pstream *ps);
 tp_error_t tp__host_stream_query(tp__pstream *ps);
+tp_error_t tp__host_stream_poll(tp__pstream *ps);
 tp_error_t tp__host_stream_wait_event(tp__pstream *ps, tp__pevent *ev);
 tp_error_t tp__host_memset_async(tp__pstream *ps, void *ptr, int value,
                                  size_t size);

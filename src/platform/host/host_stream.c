@@ -481,6 +481,15 @@ tp_error_t tp__host_stream_query(tp__pstream *ps) {
   return busy(ps) || implicit_busy(ps) ? TP_ERROR_NOT_READY : TP_SUCCESS;
 }
 
+/* Never refuses: a capture begun by another thread after the check only
+ * sees this stream's positions read. */
+tp_error_t tp__host_stream_poll(tp__pstream *ps) {
+  TP_RETURN_IF(!ps, TP_ERROR_INVALID_VALUE);
+  if (TP_UNLIKELY(tp__host_capture_involved(ps)))
+    return TP_ERROR_NOT_READY;
+  return busy(ps) || implicit_busy(ps) ? TP_ERROR_NOT_READY : TP_SUCCESS;
+}
+
 tp_error_t tp__host_device_synchronize(int device) {
   TP_RETURN_IF(device < 0 || device >= tp__host_devices,
                TP_ERROR_INVALID_DEVICE);
