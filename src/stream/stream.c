@@ -366,8 +366,15 @@ static tp__marker *marker_record(tp__stream *s) {
     free(m);
     return NULL;
   }
+  /* The platform refuses to record on a capturing stream; a capture that
+   * another thread began between that check and the record took the record
+   * into its graph, and a stream that waited on such a marker would join
+   * the capture: asked again after the record, such a marker goes. */
+  tp_capture_status_t status = TP_CAPTURE_STATUS_NONE;
   if (!TP_ARRAY_ROOM(s->markers, s->nmarkers, s->capmarkers) ||
-      tp__platform->event_record(m->ev, s->ps) != TP_SUCCESS) {
+      tp__platform->event_record(m->ev, s->ps) != TP_SUCCESS ||
+      tp__platform->capture_status(s->ps, &status, NULL) != TP_SUCCESS ||
+      status != TP_CAPTURE_STATUS_NONE) {
     marker_discard(m);
     return NULL;
   }
