@@ -4,14 +4,16 @@
  * buffer on its members, joins some of them back, and ends it: the end must
  * succeed exactly when every fork's work flows into the origin (else
  * STREAM_CAPTURE_UNJOINED, as the driver answers; now and then the end is
- * tried on a fork first, which invalidates the capture). A graph that ends
- * well is instantiated and launched, and the buffer must then hold what each
- * stream wrote last; graph allocations it did not free outlive the launch
+ * tried on a fork first, which invalidates the capture, or from another
+ * thread, which ends it without a graph unless it is relaxed). A graph that
+ * ends well is instantiated and launched, and the buffer must then hold what
+ * each stream wrote last; graph allocations it did not free outlive the launch
  * and are freed once afterwards. Pool memory freed during a capture is
  * refused, and the capture goes on. At the end the pool holds only the buffer
- * and graph memory goes back to zero. Runs on host and on cuda; TP_CHAOS_SEED
- * or the first argument chooses the seed, TP_CHAOS_ROUNDS the number of rounds.
- */
+ * and graph memory goes back to zero. Threads (TP_CHAOS_THREADS, default 2)
+ * run such rounds at once, each on streams of its own. Runs on host and on
+ * cuda; TP_CHAOS_SEED or the first argument chooses the seed, TP_CHAOS_ROUNDS
+ * the number of rounds. */
 #include <pthread.h>
 #include <stdbool.h>
 
@@ -184,11 +186,35 @@ static void check_buffer(const round_state *r, tp_stream_t s,
   }
 }
 
+/* Ends the capture on `s` from a thread of its own, as an application
+ * might end a capture that another thread began. */
+typedef struct ender {
+  tp_stream_t s;
+  tp_graph_t graph;
+  tp_error_t err;
+} ender;
+
+static void *ender_main(void *arg) {
+  ender *e = arg;
+  e->err = tp_stream_end_capture(e->s, &e->graph);
+  return NULL;
+}
+
+static tp_error_t end_elsewhere(tp_stream_t s, tp_graph_t *graph) {
+  ender e = {s, (tp_graph_t)&e, (tp_error_t)-1};
+  pthread_t t;
+  if (!CHECK(pthread_create(&t, NULL, ender_main, &e) == 0))
+    return (tp_error_t)-1;
+  pthread_join(t, NULL);
+  *graph = e.graph;
+  return e.err;
+}
+
 typedef struct worker {
   uint64_t seed;
   int rounds;
   bool one_thread; /* global mode only then: see worker_main */
-  int ended, unjoined, unmatched, launches, outlived;
+  int ended, unjoined, unmatched, launches, outlived, wrong_thread;
 } worker;
 
 /* One thread's rounds, on streams and a buffer of its own. */
@@ -208,6 +234,7 @@ static void *worker_main(void *arg) {
   unsigned char expect[NS] = {0};
   bool known[NS] = {true, true, true, true};
   int ended = 0, unjoined = 0, unmatched = 0, launches = 0, outlived = 0;
+  int wrong_thread = 0;
   for (int round = 0; round < rounds && check_failure_count() == 0; round++) {
     round_state r;
     memset(&r, 0, sizeof r);
@@ -266,16 +293,26 @@ static void *worker_main(void *arg) {
                 TP_ERROR_STREAM_CAPTURE_INVALIDATED);
       CHECK(graph == NULL);
       unmatched++;
-    } else if (expect_unjoined) {
-      CHECK_ERR(tp_stream_end_capture(s[r.origin], &graph),
-                TP_ERROR_STREAM_CAPTURE_UNJOINED);
+    } else if (rng_chance(&rng, 8) && mode != TP_CAPTURE_MODE_RELAXED) {
+      /* Ended from another thread: the capture ends, with no graph. */
+      CHECK_ERR(end_elsewhere(s[r.origin], &graph),
+                TP_ERROR_STREAM_CAPTURE_WRONG_THREAD);
       CHECK(graph == NULL);
-      unjoined++;
+      wrong_thread++;
     } else {
-      graph = NULL;
-      CHECK_OK(tp_stream_end_capture(s[r.origin], &graph));
-      CHECK(graph != NULL);
-      ended++;
+      /* A relaxed capture may be ended from any thread. */
+      bool away = mode == TP_CAPTURE_MODE_RELAXED && rng_chance(&rng, 20);
+      tp_error_t err = away ? end_elsewhere(s[r.origin], &graph)
+                            : tp_stream_end_capture(s[r.origin], &graph);
+      if (expect_unjoined) {
+        CHECK_ERR(err, TP_ERROR_STREAM_CAPTURE_UNJOINED);
+        CHECK(graph == NULL);
+        unjoined++;
+      } else {
+        CHECK_OK(err);
+        CHECK(graph != NULL);
+        ended++;
+      }
     }
     for (int m = 0; m < NS; m++) {
       tp_capture_status_t st = TP_CAPTURE_STATUS_ACTIVE;
@@ -284,7 +321,7 @@ static void *worker_main(void *arg) {
     }
     for (int i = 0; i < r.nev; i++)
       CHECK_OK(tp_event_destroy(r.ev[i]));
-    if (fork < 0 && !expect_unjoined && graph) {
+    if (graph && graph != (tp_graph_t)&graph && !expect_unjoined) {
       tp_graph_exec_t exec = NULL;
       unsigned long long flags =
           rng_chance(&rng, 50) ? TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH : 0;
@@ -342,6 +379,7 @@ static void *worker_main(void *arg) {
   w->ended = ended;
   w->unjoined = unjoined;
   w->unmatched = unmatched;
+  w->wrong_thread = wrong_thread;
   w->launches = launches;
   w->outlived = outlived;
   return NULL;
@@ -375,6 +413,7 @@ int main(int argc, char **argv) {
     REQUIRE_EXIT(pthread_create(&th[t], NULL, worker_main, &w[t]) == 0);
   }
   int ended = 0, unjoined = 0, unmatched = 0, launches = 0, outlived = 0;
+  int wrong_thread = 0;
   for (int t = 0; t < nthreads; t++) {
     pthread_join(th[t], NULL);
     ended += w[t].ended;
@@ -382,6 +421,7 @@ int main(int argc, char **argv) {
     unmatched += w[t].unmatched;
     launches += w[t].launches;
     outlived += w[t].outlived;
+    wrong_thread += w[t].wrong_thread;
   }
   uint64_t used = UINT64_MAX;
   CHECK_OK(tp_pool_get_attribute(pool, TP_POOL_ATTR_USED_MEM_CURRENT, &used));
@@ -394,8 +434,8 @@ int main(int argc, char **argv) {
     check_sleep_ms(2);
   CHECK_EQ_U64(graph_used(), 0);
   printf("%d graphs launched %d times (%d allocations outlived them), %d "
-         "unjoined ends, %d ended on a fork\n",
-         ended, launches, outlived, unjoined, unmatched);
+         "unjoined ends, %d ended on a fork, %d from another thread\n",
+         ended, launches, outlived, unjoined, unmatched, wrong_thread);
   CHECK(ended > 0 && unjoined > 0);
   return check_done();
 }
