@@ -142,7 +142,10 @@ tp_error_t tp__cu_capture_end(tp__pstream *ps, tp__pgraph **graph) {
   bool unjoined = unjoined_marks(s);
   CUgraph g = NULL;
   CUresult r = tp__cu.cuStreamEndCapture(s, &g);
-  if (r == CUDA_SUCCESS && unjoined)
+  /* The driver answers a fork left unjoined before the wrong thread; both
+   * end the capture. */
+  if ((r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) &&
+      unjoined)
     r = CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
   /* A failed capture's graph, should the driver return one, is of no use
    * to anyone. */
