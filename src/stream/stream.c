@@ -458,19 +458,14 @@ static bool covered(const tp__stream *s, uint64_t epoch) {
 /* With no marker to ask, the stream itself answers: an idle stream has run
  * every free issued on it before the question, so none needs a marker (a
  * marker recorded now would only complete later). The epoch moves first, so
- * that frees issued meanwhile are not counted. A capturing stream is not
- * asked, since the question would end its capture; and since another
- * thread may begin a capture on it between the check and the question, the
- * question is the platform's poll, which answers NOT_READY then rather than
- * invalidate (test_capture_chaos with several threads saw a capture
- * invalidated by a query that came just after its begin). Stream lock
- * held. */
+ * that frees issued meanwhile are not counted. A capturing stream must not
+ * be queried, since the query would end its capture, and another thread may
+ * begin a capture at any moment: the question is the platform's poll, which
+ * answers NOT_READY for a capturing stream rather than invalidate
+ * (test_capture_chaos with several threads saw a capture invalidated by a
+ * query that came just after its begin). Stream lock held. */
 static void ask_stream(tp__stream *s) {
-  tp_capture_status_t status = TP_CAPTURE_STATUS_NONE;
-  uint64_t id = 0;
-  if (atomic_load_explicit(&s->released, memory_order_relaxed) ||
-      tp__platform->capture_status(s->ps, &status, &id) != TP_SUCCESS ||
-      status != TP_CAPTURE_STATUS_NONE)
+  if (atomic_load_explicit(&s->released, memory_order_relaxed))
     return;
   uint64_t epoch =
       atomic_fetch_add_explicit(&s->epoch, 1, memory_order_relaxed);

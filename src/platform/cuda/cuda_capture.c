@@ -86,43 +86,58 @@ static bool join(CUgraph g, CUgraphNode from, CUgraphNode to) {
   return found;
 }
 
+/* The empty nodes of g, in a fresh array (*n of them); NULL when there
+ * are none or they cannot be had. */
+static CUgraphNode *empty_nodes(CUgraph g, size_t *n) {
+  *n = 0;
+  size_t all = 0;
+  if (!tp__cu.cuGraphGetNodes || !tp__cu.cuGraphNodeGetType ||
+      tp__cu.cuGraphGetNodes(g, NULL, &all) != CUDA_SUCCESS || all == 0)
+    return NULL;
+  CUgraphNode *nodes = calloc(all, sizeof *nodes);
+  if (!nodes || tp__cu.cuGraphGetNodes(g, nodes, &all) != CUDA_SUCCESS) {
+    free(nodes);
+    return NULL;
+  }
+  for (size_t i = 0; i < all; i++) {
+    CUgraphNodeType type;
+    if (tp__cu.cuGraphNodeGetType(nodes[i], &type) == CUDA_SUCCESS &&
+        type == CU_GRAPH_NODE_TYPE_EMPTY)
+      nodes[(*n)++] = nodes[i];
+  }
+  if (*n == 0) {
+    free(nodes);
+    return NULL;
+  }
+  return nodes;
+}
+
 /* Removes each empty node of g, joining every node before it to every node
  * after it: the empty nodes mark the positions of frees while the capture
  * runs, and once it is over they only cost the launches. A node whose
  * neighbours cannot all be joined stays (the joins made meanwhile only
  * repeat what it orders), which changes nothing but that cost. */
 static void strip_empty_nodes(CUgraph g) {
-  if (!tp__cu.cuGraphGetNodes || !tp__cu.cuGraphNodeGetType ||
-      !tp__cu.cuGraphNodeGetDependencies ||
+  if (!tp__cu.cuGraphNodeGetDependencies ||
       !tp__cu.cuGraphNodeGetDependentNodes || !tp__cu.cuGraphAddDependencies ||
       !tp__cu.cuGraphDestroyNode)
     return;
   size_t n = 0;
-  if (tp__cu.cuGraphGetNodes(g, NULL, &n) != CUDA_SUCCESS || n == 0)
-    return;
-  CUgraphNode *nodes = calloc(n, sizeof *nodes);
-  if (!nodes || tp__cu.cuGraphGetNodes(g, nodes, &n) != CUDA_SUCCESS) {
-    free(nodes);
-    return;
-  }
+  CUgraphNode *empty = empty_nodes(g, &n);
   for (size_t i = 0; i < n; i++) {
-    CUgraphNodeType type;
-    if (tp__cu.cuGraphNodeGetType(nodes[i], &type) != CUDA_SUCCESS ||
-        type != CU_GRAPH_NODE_TYPE_EMPTY)
-      continue;
     CUgraphNode *from = NULL, *to = NULL;
     size_t nf = 0, nt = 0;
-    bool ok = neighbours(nodes[i], true, &from, &nf) &&
-              neighbours(nodes[i], false, &to, &nt);
+    bool ok = neighbours(empty[i], true, &from, &nf) &&
+              neighbours(empty[i], false, &to, &nt);
     for (size_t a = 0; ok && a < nf; a++)
       for (size_t b = 0; ok && b < nt; b++)
         ok = join(g, from[a], to[b]);
     if (ok)
-      (void)tp__cu.cuGraphDestroyNode(nodes[i]);
+      (void)tp__cu.cuGraphDestroyNode(empty[i]);
     free(from);
     free(to);
   }
-  free(nodes);
+  free(empty);
 }
 
 static bool unjoined_marks(CUstream s);
@@ -355,29 +370,22 @@ static tp_error_t follows(CUstream s, const tp__pnode *nodes, size_t n,
 static bool unjoined_marks(CUstream s) {
   CUgraph g = NULL;
   const CUgraphNode *deps = NULL;
-  size_t n = 0, marks = 0;
-  if (!tp__cu.cuGraphGetNodes || !tp__cu.cuGraphNodeGetType ||
-      capture_info(s, &g, &deps, &n) != TP_SUCCESS ||
-      tp__cu.cuGraphGetNodes(g, NULL, &n) != CUDA_SUCCESS || n == 0)
+  size_t n = 0;
+  if (capture_info(s, &g, &deps, &n) != TP_SUCCESS)
     return false;
-  CUgraphNode *nodes = calloc(n, sizeof *nodes);
-  tp__pnode *empty = calloc(n, sizeof *empty);
-  unsigned char *found = calloc(n, 1);
+  CUgraphNode *empty = empty_nodes(g, &n);
+  tp__pnode *marks = n ? calloc(n, sizeof *marks) : NULL;
+  unsigned char *found = n ? calloc(n, 1) : NULL;
   bool unjoined = false;
-  if (nodes && empty && found &&
-      tp__cu.cuGraphGetNodes(g, nodes, &n) == CUDA_SUCCESS) {
-    for (size_t i = 0; i < n; i++) {
-      CUgraphNodeType type;
-      if (tp__cu.cuGraphNodeGetType(nodes[i], &type) == CUDA_SUCCESS &&
-          type == CU_GRAPH_NODE_TYPE_EMPTY)
-        empty[marks++] = (tp__pnode)nodes[i];
-    }
-    if (marks && follows(s, empty, marks, found) == TP_SUCCESS)
-      for (size_t i = 0; i < marks && !unjoined; i++)
+  if (marks && found) {
+    for (size_t i = 0; i < n; i++)
+      marks[i] = (tp__pnode)empty[i];
+    if (follows(s, marks, n, found) == TP_SUCCESS)
+      for (size_t i = 0; i < n && !unjoined; i++)
         unjoined = !found[i];
   }
-  free(nodes);
   free(empty);
+  free(marks);
   free(found);
   return unjoined;
 }

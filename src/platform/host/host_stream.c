@@ -474,11 +474,15 @@ tp_error_t tp__host_stream_synchronize(tp__pstream *ps) {
                                               : TP_SUCCESS;
 }
 
+static tp_error_t ran_all(tp__pstream *ps) {
+  return busy(ps) || implicit_busy(ps) ? TP_ERROR_NOT_READY : TP_SUCCESS;
+}
+
 tp_error_t tp__host_stream_query(tp__pstream *ps) {
   TP_RETURN_IF(!ps, TP_ERROR_INVALID_VALUE);
   if (TP_UNLIKELY(tp__host_capture_involved(ps)))
     TP_FORWARD(tp__host_capture_refuse(ps));
-  return busy(ps) || implicit_busy(ps) ? TP_ERROR_NOT_READY : TP_SUCCESS;
+  return ran_all(ps);
 }
 
 /* Never refuses: a capture begun by another thread after the check only
@@ -487,7 +491,7 @@ tp_error_t tp__host_stream_poll(tp__pstream *ps) {
   TP_RETURN_IF(!ps, TP_ERROR_INVALID_VALUE);
   if (TP_UNLIKELY(tp__host_capture_involved(ps)))
     return TP_ERROR_NOT_READY;
-  return busy(ps) || implicit_busy(ps) ? TP_ERROR_NOT_READY : TP_SUCCESS;
+  return ran_all(ps);
 }
 
 tp_error_t tp__host_device_synchronize(int device) {
