@@ -6,6 +6,7 @@
 #define TP_TEST_CHECK_H
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -403,6 +404,32 @@ static inline tp_error_t check_poll_stream(tp_stream_t s, long timeout_ms) {
       return err;
     check_sleep_us(200);
   }
+}
+
+/* Ends the capture on `s` from a thread of its own, as an application might
+ * end a capture that another thread began; *graph as tp_stream_end_capture
+ * leaves it. */
+typedef struct check_ender_ {
+  tp_stream_t s;
+  tp_graph_t graph;
+  tp_error_t err;
+} check_ender_;
+
+static inline void *check_ender_main_(void *arg) {
+  check_ender_ *e = arg;
+  e->err = tp_stream_end_capture(e->s, &e->graph);
+  return NULL;
+}
+
+static inline tp_error_t check_end_capture_elsewhere(tp_stream_t s,
+                                                     tp_graph_t *graph) {
+  check_ender_ e = {s, (tp_graph_t)&e, (tp_error_t)-1};
+  pthread_t t;
+  if (!CHECK(pthread_create(&t, NULL, check_ender_main_, &e) == 0))
+    return (tp_error_t)-1;
+  pthread_join(t, NULL);
+  *graph = e.graph;
+  return e.err;
 }
 
 #endif /* TP_TEST_CHECK_H */

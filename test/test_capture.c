@@ -639,29 +639,15 @@ static void test_forbidden_during_capture(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
-typedef struct end_args {
-  tp_stream_t s;
-  tp_graph_t graph;
-  tp_error_t err;
-} end_args;
-
-static void *end_elsewhere(void *arg) {
-  end_args *a = arg;
-  a->err = tp_stream_end_capture(a->s, &a->graph);
-  return NULL;
-}
-
 /* Ending a capture from another thread: refused, and the capture is over,
  * unless relaxed. */
 static void test_wrong_thread(void) {
   tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING);
-  end_args a = {.s = s};
-  pthread_t t;
+  tp_graph_t elsewhere = NULL;
   REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_THREAD_LOCAL));
-  REQUIRE(pthread_create(&t, NULL, end_elsewhere, &a) == 0);
-  pthread_join(t, NULL);
-  CHECK_EQ_INT(a.err, TP_ERROR_STREAM_CAPTURE_WRONG_THREAD);
-  CHECK(a.graph == NULL);
+  CHECK_EQ_INT(check_end_capture_elsewhere(s, &elsewhere),
+               TP_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+  CHECK(elsewhere == NULL);
   /* The driver ends the capture there, with no graph. */
   CHECK_EQ_INT(status_of(s), ANSWER_STATUS_AFTER_WRONG_THREAD);
   tp_graph_t graph = NULL;
@@ -669,11 +655,9 @@ static void test_wrong_thread(void) {
   CHECK(graph == NULL);
 
   REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_RELAXED));
-  REQUIRE(pthread_create(&t, NULL, end_elsewhere, &a) == 0);
-  pthread_join(t, NULL);
-  CHECK_OK(a.err);
-  if (a.graph)
-    CHECK_OK(tp_graph_destroy(a.graph));
+  CHECK_OK(check_end_capture_elsewhere(s, &elsewhere));
+  if (elsewhere)
+    CHECK_OK(tp_graph_destroy(elsewhere));
   CHECK_OK(tp_stream_destroy(s));
 }
 

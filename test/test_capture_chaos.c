@@ -186,30 +186,6 @@ static void check_buffer(const round_state *r, tp_stream_t s,
   }
 }
 
-/* Ends the capture on `s` from a thread of its own, as an application
- * might end a capture that another thread began. */
-typedef struct ender {
-  tp_stream_t s;
-  tp_graph_t graph;
-  tp_error_t err;
-} ender;
-
-static void *ender_main(void *arg) {
-  ender *e = arg;
-  e->err = tp_stream_end_capture(e->s, &e->graph);
-  return NULL;
-}
-
-static tp_error_t end_elsewhere(tp_stream_t s, tp_graph_t *graph) {
-  ender e = {s, (tp_graph_t)&e, (tp_error_t)-1};
-  pthread_t t;
-  if (!CHECK(pthread_create(&t, NULL, ender_main, &e) == 0))
-    return (tp_error_t)-1;
-  pthread_join(t, NULL);
-  *graph = e.graph;
-  return e.err;
-}
-
 typedef struct worker {
   uint64_t seed;
   int rounds;
@@ -296,7 +272,7 @@ static void *worker_main(void *arg) {
     } else if (rng_chance(&rng, 8) && mode != TP_CAPTURE_MODE_RELAXED) {
       /* Ended from another thread: the capture ends, with no graph; a fork
        * left unjoined is the answer then (the driver on an H200). */
-      CHECK_ERR(end_elsewhere(s[r.origin], &graph),
+      CHECK_ERR(check_end_capture_elsewhere(s[r.origin], &graph),
                 expect_unjoined ? TP_ERROR_STREAM_CAPTURE_UNJOINED
                                 : TP_ERROR_STREAM_CAPTURE_WRONG_THREAD);
       CHECK(graph == NULL);
@@ -304,7 +280,7 @@ static void *worker_main(void *arg) {
     } else {
       /* A relaxed capture may be ended from any thread. */
       bool away = mode == TP_CAPTURE_MODE_RELAXED && rng_chance(&rng, 20);
-      tp_error_t err = away ? end_elsewhere(s[r.origin], &graph)
+      tp_error_t err = away ? check_end_capture_elsewhere(s[r.origin], &graph)
                             : tp_stream_end_capture(s[r.origin], &graph);
       if (expect_unjoined) {
         CHECK_ERR(err, TP_ERROR_STREAM_CAPTURE_UNJOINED);
