@@ -706,6 +706,38 @@ TP_API tp_error_t tp_graph_exec_destroy(tp_graph_exec_t exec);
  * Thread-safe. */
 TP_API tp_error_t tp_graph_destroy(tp_graph_t graph);
 
+/* Adopts an exec the platform made (cuda: cuGraphInstantiate*) of a graph
+ * the application captured itself (cuStreamBeginCapture to
+ * cuStreamEndCapture) while tidepool allocated in it, so that tidepool
+ * books its launches: tp_graph_launch of the adopted exec launches the
+ * platform's exec with the rules above (refused while an allocation of the
+ * graph is live from an earlier launch, unless `flags` has
+ * AUTO_FREE_ON_LAUNCH; after every tp_free_async of one), and each such
+ * allocation may be freed once after each launch. Without adoption tidepool
+ * does not see the launches, and each allocation that outlives them may be
+ * freed once in all. tp_graph_exec_destroy of the adopted exec forgets it
+ * and leaves the platform's exec to its owner; an exec the platform made
+ * with the handle of one adopted before replaces it. The owner calls
+ * tp_graph_forget before destroying the platform's graph. tidepool-run
+ * adopts every exec the application instantiates. Errors: INVALID_VALUE (exec
+ * or a handle NULL, a graph in whose capture tidepool allocated and freed
+ * nothing, or whose graph memory already has an exec), NOT_SUPPORTED (host,
+ * where tidepool makes every exec). Thread-safe. */
+TP_API tp_error_t tp_graph_exec_adopt(tp_graph_exec_t *exec,
+                                      void *platform_exec, void *platform_graph,
+                                      unsigned long long flags);
+
+/* The live adopted exec of the platform's exec `platform_exec`, in *exec.
+ * Errors: INVALID_VALUE (exec NULL, none adopted). Thread-safe. */
+TP_API tp_error_t tp_graph_exec_find(tp_graph_exec_t *exec,
+                                     const void *platform_exec);
+
+/* Tells tidepool that the platform's graph `platform_graph` is about to be
+ * destroyed by its owner, since the platform may give its handle to a new
+ * graph: from now on it names nothing to tp_graph_exec_adopt. Adopted execs
+ * of it live on. Errors: INVALID_VALUE (NULL). Thread-safe. */
+TP_API tp_error_t tp_graph_forget(void *platform_graph);
+
 /* Gives back to the system the device's graph memory that no graph holds
  * (memory of destroyed execs and graphs, once their work has completed).
  * Errors: INVALID_DEVICE, PLATFORM (a chunk the platform would not release

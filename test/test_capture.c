@@ -623,6 +623,25 @@ static void test_forbidden_during_capture(void) {
   CHECK_EQ_INT(status_of(blocking), TP_CAPTURE_STATUS_INVALIDATED);
   CHECK_EQ_INT(tp_stream_end_capture(blocking, &graph),
                TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  /* So does an allocation or a free there, in every mode (the driver's
+   * answer on an H200, through the interposer, 2026-12-02); the refused
+   * free leaves its block allocated. */
+  void *legacy_block = NULL;
+  REQUIRE_OK(tp_stream_begin_capture(blocking, TP_CAPTURE_MODE_THREAD_LOCAL));
+  CHECK_EQ_INT(tp_malloc_async(&legacy_block, 4096, NULL),
+               TP_ERROR_STREAM_CAPTURE_IMPLICIT);
+  CHECK_EQ_INT(status_of(blocking), TP_CAPTURE_STATUS_INVALIDATED);
+  CHECK_EQ_INT(tp_stream_end_capture(blocking, &graph),
+               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  REQUIRE_OK(tp_malloc_async(&legacy_block, 4096, NULL));
+  REQUIRE_OK(tp_stream_begin_capture(blocking, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_EQ_INT(tp_free_async(legacy_block, NULL),
+               TP_ERROR_STREAM_CAPTURE_IMPLICIT);
+  CHECK_EQ_INT(status_of(blocking), TP_CAPTURE_STATUS_INVALIDATED);
+  CHECK_EQ_INT(tp_stream_end_capture(blocking, &graph),
+               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK_OK(tp_free_async(legacy_block, NULL));
+  CHECK_OK(tp_stream_synchronize(NULL));
   /* A non-blocking capture leaves the legacy stream alone. */
   REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_RELAXED));
   CHECK_OK(tp_memset_async(buf, 1, MiB, NULL));
@@ -1007,6 +1026,9 @@ static struct {
   cu_res (*end)(void *, void **);
   cu_res (*is_capturing)(void *, int *);
   cu_res (*graph_destroy)(void *);
+  cu_res (*instantiate)(void **, void *, unsigned long long);
+  cu_res (*launch)(void *, void *);
+  cu_res (*exec_destroy)(void *);
 } drv;
 static void *drv_ctx;
 
@@ -1054,7 +1076,10 @@ static bool drv_load(void) {
                          {&drv.begin, "cuStreamBeginCapture_v2"},
                          {&drv.end, "cuStreamEndCapture"},
                          {&drv.is_capturing, "cuStreamIsCapturing"},
-                         {&drv.graph_destroy, "cuGraphDestroy"}};
+                         {&drv.graph_destroy, "cuGraphDestroy"},
+                         {&drv.instantiate, "cuGraphInstantiateWithFlags"},
+                         {&drv.launch, "cuGraphLaunch"},
+                         {&drv.exec_destroy, "cuGraphExecDestroy"}};
   const char *missing =
       dl_table_load("libcuda.so.1", syms, sizeof syms / sizeof syms[0]);
   if (missing) {
@@ -1231,6 +1256,110 @@ static void test_foreign_streams(void) {
   drv.stream_destroy(c);
 }
 
+/* ---- execs the driver made ----------------------------------------------
+ * A graph the application captured and instantiated with the driver, while
+ * tidepool allocated in it: once adopted, its launches are booked as
+ * tidepool's own execs' are. */
+static uint64_t graph_used(void) {
+  uint64_t v = 0;
+  CHECK_OK(tp_device_get_graph_mem_attribute(
+      0, TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &v));
+  return v;
+}
+
+static void test_adopted_execs(void) {
+  tp_graph_exec_t e = NULL, again = NULL, found = NULL;
+  int dummy;
+  CHECK_EQ_INT(tp_graph_exec_adopt(NULL, &dummy, &dummy, 0),
+               TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_exec_find(NULL, &dummy), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_exec_find(&found, &dummy), TP_ERROR_INVALID_VALUE);
+  CHECK(found == NULL);
+  CHECK_EQ_INT(tp_graph_forget(NULL), TP_ERROR_INVALID_VALUE);
+  CHECK_OK(tp_graph_forget(&dummy));
+  if (check_on_host()) {
+    CHECK_EQ_INT(tp_graph_exec_adopt(&e, &dummy, &dummy, 0),
+                 maps_at_capture() ? TP_ERROR_INVALID_VALUE
+                                   : TP_ERROR_NOT_SUPPORTED);
+    printf("   (host: tidepool makes every exec)\n");
+    return;
+  }
+  REQUIRE(drv_load());
+  enum { MIB = 1 << 20, GLOBAL = 0 };
+  void *s = NULL, *g = NULL, *x = NULL, *p = NULL;
+  REQUIRE(drv.stream_create(&s, 1) == 0);
+  uint64_t used0 = graph_used();
+  REQUIRE(drv.begin(s, GLOBAL) == 0);
+  CHECK_OK(tp_malloc_async(&p, MIB, (tp_stream_t)s));
+  REQUIRE(drv.end(s, &g) == 0 && g);
+  REQUIRE(drv.instantiate(&x, g, 0) == 0);
+  CHECK_EQ_INT(tp_graph_exec_adopt(&e, x, NULL, 0), TP_ERROR_INVALID_VALUE);
+  REQUIRE_OK(tp_graph_exec_adopt(&e, x, g, 0));
+  CHECK_OK(tp_graph_exec_adopt(&again, x, g, 0));
+  CHECK_EQ_PTR(again, e);
+  CHECK_OK(tp_graph_exec_find(&found, x));
+  CHECK_EQ_PTR(found, e);
+  /* Not made yet: no launch. */
+  CHECK_EQ_INT(tp_free_async(p, (tp_stream_t)s), TP_ERROR_INVALID_VALUE);
+  for (int i = 0; i < 3; i++) {
+    CHECK_OK(tp_graph_launch(e, (tp_stream_t)s));
+    CHECK_EQ_INT(tp_graph_launch(e, (tp_stream_t)s), TP_ERROR_INVALID_VALUE);
+    CHECK_OK(tp_memset_async(p, i, MIB, (tp_stream_t)s));
+    CHECK_OK(tp_free_async(p, (tp_stream_t)s));
+    CHECK_EQ_INT(tp_free_async(p, (tp_stream_t)s), TP_ERROR_INVALID_VALUE);
+  }
+  /* The last launch's allocation outlives its graph until freed. */
+  CHECK_OK(tp_graph_launch(e, (tp_stream_t)s));
+  CHECK_OK(tp_graph_exec_destroy(e));
+  CHECK_EQ_INT(tp_graph_exec_find(&found, x), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_launch(e, (tp_stream_t)s), TP_ERROR_INVALID_VALUE);
+  CHECK(drv.exec_destroy(x) == 0);
+  CHECK_OK(tp_graph_forget(g));
+  CHECK(drv.graph_destroy(g) == 0);
+  CHECK_OK(tp_memset_async(p, 7, MIB, (tp_stream_t)s));
+  CHECK(drv.stream_sync(s) == 0);
+  CHECK(graph_used() > used0);
+  CHECK_OK(tp_free_async(p, (tp_stream_t)s));
+  CHECK_EQ_INT(tp_free_async(p, (tp_stream_t)s), TP_ERROR_INVALID_VALUE);
+  CHECK(drv.stream_sync(s) == 0);
+  /* The graph's memory goes once the driver has let the graph go, which
+   * it tells from a thread of its own. */
+  double deadline = check_now_s() + 5;
+  while (graph_used() > used0 && check_now_s() < deadline) {
+    CHECK_OK(tp_device_graph_mem_trim(0));
+    check_sleep_us(1000);
+  }
+  CHECK_EQ_U64(graph_used(), used0);
+
+  /* With AUTO_FREE_ON_LAUNCH a launch while the allocation is live is
+   * allowed. */
+  REQUIRE(drv.begin(s, GLOBAL) == 0);
+  CHECK_OK(tp_malloc_async(&p, MIB, (tp_stream_t)s));
+  REQUIRE(drv.end(s, &g) == 0 && g);
+  REQUIRE(drv.instantiate(&x, g, TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH) ==
+          0);
+  REQUIRE_OK(
+      tp_graph_exec_adopt(&e, x, g, TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH));
+  CHECK_OK(tp_graph_launch(e, (tp_stream_t)s));
+  CHECK_OK(tp_graph_launch(e, (tp_stream_t)s));
+  CHECK_OK(tp_free_async(p, (tp_stream_t)s));
+  CHECK_OK(tp_graph_exec_destroy(e));
+  CHECK(drv.exec_destroy(x) == 0);
+  CHECK_OK(tp_graph_forget(g));
+  CHECK(drv.graph_destroy(g) == 0);
+
+  /* A graph tidepool allocated nothing in is not adopted. */
+  REQUIRE(drv.begin(s, GLOBAL) == 0);
+  REQUIRE(drv.end(s, &g) == 0 && g);
+  REQUIRE(drv.instantiate(&x, g, 0) == 0);
+  CHECK_EQ_INT(tp_graph_exec_adopt(&e, x, g, 0), TP_ERROR_INVALID_VALUE);
+  CHECK(drv.exec_destroy(x) == 0);
+  CHECK_OK(tp_graph_forget(g));
+  CHECK(drv.graph_destroy(g) == 0);
+  CHECK(drv.stream_sync(s) == 0);
+  CHECK(drv.stream_destroy(s) == 0);
+}
+
 int main(void) {
   const char *platform = tp_platform_name();
   if (!platform) {
@@ -1255,5 +1384,6 @@ int main(void) {
   RUN_TEST(test_threads);
   RUN_TEST(test_driver_answers);
   RUN_TEST(test_foreign_streams);
+  RUN_TEST(test_adopted_execs);
   return check_done();
 }

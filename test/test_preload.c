@@ -417,7 +417,7 @@ static void run_keep(void *arg) {
  * tidepool's and so is capture): nothing is forwarded. The work around
  * them runs at every launch (host functions on host; a memset and a copy
  * out with a GPU), a fork through events joins the capture, and an
- * allocation the graph does not free is freed once after the launches. */
+ * allocation the graph does not free is freed once after each launch. */
 static void test_capture(void) {
   bool host = expected_mode == MODE_HOST;
   cudaStream_t s = NULL, s2 = NULL;
@@ -505,30 +505,34 @@ static void test_capture(void) {
       CHECK_EQ_INT(back[1], 0x6b);
       CHECK_EQ_INT(back[2], 0x3c);
     }
+    /* An allocation the graph does not free is live after a launch, which
+     * refuses the next launch until it is freed (with a GPU the driver's
+     * exec is launched by tidepool, which adopted it), once per launch. */
     if (i == 0)
-      /* An allocation the graph does not free is live after a launch; the
-       * driver's exec is not tidepool's, so launches go on (as after
-       * AUTO_FREE_ON_LAUNCH) only with a GPU. */
-      CHECK_RC(cudaGraphLaunch(exec, s),
-               host ? cudaErrorInvalidValue : cudaSuccess);
-    if (host)
-      (void)cudaGetLastError();
-    if (host)
-      CHECK_RC(cudaFreeAsync(keep, s), cudaSuccess);
+      CHECK_RC(cudaGraphLaunch(exec, s), cudaErrorInvalidValue);
+    (void)cudaGetLastError();
+    CHECK_RC(cudaFreeAsync(keep, s), cudaSuccess);
+    CHECK_RC(cudaFreeAsync(keep, s), cudaErrorInvalidValue);
+    (void)cudaGetLastError();
   }
   CHECK_RC(cudaStreamSynchronize(s), cudaSuccess);
   if (host) {
     CHECK_EQ_INT(atomic_load(&run.runs), 3);
     CHECK_EQ_INT(atomic_load(&run.bad), 0);
   }
+  /* The output of a last launch outlives the graph until it is freed. */
+  CHECK_RC(cudaGraphLaunch(exec, s), cudaSuccess);
   CHECK_RC(cudaGraphExecDestroy(exec), cudaSuccess);
   CHECK_RC(cudaGraphDestroy(graph), cudaSuccess);
-  /* The output outlives the graph until its one free. */
+  CHECK_RC(cudaStreamSynchronize(s), cudaSuccess);
   if (!host) {
-    CHECK_RC(cudaFreeAsync(keep, s), cudaSuccess);
-    CHECK_RC(cudaFreeAsync(keep, s), cudaErrorInvalidValue);
-    (void)cudaGetLastError();
+    unsigned char kept = 0;
+    CHECK_RC(cudaMemcpy(&kept, keep, 1, cudaMemcpyDeviceToHost), cudaSuccess);
+    CHECK_EQ_INT(kept, 0x3c);
   }
+  CHECK_RC(cudaFreeAsync(keep, s), cudaSuccess);
+  CHECK_RC(cudaFreeAsync(keep, s), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
   CHECK_RC(cudaFreeAsync(out, s), cudaSuccess);
   CHECK_RC(cudaStreamSynchronize(s), cudaSuccess);
   CHECK_RC(cudaEventDestroy(fork), cudaSuccess);

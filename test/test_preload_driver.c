@@ -630,7 +630,8 @@ static void run_graph(void *arg) {
  * allocations, as through the runtime (test_preload's test_capture): the
  * driver's capture with a GPU, tidepool's own in the host mode, where the
  * driver's capture and graph calls are tidepool's too. The work runs at
- * every launch; the allocation the graph does not free is freed once. */
+ * every launch; the allocation the graph does not free is freed once after
+ * each. */
 static void test_capture(void) {
   bool host = expected_mode == MODE_HOST;
   CUstream s = NULL;
@@ -673,23 +674,31 @@ static void test_capture(void) {
       CHECK_RC(cu.stream_sync(s), CUDA_SUCCESS);
       CHECK_EQ_INT(back, 0x3c);
     }
-    /* tidepool sees the host mode's launches: the output is live after
-     * each until freed. */
-    if (host)
-      CHECK_RC(cu.free(keep, s), CUDA_SUCCESS);
+    /* tidepool sees the launches (with a GPU it adopted the driver's exec
+     * and launches it): the output is live after each until freed, which
+     * refuses another launch, and may be freed once. */
+    if (i == 0)
+      CHECK_RC(cu.graph_launch(exec, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_RC(cu.free(keep, s), CUDA_SUCCESS);
+    CHECK_RC(cu.free(keep, s), CUDA_ERROR_INVALID_VALUE);
   }
   if (host) {
     CHECK_EQ_INT(atomic_load(&run.runs), 3);
     CHECK_EQ_INT(atomic_load(&run.bad), 0);
   }
+  /* The output of the last launch outlives the graph until it is freed. */
+  CHECK_RC(cu.graph_launch(exec, s), CUDA_SUCCESS);
   CHECK_RC(cu.exec_destroy(exec), CUDA_SUCCESS);
   CHECK_RC(cu.graph_destroy(graph), CUDA_SUCCESS);
-  /* With a GPU, the output of launches tidepool did not see outlives the
-   * graph until its one free. */
+  CHECK_RC(cu.stream_sync(s), CUDA_SUCCESS);
   if (!host) {
-    CHECK_RC(cu.free(keep, s), CUDA_SUCCESS);
-    CHECK_RC(cu.free(keep, s), CUDA_ERROR_INVALID_VALUE);
+    unsigned char back = 0;
+    CHECK_RC(cu.memcpy_dtoh(&back, keep + 17, 1, s), CUDA_SUCCESS);
+    CHECK_RC(cu.stream_sync(s), CUDA_SUCCESS);
+    CHECK_EQ_INT(back, 0x3c);
   }
+  CHECK_RC(cu.free(keep, s), CUDA_SUCCESS);
+  CHECK_RC(cu.free(keep, s), CUDA_ERROR_INVALID_VALUE);
   CHECK_RC(cu.stream_sync(s), CUDA_SUCCESS);
   CHECK_RC(cu.stream_destroy(s), CUDA_SUCCESS);
 }

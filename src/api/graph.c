@@ -37,6 +37,9 @@ struct tp_graph_exec_opaque {
   tp__pexec *pe;
   tp__gmem *gm;
   bool auto_free;
+  /* The platform's exec is the application's (tp_graph_exec_adopt): its
+   * destruction here leaves the platform's exec alone. */
+  bool adopted;
   /* For a self-held gm (see tp__gmem_adopt): where the last launch was
    * queued, so that the graph's memory outlives it. The application
    * serialises calls on one exec, as CUDA asks. */
@@ -573,7 +576,8 @@ TP_API tp_error_t tp_graph_exec_destroy(tp_graph_exec_t exec) {
   bool may_run = exec->last.stream != NULL;
   if (exec->gm)
     tp__gmem_exec_destroyed(exec->gm, may_run);
-  tp_error_t err = tp__platform->graph_exec_destroy(exec->pe);
+  tp_error_t err =
+      exec->adopted ? TP_SUCCESS : tp__platform->graph_exec_destroy(exec->pe);
   pthread_mutex_unlock(&exec->graph->use);
   /* The last launch is watched outside the lock: watching may wait for it,
    * and its work may call into tidepool. */
@@ -599,6 +603,109 @@ TP_API tp_error_t tp_graph_destroy(tp_graph_t graph) {
   pthread_mutex_unlock(&graph->use);
   settle_running();
   return err;
+}
+
+/* ---- execs the application made ---------------------------------------------
+ * On cuda the application may end a capture in which tidepool allocated,
+ * and instantiate and launch its graph, with the driver. An exec adopted
+ * here is booked as tidepool's own: its graph handle is a shell around the
+ * driver's graph, which tidepool neither owns nor destroys. */
+
+static atomic_uint adopted_any;
+
+/* The live adopted exec of platform_exec; under handles_lock. */
+static struct tp_graph_exec_opaque *adopted_find(const void *platform_exec) {
+  struct tp_graph_exec_opaque *x = execs;
+  while (x && !(x->adopted && x->pe == platform_exec && atomic_load(&x->live)))
+    x = x->next;
+  return x;
+}
+
+static tp_error_t adopt(tp_graph_exec_t *exec, void *platform_exec,
+                        void *platform_graph, unsigned long long flags) {
+  tp__gmem *gm = tp__gmem_of_graph(platform_graph);
+  TP_RETURN_IF(!gm, TP_ERROR_INVALID_VALUE);
+  /* Adopting again is answered with the same exec (the interposer may see
+   * one instantiation at the runtime's level and at the driver's). The
+   * platform hands a destroyed exec's handle to a new one: an adopted exec
+   * with that handle and another graph is one whose destruction tidepool
+   * did not see. */
+  pthread_mutex_lock(&handles_lock);
+  struct tp_graph_exec_opaque *known = adopted_find(platform_exec);
+  if (known && known->gm == gm) {
+    known->auto_free = flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH;
+    *exec = known;
+  }
+  pthread_mutex_unlock(&handles_lock);
+  if (*exec)
+    return TP_SUCCESS;
+  if (known)
+    (void)tp_graph_exec_destroy(known);
+  struct tp_graph_opaque *g = calloc(1, sizeof *g);
+  TP_RETURN_IF(!g, TP_ERROR_OUT_OF_MEMORY);
+  g->magic = GRAPH_MAGIC;
+  atomic_init(&g->live, 1);
+  pthread_mutex_init(&g->use, NULL);
+  g->pg = platform_graph;
+  g->gm = gm;
+  struct tp_graph_exec_opaque *x = calloc(1, sizeof *x);
+  void (*release)(void *) = NULL;
+  void *arg = NULL;
+  tp_error_t err =
+      x ? tp__gmem_instantiate(gm, &release, &arg) : TP_ERROR_OUT_OF_MEMORY;
+  if (err != TP_SUCCESS) {
+    pthread_mutex_destroy(&g->use);
+    free(g);
+    free(x);
+    return err;
+  }
+  x->magic = EXEC_MAGIC;
+  atomic_init(&x->live, 1);
+  x->graph = g;
+  x->pe = platform_exec;
+  x->gm = gm;
+  x->auto_free = flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH;
+  x->adopted = true;
+  pthread_mutex_lock(&handles_lock);
+  x->next = execs;
+  execs = x;
+  atomic_store(&adopted_any, 1);
+  pthread_mutex_unlock(&handles_lock);
+  *exec = x;
+  return TP_SUCCESS;
+}
+
+TP_API tp_error_t tp_graph_exec_adopt(tp_graph_exec_t *exec,
+                                      void *platform_exec, void *platform_graph,
+                                      unsigned long long flags) {
+  TP_RETURN_IF(!exec, TP_ERROR_INVALID_VALUE);
+  *exec = NULL;
+  TP_RETURN_IF(!platform_exec || !platform_graph, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  /* Where tidepool maps at instantiation (host), it makes every exec. */
+  TP_RETURN_IF(!tp__platform->graph_maps_at_capture(), TP_ERROR_NOT_SUPPORTED);
+  /* Other flags (upload, device launch, priorities) are the platform's. */
+  return adopt(exec, platform_exec, platform_graph, flags);
+}
+
+TP_API tp_error_t tp_graph_exec_find(tp_graph_exec_t *exec,
+                                     const void *platform_exec) {
+  TP_RETURN_IF(!exec, TP_ERROR_INVALID_VALUE);
+  *exec = NULL;
+  TP_RETURN_IF(!platform_exec, TP_ERROR_INVALID_VALUE);
+  if (TP_LIKELY(!atomic_load_explicit(&adopted_any, memory_order_acquire)))
+    return TP_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&handles_lock);
+  *exec = adopted_find(platform_exec);
+  pthread_mutex_unlock(&handles_lock);
+  return *exec ? TP_SUCCESS : TP_ERROR_INVALID_VALUE;
+}
+
+TP_API tp_error_t tp_graph_forget(void *platform_graph) {
+  TP_RETURN_IF(!platform_graph, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  tp__gmem_forget_graph(platform_graph);
+  return TP_SUCCESS;
 }
 
 /* ---- graph memory -----------------------------------------------------------

@@ -51,6 +51,7 @@ struct tp__gmem {
   uint64_t capture_id;
   bool attached;    /* the graph, or an exec of it, lives */
   void *tie;        /* capture_attach's, for capture_detach */
+  tp__pgraph *pg;   /* the graph captured (the platform's handle) */
   token *token;     /* what the tie's release hands back */
   bool seen;        /* tidepool ended the capture: it sees every launch */
   bool failed;      /* the capture ended in failure: no graph holds it */

@@ -134,7 +134,7 @@ static void collect(bool poll) {
     if (t->graph) {
       gm->attached = false;
       gm->token = NULL;
-      if (!gm->seen && tp__platform->graph_maps_at_capture())
+      if (!gm->seen && !gm->sealed && tp__platform->graph_maps_at_capture())
         keep_outputs(gm);
     }
     if (!t->graph || tp__platform->graph_maps_at_capture())
@@ -181,7 +181,8 @@ static tp_error_t gmem_of(tp__pstream *ps, uint64_t capture_id,
     return TP_ERROR_OUT_OF_MEMORY;
   }
   *t = (token){.gm = gm, .graph = true};
-  tp_error_t err = tp__platform->capture_attach(ps, on_release, t, &gm->tie);
+  tp_error_t err =
+      tp__platform->capture_attach(ps, on_release, t, &gm->tie, &gm->pg);
   if (err != TP_SUCCESS) {
     free(gm);
     free(t);
@@ -332,6 +333,24 @@ tp__gmem *tp__gmem_of_capture(uint64_t capture_id) {
   tp__gmem *gm = gmem_find(capture_id);
   pthread_mutex_unlock(&lock);
   return gm;
+}
+
+tp__gmem *tp__gmem_of_graph(const tp__pgraph *pg) {
+  pthread_mutex_lock(&lock);
+  collect(false);
+  tp__gmem *gm = gmems;
+  while (gm && !(gm->pg == pg && gm->attached && !gm->failed && !gm->seen))
+    gm = gm->next_gm;
+  pthread_mutex_unlock(&lock);
+  return gm;
+}
+
+void tp__gmem_forget_graph(const tp__pgraph *pg) {
+  pthread_mutex_lock(&lock);
+  for (tp__gmem *gm = gmems; gm; gm = gm->next_gm)
+    if (gm->pg == pg && !gm->seen)
+      gm->pg = NULL;
+  pthread_mutex_unlock(&lock);
 }
 
 bool tp__gmem_has_allocations(const tp__gmem *gm) {

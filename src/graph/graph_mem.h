@@ -74,6 +74,15 @@ tp_error_t tp__gmem_free(tp__pstream *ps, int device, void *ptr, bool *claimed);
  * nothing. Valid while the capture's graph lives. */
 tp__gmem *tp__gmem_of_capture(uint64_t capture_id);
 
+/* The graph memory tied to the platform's graph `pg` (one whose capture
+ * the application ended itself), or NULL: the newest such, since the
+ * platform may give a destroyed graph's handle to a new one. Valid while
+ * that graph or an exec of it lives. */
+tp__gmem *tp__gmem_of_graph(const tp__pgraph *pg);
+/* The platform's graph `pg` is being destroyed by its owner: its handle no
+ * longer names graph memory (the memory itself lives on with its execs). */
+void tp__gmem_forget_graph(const tp__pgraph *pg);
+
 /* Whether a graph's memory has allocations or frees (and so one exec at a
  * time). */
 bool tp__gmem_has_allocations(const tp__gmem *gm);

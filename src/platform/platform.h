@@ -233,9 +233,10 @@ typedef struct tp__platform_ops {
    * once that graph and every exec made from it are destroyed and their
    * launches have completed, or once the capture fails. It runs on any
    * thread and must not call the platform or tidepool (cuda's user-object
-   * destructor rule). *tie names the tie for capture_detach. */
+   * destructor rule). *tie names the tie for capture_detach; *graph is
+   * the graph being captured, the handle its capture's end will give. */
   tp_error_t (*capture_attach)(tp__pstream *ps, void (*release)(void *),
-                               void *arg, void **tie);
+                               void *arg, void **tie, tp__pgraph **graph);
   /* Undoes capture_attach for a graph that capture_end returned, whose
    * execs and launches tidepool therefore sees: its release will not be
    * called, and neither the graph nor its execs carry the tie any more

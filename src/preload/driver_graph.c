@@ -1,12 +1,16 @@
-/* The driver's stream capture and graph calls in the host mode, as
- * graph.c does for the runtime's: with TIDEPOOL_PRELOAD=host the streams
- * are tidepool's, so tidepool captures them, and its graphs are handed out
- * as the driver's handles. These entries are handed out only then; with a
- * GPU the driver captures, and tidepool's capture path follows it. */
+/* The driver's stream capture and graph calls, as graph.c does for the
+ * runtime's: with TIDEPOOL_PRELOAD=host the streams are tidepool's, so
+ * tidepool captures them, and its graphs are handed out as the driver's
+ * handles (the capture entries are handed out only then). With a GPU the
+ * driver captures, and tidepool's capture path follows it; the driver
+ * instantiates and launches too, but each exec is adopted as it is made
+ * (tp_graph_exec_adopt), so that tidepool books the launches of the graphs
+ * it allocated in. */
 #include "driver.h"
 
 static _Atomic(tp__pl_fn) r_begin, r_begin_ptsz, r_end, r_end_ptsz,
-    r_is_capturing, r_is_capturing_ptsz, r_instantiate, r_launch, r_launch_ptsz,
+    r_is_capturing, r_is_capturing_ptsz, r_instantiate, r_instantiate_12,
+    r_instantiate_params, r_instantiate_params_ptsz, r_launch, r_launch_ptsz,
     r_exec_destroy, r_graph_destroy;
 
 /* Whether the host mode answers; *err when the call can go nowhere. */
@@ -92,32 +96,122 @@ static tp_error_t instantiate_graph(CUgraphExec *exec, CUgraph graph,
   return err;
 }
 
+/* With a GPU: the driver's exec of `graph` is adopted after the driver's
+ * `r` succeeded (quietly refused for a graph tidepool did not allocate
+ * in). Returns r. */
+static CUresult adopt(CUresult r, CUgraphExec exec, CUgraph graph,
+                      unsigned long long flags) {
+  CUresult err;
+  tp_graph_exec_t x = NULL;
+  if (r == CUDA_SUCCESS && exec &&
+      tp__pl_drv_enter(false, &err) == TP_PL_DRV_OURS)
+    (void)tp_graph_exec_adopt(&x, exec, graph, flags);
+  return r;
+}
+
+/* The adopted exec of the driver's `exec`, or NULL. */
+static tp_graph_exec_t adopted(CUgraphExec exec) {
+  tp_graph_exec_t x = NULL;
+  if (tp__pl_on())
+    (void)tp_graph_exec_find(&x, exec);
+  return x;
+}
+
+/* cuGraphInstantiateWithFlags, and cuGraphInstantiate from CUDA 12 on
+ * (the same function under another name, in its own slot). */
+static CUresult instantiate_in(_Atomic(tp__pl_fn) *slot, CUgraphExec *exec,
+                               CUgraph graph, unsigned long long flags) {
+  CUresult err;
+  if (host_answers(&err))
+    return tp__pl_drv_error(instantiate_graph(exec, graph, flags));
+  if (err != CUDA_SUCCESS)
+    return err;
+  CUresult r = TP_PL_DRV_CALL(*slot, PFN_cuGraphInstantiateWithFlags_v11040,
+                              (exec, graph, flags));
+  return adopt(r, exec ? *exec : NULL, graph, flags);
+}
+
 static CUresult instantiate(CUgraphExec *exec, CUgraph graph,
                             unsigned long long flags) {
-  HOST_OR_DRIVER(instantiate_graph(exec, graph, flags), r_instantiate,
-                 PFN_cuGraphInstantiateWithFlags_v11040, (exec, graph, flags));
+  return instantiate_in(&r_instantiate, exec, graph, flags);
+}
+
+static CUresult instantiate_12(CUgraphExec *exec, CUgraph graph,
+                               unsigned long long flags) {
+  return instantiate_in(&r_instantiate_12, exec, graph, flags);
+}
+
+/* The host mode takes the flags; an upload stream is the driver's. */
+static CUresult instantiate_params_in(_Atomic(tp__pl_fn) *slot,
+                                      CUgraphExec *exec, CUgraph graph,
+                                      CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+  CUresult err;
+  if (host_answers(&err))
+    return tp__pl_drv_error(params
+                                ? instantiate_graph(exec, graph, params->flags)
+                                : TP_ERROR_INVALID_VALUE);
+  if (err != CUDA_SUCCESS)
+    return err;
+  CUresult r = TP_PL_DRV_CALL(*slot, PFN_cuGraphInstantiateWithParams_v12000,
+                              (exec, graph, params));
+  return adopt(r, exec ? *exec : NULL, graph, params ? params->flags : 0);
+}
+
+static CUresult instantiate_params(CUgraphExec *exec, CUgraph graph,
+                                   CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+  return instantiate_params_in(&r_instantiate_params, exec, graph, params);
+}
+
+static CUresult instantiate_params_ptsz(CUgraphExec *exec, CUgraph graph,
+                                        CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+  return instantiate_params_in(&r_instantiate_params_ptsz, exec, graph, params);
+}
+
+/* An adopted exec is launched by tidepool, which launches the driver's. */
+static CUresult launch_in(_Atomic(tp__pl_fn) *slot, CUgraphExec exec,
+                          CUstream stream, bool per_thread) {
+  CUresult err;
+  if (host_answers(&err))
+    return tp__pl_drv_error(tp_graph_launch((tp_graph_exec_t)exec,
+                                            tp__pl_stream(stream, per_thread)));
+  if (err != CUDA_SUCCESS)
+    return err;
+  tp_graph_exec_t x = adopted(exec);
+  if (x && tp__pl_drv_enter(false, &err) == TP_PL_DRV_OURS)
+    return tp__pl_drv_error(
+        tp_graph_launch(x, tp__pl_stream(stream, per_thread)));
+  return TP_PL_DRV_CALL(*slot, PFN_cuGraphLaunch_v10000, (exec, stream));
 }
 
 static CUresult launch(CUgraphExec exec, CUstream stream) {
-  HOST_OR_DRIVER(
-      tp_graph_launch((tp_graph_exec_t)exec, tp__pl_stream(stream, false)),
-      r_launch, PFN_cuGraphLaunch_v10000, (exec, stream));
+  return launch_in(&r_launch, exec, stream, false);
 }
 
 static CUresult launch_ptsz(CUgraphExec exec, CUstream stream) {
-  HOST_OR_DRIVER(
-      tp_graph_launch((tp_graph_exec_t)exec, tp__pl_stream(stream, true)),
-      r_launch_ptsz, PFN_cuGraphLaunch_v10000, (exec, stream));
+  return launch_in(&r_launch_ptsz, exec, stream, true);
 }
 
 static CUresult exec_destroy(CUgraphExec exec) {
-  HOST_OR_DRIVER(tp_graph_exec_destroy((tp_graph_exec_t)exec), r_exec_destroy,
-                 PFN_cuGraphExecDestroy_v10000, (exec));
+  CUresult err;
+  if (host_answers(&err))
+    return tp__pl_drv_error(tp_graph_exec_destroy((tp_graph_exec_t)exec));
+  if (err != CUDA_SUCCESS)
+    return err;
+  tp_graph_exec_t x = adopted(exec);
+  if (x)
+    (void)tp_graph_exec_destroy(x);
+  return TP_PL_DRV_CALL(r_exec_destroy, PFN_cuGraphExecDestroy_v10000, (exec));
 }
 
 static CUresult graph_destroy(CUgraph graph) {
-  HOST_OR_DRIVER(tp_graph_destroy((tp_graph_t)graph), r_graph_destroy,
-                 PFN_cuGraphDestroy_v10000, (graph));
+  CUresult err;
+  if (host_answers(&err))
+    return tp__pl_drv_error(tp_graph_destroy((tp_graph_t)graph));
+  if (err != CUDA_SUCCESS)
+    return err;
+  if (graph && tp__pl_on())
+    (void)tp_graph_forget(graph);
+  return TP_PL_DRV_CALL(r_graph_destroy, PFN_cuGraphDestroy_v10000, (graph));
 }
 
 /* ---- the entries -------------------------------------------------------- */
@@ -138,14 +232,22 @@ const tp__pl_drv_entry tp__pl_drv_graph_entries[] = {
     {"cuStreamIsCapturing", "cuStreamIsCapturing_ptsz", 10000, true, true,
      FN(is_capturing_ptsz), &r_is_capturing_ptsz},
     {"cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags", 11040, false,
-     true, FN(instantiate), &r_instantiate},
-    {"cuGraphLaunch", "cuGraphLaunch", 10000, false, true, FN(launch),
+     false, FN(instantiate), &r_instantiate},
+    /* The name, at 12000, is cuGraphInstantiateWithFlags (cuda.h); the
+     * symbol cuGraphInstantiate is the old call, which is left alone. */
+    {"cuGraphInstantiate", "cuGraphInstantiateWithFlags", 12000, false, false,
+     FN(instantiate_12), &r_instantiate_12},
+    {"cuGraphInstantiateWithParams", "cuGraphInstantiateWithParams", 12000,
+     false, false, FN(instantiate_params), &r_instantiate_params},
+    {"cuGraphInstantiateWithParams", "cuGraphInstantiateWithParams_ptsz", 12000,
+     true, false, FN(instantiate_params_ptsz), &r_instantiate_params_ptsz},
+    {"cuGraphLaunch", "cuGraphLaunch", 10000, false, false, FN(launch),
      &r_launch},
-    {"cuGraphLaunch", "cuGraphLaunch_ptsz", 10000, true, true, FN(launch_ptsz),
+    {"cuGraphLaunch", "cuGraphLaunch_ptsz", 10000, true, false, FN(launch_ptsz),
      &r_launch_ptsz},
-    {"cuGraphExecDestroy", "cuGraphExecDestroy", 10000, false, true,
+    {"cuGraphExecDestroy", "cuGraphExecDestroy", 10000, false, false,
      FN(exec_destroy), &r_exec_destroy},
-    {"cuGraphDestroy", "cuGraphDestroy", 10000, false, true, FN(graph_destroy),
+    {"cuGraphDestroy", "cuGraphDestroy", 10000, false, false, FN(graph_destroy),
      &r_graph_destroy},
 };
 const size_t tp__pl_drv_graph_count =

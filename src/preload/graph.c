@@ -1,9 +1,11 @@
 /* The runtime's stream capture and graph calls: with TIDEPOOL_PRELOAD=host
  * tidepool's own (the host platform's streams are tidepool's, so only it
- * can capture them); otherwise the runtime's, untouched, since the driver
- * captures and launches and tidepool's graph memory is tied to the driver's
- * graphs by user objects. The graph memory attributes and trim answer for
- * both: the driver's graph memory and tidepool's. */
+ * can capture them); otherwise the runtime's, since the driver captures
+ * and launches and tidepool's graph memory is tied to the driver's graphs
+ * by user objects, but for the execs: each is adopted as it is made
+ * (tp_graph_exec_adopt), so that tidepool books the launches of graphs it
+ * allocated in. The graph memory attributes and trim answer for both: the
+ * driver's graph memory and tidepool's. */
 #include "preload.h"
 
 typedef cudaError_t (*begin_fn)(cudaStream_t, enum cudaStreamCaptureMode);
@@ -137,6 +139,23 @@ TP_PL_EXPORT cudaError_t cudaStreamIsCapturing_ptsz(
 /* ---- graphs and execs -------------------------------------------------------
  */
 
+/* With a GPU: tidepool adopts the exec the runtime made of `graph`, which
+ * it refuses quietly for a graph it did not allocate in. */
+static void adopt(cudaGraphExec_t exec, cudaGraph_t graph,
+                  unsigned long long flags) {
+  tp_graph_exec_t x = NULL;
+  if (exec && tp__pl_active() && tp__pl_enter(false) == cudaSuccess)
+    (void)tp_graph_exec_adopt(&x, exec, graph, flags);
+}
+
+/* The adopted exec of the runtime's `exec`, or NULL. */
+static tp_graph_exec_t adopted(cudaGraphExec_t exec) {
+  tp_graph_exec_t x = NULL;
+  if (tp__pl_on())
+    (void)tp_graph_exec_find(&x, exec);
+  return x;
+}
+
 static cudaError_t instantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
                                unsigned long long flags) {
   tp_graph_exec_t made = NULL;
@@ -155,14 +174,20 @@ TP_PL_EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec,
                                               unsigned long long flags) {
   if (host_captures())
     return instantiate(exec, graph, flags);
-  return REAL(cudaGraphInstantiate, (exec, graph, flags));
+  cudaError_t r = REAL(cudaGraphInstantiate, (exec, graph, flags));
+  if (r == cudaSuccess)
+    adopt(*exec, graph, flags);
+  return r;
 }
 
 TP_PL_EXPORT cudaError_t cudaGraphInstantiateWithFlags(
     cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags) {
   if (host_captures())
     return instantiate(exec, graph, flags);
-  return REAL(cudaGraphInstantiateWithFlags, (exec, graph, flags));
+  cudaError_t r = REAL(cudaGraphInstantiateWithFlags, (exec, graph, flags));
+  if (r == cudaSuccess)
+    adopt(*exec, graph, flags);
+  return r;
 }
 
 TP_PL_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t exec,
@@ -170,6 +195,9 @@ TP_PL_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t exec,
   if (host_captures())
     HOST_ANSWER(
         tp_graph_launch((tp_graph_exec_t)exec, tp__pl_stream(stream, false)));
+  tp_graph_exec_t x = adopted(exec);
+  if (x)
+    HOST_ANSWER(tp_graph_launch(x, tp__pl_stream(stream, false)));
   return REAL(cudaGraphLaunch, (exec, stream));
 }
 
@@ -178,18 +206,26 @@ TP_PL_EXPORT cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t exec,
   if (host_captures())
     HOST_ANSWER(
         tp_graph_launch((tp_graph_exec_t)exec, tp__pl_stream(stream, true)));
+  tp_graph_exec_t x = adopted(exec);
+  if (x)
+    HOST_ANSWER(tp_graph_launch(x, tp__pl_stream(stream, true)));
   return REAL(cudaGraphLaunch_ptsz, (exec, stream));
 }
 
 TP_PL_EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
   if (host_captures())
     HOST_ANSWER(tp_graph_exec_destroy((tp_graph_exec_t)exec));
+  tp_graph_exec_t x = adopted(exec);
+  if (x)
+    (void)tp_graph_exec_destroy(x);
   return REAL(cudaGraphExecDestroy, (exec));
 }
 
 TP_PL_EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   if (host_captures())
     HOST_ANSWER(tp_graph_destroy((tp_graph_t)graph));
+  if (graph && tp__pl_on())
+    (void)tp_graph_forget(graph);
   return REAL(cudaGraphDestroy, (graph));
 }
 

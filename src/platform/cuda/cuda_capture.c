@@ -204,10 +204,17 @@ tp_error_t tp__cu_capture_status(tp__pstream *ps, tp_capture_status_t *status,
 
 /* The driver has no call that invalidates a capture, but it invalidates
  * one whose stream is queried, as CUDA's rules say: tidepool asks that
- * illegal question on purpose, and expects the refusal. */
+ * illegal question on purpose, and expects the refusal. For the legacy
+ * stream while blocking streams capture (the status answers IMPLICIT),
+ * querying it invalidates those captures, as the driver's own allocation
+ * there would. */
 tp_error_t tp__cu_capture_invalidate(tp__pstream *ps) {
   tp_capture_status_t status;
-  TP_FORWARD(tp__cu_capture_status(ps, &status, NULL));
+  tp_error_t err = tp__cu_capture_status(ps, &status, NULL);
+  if (err == TP_ERROR_STREAM_CAPTURE_IMPLICIT)
+    status = TP_CAPTURE_STATUS_ACTIVE;
+  else
+    TP_FORWARD(err);
   if (status != TP_CAPTURE_STATUS_ACTIVE)
     return TP_SUCCESS;
   TP_CU_ON_STREAM(ps, ((void)tp__cu.cuStreamQuery(s_), CUDA_SUCCESS));
@@ -420,7 +427,7 @@ static void holder_destroy(void *p) {
 }
 
 static tp_error_t attach(CUstream s, void (*release)(void *), void *arg,
-                         void **tie) {
+                         void **tie, tp__pgraph **graph) {
   TP_CU_NEED(cuUserObjectCreate);
   TP_CU_NEED(cuUserObjectRelease);
   TP_CU_NEED(cuGraphRetainUserObject);
@@ -448,15 +455,16 @@ static tp_error_t attach(CUstream s, void (*release)(void *), void *arg,
     return tp__cu_error(r);
   }
   *tie = h;
+  *graph = (tp__pgraph *)g;
   return TP_SUCCESS;
 }
 
 tp_error_t tp__cu_capture_attach(tp__pstream *ps, void (*release)(void *),
-                                 void *arg, void **tie) {
+                                 void *arg, void **tie, tp__pgraph **graph) {
   CUstream s;
   tp__cu_scope scope;
   TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
-  tp_error_t err = attach(s, release, arg, tie);
+  tp_error_t err = attach(s, release, arg, tie, graph);
   tp__cu_scope_leave(&scope);
   return err;
 }

@@ -270,7 +270,7 @@ tp_error_t tp__cu_capture_point(tp__pstream *ps, tp__pnode *node);
 tp_error_t tp__cu_capture_follows(tp__pstream *ps, const tp__pnode *nodes,
                                   size_t n, unsigned char *out);
 tp_error_t tp__cu_capture_attach(tp__pstream *ps, void (*release)(void *),
-                                 void *arg, void **tie);
+                                 void *arg, void **tie, tp__pgraph **graph);
 tp_error_t tp__cu_capture_detach(tp__pgraph *graph, void *tie);
 tp_error_t tp__cu_capture_event_record(tp__pevent *ev, tp__pstream *ps);
 tp_error_t tp__cu_capture_event_wait(tp__pstream *ps, tp__pevent *ev);

@@ -544,8 +544,8 @@ tp_error_t tp__host_capture_follows(tp__pstream *ps, const tp__pnode *nodes,
 }
 
 tp_error_t tp__host_capture_attach(tp__pstream *ps, void (*release)(void *),
-                                   void *arg, void **tie) {
-  TP_RETURN_IF(!ps || !release || !tie, TP_ERROR_INVALID_VALUE);
+                                   void *arg, void **tie, tp__pgraph **graph) {
+  TP_RETURN_IF(!ps || !release || !tie || !graph, TP_ERROR_INVALID_VALUE);
   *tie = arg;
   tp_error_t err = TP_SUCCESS;
   pthread_mutex_lock(&mu);
@@ -557,6 +557,7 @@ tp_error_t tp__host_capture_attach(tp__pstream *ps, void (*release)(void *),
     err = TP_ERROR_OUT_OF_MEMORY;
   else
     g->releases[g->nreleases++] = (release_fn){release, arg};
+  *graph = g;
   pthread_mutex_unlock(&mu);
   return err;
 }
