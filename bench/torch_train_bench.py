@@ -260,7 +260,9 @@ def child(args):
 # The parent: one child per allocator (and round), then the comparison.
 # ---------------------------------------------------------------------------
 
-def run_child(name, cfg, args):
+def child_env(name, args):
+    """(env, None): the environment of a child that trains under allocator
+    `name`; (None, why) where it cannot run."""
     env = dict(os.environ)
     env.pop("PYTORCH_ALLOC_CONF", None)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
@@ -278,6 +280,13 @@ def run_child(name, cfg, args):
             return None, "tidepool-run needs TIDEPOOL_PRELOAD_LIB (libtidepool_preload.so)"
         env["LD_PRELOAD"] = os.path.abspath(lib) + (
             ":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
+    return env, None
+
+
+def run_child(name, cfg, args):
+    env, err = child_env(name, args)
+    if err:
+        return None, err
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name,
            "--config", json.dumps(cfg)] + (["--pin", args.pin] if args.pin else [])
     t0 = time.time()

@@ -51,14 +51,27 @@ static void test_config(void) {
   CHECK_EQ_U64(config_with(thr, "lots").release_threshold, UINT64_MAX);
   CHECK_EQ_U64(config_with(thr, "-1").release_threshold, UINT64_MAX);
 
+  /* The slack: 2.5% unless a variable says otherwise; an unparsable value
+   * is reported and leaves that default. */
   const char *slack = "TIDEPOOL_TORCH_GROWTH_SLACK";
-  CHECK_EQ_U64(c.growth_slack, UINT64_MAX);
-  CHECK_EQ_U64(config_with(slack, "25000").growth_slack, 25000);
+  CHECK_EQ_U64(c.growth_slack, 25000);
+  CHECK_EQ_U64(config_with(slack, "3906").growth_slack, 3906);
   CHECK_EQ_U64(config_with(slack, "0").growth_slack, 0);
   CHECK_EQ_U64(config_with(slack, "1000000").growth_slack, 1000000);
-  CHECK_EQ_U64(config_with(slack, "1000001").growth_slack, UINT64_MAX);
-  CHECK_EQ_U64(config_with(slack, "-5").growth_slack, UINT64_MAX);
-  CHECK_EQ_U64(config_with(slack, "2.5%").growth_slack, UINT64_MAX);
+  CHECK_EQ_U64(config_with(slack, "1000001").growth_slack, 25000);
+  CHECK_EQ_U64(config_with(slack, "-5").growth_slack, 25000);
+  CHECK_EQ_U64(config_with(slack, "2.5%").growth_slack, 25000);
+  /* Every pool's starting slack, where the user set it, rules the PyTorch
+   * pool too (UINT64_MAX: the pool keeps its own), unless the PyTorch
+   * variable is set as well. */
+  setenv("TIDEPOOL_GROWTH_SLACK", "5000", 1);
+  tp__torch_config g;
+  tp__torch_read_config(&g);
+  CHECK_EQ_U64(g.growth_slack, UINT64_MAX);
+  setenv(slack, "7000", 1);
+  tp__torch_read_config(&g);
+  CHECK_EQ_U64(g.growth_slack, 7000);
+  unsetenv("TIDEPOOL_GROWTH_SLACK");
 
   for (int i = 0; i < 3; i++) {
     const char *name = vars[1 + i];
@@ -96,7 +109,7 @@ static void test_config_applied(void) {
   CHECK_EQ_U64(threshold, 64 * MiB);
   uint64_t slack = 0;
   CHECK_OK(tp_pool_get_attribute(pool, TP_POOL_ATTR_GROWTH_SLACK, &slack));
-  CHECK_EQ_U64(slack, 25000);
+  CHECK_EQ_U64(slack, 12345);
   CHECK_EQ_INT(follow, 1); /* unset: the pool's default */
   CHECK_EQ_INT(opportunistic, 0);
   CHECK_EQ_INT(internal, 1);
@@ -361,7 +374,7 @@ int main(void) {
   /* What the entry points will read at their first call. */
   setenv("TIDEPOOL_TORCH_RELEASE_THRESHOLD", "64M", 1);
   setenv("TIDEPOOL_TORCH_REUSE_OPPORTUNISTIC", "0", 1);
-  setenv("TIDEPOOL_TORCH_GROWTH_SLACK", "25000", 1);
+  setenv("TIDEPOOL_TORCH_GROWTH_SLACK", "12345", 1);
   snprintf(trace_path, sizeof trace_path, "/tmp/tp_torch_trace_%d.csv",
            (int)getpid());
   setenv("TIDEPOOL_TORCH_TRACE", trace_path, 1);

@@ -62,10 +62,12 @@ void tp__current_pools_forget(tp_pool_t pool);
  * so that a test can read it again after changing the environment. */
 typedef struct tp__torch_config {
   uint64_t release_threshold;
-  uint64_t growth_slack; /* parts per million; UINT64_MAX: unset */
+  uint64_t growth_slack; /* parts per million; UINT64_MAX: the pool's */
   int reuse[3]; /* follow events, opportunistic, internal deps; -1: unset */
 } tp__torch_config;
 void tp__torch_read_config(tp__torch_config *cfg);
+/* The PyTorch pool's growth slack where no variable sets one (ppm). */
+#define TP_TORCH_GROWTH_SLACK 25000u
 
 /* Writes out what TIDEPOOL_TORCH_TRACE has recorded so far (a no-op when it
  * is not set), for tests that read the file back while the process runs. */

@@ -41,10 +41,19 @@ void tp__torch_read_config(tp__torch_config *cfg) {
     else
       cfg->release_threshold = v;
   }
+  /* 2.5% by default, where no variable says otherwise: once a training
+   * loop's pool has reached its peak, the library's 1/256 still moves about
+   * ten chunks a step to gather room for the largest tensors, which cost
+   * 3-4% of a GPT step on an H200; at 2.5% it moves none, for about half a
+   * percent more memory (bench/RESULTS.md, "Step times in lockstep").
+   * TIDEPOOL_GROWTH_SLACK, every pool's starting slack, is left to rule
+   * where the user set it. */
   name = "TIDEPOOL_TORCH_GROWTH_SLACK";
   bool bad = false;
+  const char *all = getenv("TIDEPOOL_GROWTH_SLACK");
   cfg->growth_slack =
-      tp__env_count(name, UINT64_MAX, TP_GROWTH_SLACK_MAX, &bad);
+      tp__env_count(name, all && *all ? UINT64_MAX : TP_TORCH_GROWTH_SLACK,
+                    TP_GROWTH_SLACK_MAX, &bad);
   if (bad)
     tp__env_warn(name, "parts per million from 0 to 1000000");
   for (int i = 0; i < 3; i++) {

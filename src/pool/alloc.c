@@ -188,8 +188,8 @@ static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
     /* The first block is the caller's; the rest wait in the cache. */
     tp__blspin_lock(&s->lock);
     uint32_t kept = 1;
-    while (kept < n && c->cls[cls].n < TP_SMALL_CACHE)
-      c->cls[cls].v[c->cls[cls].n++] = got[kept++];
+    while (kept < n && c->n[cls] < TP_SMALL_CACHE)
+      c->v[cls][c->n[cls]++] = got[kept++];
     rose = tp__cache_count_up(c, (int64_t)size, peak_gen(p));
     tp__blspin_unlock(&s->lock);
     tp__cache_give_back(&p->caches, s, cls, false, got + kept, n - kept);
@@ -207,12 +207,15 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
   tp__block *b = NULL;
   tp_error_t err = TP_ERROR_INVALID_VALUE;
   bool rose = false;
+  tp__cache *c = NULL;
   tp__mutex_lock(&p->lock);
   if (!p->torn_down) {
     /* The stream's own cached blocks go back first, so that they merge
      * with their neighbours before the search. */
-    if (tp__caches_drain_one(&p->caches, s) ||
-        tp__cache_ensure(&p->caches, s)) {
+    c = tp__caches_drain_one(&p->caches, s);
+    if (!c)
+      c = tp__cache_ensure(&p->caches, s);
+    if (c) {
       tp__reuse ctx = reuse_of(p);
       err = tp__reuse_large(&ctx, s, r, true, &b);
     } else {
@@ -224,12 +227,11 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
     tp__block_release(&p->heap, b);
     err = TP_ERROR_OUT_OF_MEMORY;
   }
-  if (err == TP_SUCCESS) {
+  if (err == TP_SUCCESS && c) {
     tp__tag_clear(&b->tag); /* the user's now, in stream order on `s` */
     *ptr = finish_large(p, b, size);
     tp__blspin_lock(&s->lock);
-    rose = tp__cache_count_up(tp__cache_find(s, &p->caches), (int64_t)size,
-                              peak_gen(p));
+    rose = tp__cache_count_up(c, (int64_t)size, peak_gen(p));
     tp__blspin_unlock(&s->lock);
   }
   TP_DEBUG_WALK(p);

@@ -49,8 +49,8 @@ void tp__cache_give_back(tp__caches *set, tp__stream *s, unsigned cls,
 
 uint32_t tp__cache_evict(tp__cache *c, unsigned cls, bool large,
                          tp__centry *out) {
-  tp__centry *v = large ? c->large : c->cls[cls].v;
-  uint32_t *n = large ? &c->nlarge : &c->cls[cls].n;
+  tp__centry *v = large ? c->large : c->v[cls];
+  uint8_t *n = &c->n[large ? TP_NCLASSES : cls];
   uint32_t cap = large ? TP_LARGE_CACHE : TP_SMALL_CACHE;
   if (*n < cap)
     return 0;
@@ -70,9 +70,8 @@ static uint32_t filled(tp__cache *c, bool locked) {
   uint32_t m = 0;
   if (locked)
     tp__blspin_lock(&c->stream->lock);
-  for (unsigned cls = 0; cls < TP_NCLASSES; cls++)
-    m |= (uint32_t)(c->cls[cls].n != 0) << cls;
-  m |= (uint32_t)(c->nlarge != 0) << TP_NCLASSES;
+  for (unsigned cls = 0; cls <= TP_NCLASSES; cls++)
+    m |= (uint32_t)(c->n[cls] != 0) << cls;
   if (locked)
     tp__blspin_unlock(&c->stream->lock);
   return m;
@@ -89,12 +88,9 @@ static void drain(tp__caches *set, tp__cache *c, bool locked) {
     bool large = cls == TP_NCLASSES;
     if (locked)
       tp__blspin_lock(&s->lock);
-    uint32_t n = large ? c->nlarge : c->cls[cls].n;
-    memcpy(v, large ? c->large : c->cls[cls].v, n * sizeof v[0]);
-    if (large)
-      c->nlarge = 0;
-    else
-      c->cls[cls].n = 0;
+    uint32_t n = c->n[cls];
+    memcpy(v, large ? c->large : c->v[cls], n * sizeof v[0]);
+    c->n[cls] = 0;
     if (locked)
       tp__blspin_unlock(&s->lock);
     tp__cache_give_back(set, s, cls, large, v, n);

@@ -41,37 +41,41 @@ typedef struct tp__pool_ops {
 } tp__pool_ops;
 
 struct tp__pool {
-  tp_pool_t handle;
-  uint64_t serial;
-  tp_pool_props_t props;
-  bool is_default;
-  bool imported;           /* from another process: cannot allocate */
-  const tp__pool_ops *ops; /* NULL for a pool no other process shares */
-  tp__ipc_export *exp;
-  tp__ipc_import *imp;
-  uint64_t export_key; /* keys the check word of exported pointers */
+  /* The first line holds what every allocation and free reads here: the
+   * fields up to `space` and the space's first ones (space.h), so that a
+   * call in a busy process misses on one line of the pool, not five. */
+  _Alignas(64) uint64_t serial;
+  /* Raised by every reset of the used high watermark, so that each thread
+   * forgets the mark it kept for itself (see pool.c). */
+  _Atomic uint64_t peak_gen;
   /* Allocations whose free ops->free must see first (exported ones not
    * yet freed, or freed but still held by an importer). It is raised
    * before the export returns, so a free ordered after it sees it. */
   _Atomic uint32_t watched;
+  bool imported; /* from another process: cannot allocate */
+  _Atomic bool destroyed;
+  tp__space space;
+
+  tp_pool_t handle;
+  tp_pool_props_t props;
+  bool is_default;
+  bool torn_down;
+  const tp__pool_ops *ops; /* NULL for a pool no other process shares */
+  tp__ipc_export *exp;
+  tp__ipc_import *imp;
+  uint64_t export_key; /* keys the check word of exported pointers */
 
   _Atomic int follow_events, opportunistic, internal_deps, oom_wait;
   _Atomic uint64_t release_threshold;
   _Atomic uint64_t growth_slack; /* parts per million (reuse.h) */
-  /* Raised by every reset of the used high watermark, so that each thread
-   * forgets the mark it kept for itself (see pool.c). */
-  _Atomic uint64_t peak_gen;
   /* The exact peak of bytes in use, on a line of its own, away from the
    * fields every call reads. */
   _Alignas(64) _Atomic uint64_t used_high;
 
   tp__mutex lock; /* the slow path: the rooms below and their lists */
-  tp__space space;
   tp__heap heap;
   tp__slabs slabs;
   tp__caches caches;
-  _Atomic bool destroyed;
-  bool torn_down;
 };
 
 /* ---- registry.c ---------------------------------------------------------

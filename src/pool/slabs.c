@@ -119,7 +119,7 @@ tp_error_t tp__slabs_make(tp__slabs *ss, unsigned cls, tp__block *b) {
   tp__slab *s = ss->spare;
   if (s) {
     ss->spare = s->next;
-  } else if ((s = calloc(1, sizeof *s)) != NULL) {
+  } else if ((s = aligned_alloc(_Alignof(tp__slab), sizeof *s)) != NULL) {
     s->req = calloc(SLAB_MAX_BLOCKS, sizeof *s->req);
     if (!s->req) {
       free(s);

@@ -12,13 +12,14 @@
 #define TP_NCLASSES 20
 
 struct tp__slab {
-  tp__block *block;
-  uintptr_t base;
+  /* The first line: all that an allocation or a free reads here. */
+  _Alignas(64) uintptr_t base;
   uint64_t inv; /* 2^40 / bsize, rounded up: an index without a division */
-  uint32_t cls, bsize, nblocks, nfree; /* nfree: bits set in `free` */
-  uint64_t free[2];                    /* bit set: free and completed */
-  tp__slab *next, *prev; /* the class's list of slabs with free bits */
   _Atomic uint32_t *req; /* bytes asked for per block; 0 when not used */
+  uint32_t cls, bsize, nblocks, nfree; /* nfree: bits set in `free` */
+  tp__block *block;
+  uint64_t free[2];      /* bit set: free and completed */
+  tp__slab *next, *prev; /* the class's list of slabs with free bits */
   bool listed;
 };
 

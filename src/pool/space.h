@@ -24,20 +24,21 @@ typedef struct tp__ghost {
 } tp__ghost;
 
 typedef struct tp__space {
+  /* First what every free reads (the pool puts these on its first line). */
+  uintptr_t base;
+  /* Per chunk, allocated on first use: one entry per granule, the live
+   * allocation that starts there (a block, or a slab with its low bit). */
+  _Atomic(_Atomic uintptr_t *) *gtab;
+  uint64_t limit;      /* physical bytes the space may hold */
+  unsigned gran_shift; /* gran is 1 << gran_shift */
   tp__pres *res;
   tp__mem_kind kind;
-  uintptr_t base;
   size_t va_size, gran, nchunks;
-  unsigned gran_shift; /* gran is 1 << gran_shift */
-  uint64_t limit;      /* physical bytes the space may hold */
   tp__phys *phys;      /* per chunk: the physical chunk mapped there, or 0 */
   uint64_t *mapbits;   /* per chunk: mapped and part of a segment */
   uint64_t *ghostbits; /* per chunk: mapped, waiting for a free (ghosts) */
   tp__ghost *ghosts;
   uint32_t nghosts, capghosts;
-  /* Per chunk, allocated on first use: one entry per granule, the live
-   * allocation that starts there (a block, or a slab with its low bit). */
-  _Atomic(_Atomic uintptr_t *) *gtab;
   size_t ntables; /* granule tables allocated (see tp__space_entry_make) */
   size_t nspare;  /* of them, those of unmapped slots */
   /* Chunks whose physical chunk another chunk maps too (blocks.h's twins):

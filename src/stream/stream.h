@@ -55,15 +55,12 @@ typedef struct tp__marker {
  * different streams write no line in common. */
 struct tp__stream {
   _Alignas(64) uint64_t uid;
-  int device;
-  unsigned flags;
   bool legacy;
   bool owned; /* made by tp_stream_create */
   /* Destroyed and not yet released: still in the registry, so that its
    * handle is refused rather than adopted as a stream made elsewhere.
    * Under the registry's lock. */
   bool retired;
-  tp__pstream *ps;
   tp_stream_t handle;
   _Atomic int refs;
   _Atomic bool destroyed;
@@ -80,8 +77,17 @@ struct tp__stream {
    * its destruction until then. */
   _Atomic uint64_t dead_syncs;
 
-  tp__blspin lock;        /* guards everything below, and the stream's caches */
-  _Atomic uint64_t epoch; /* epoch given to frees issued now */
+  /* One line holds what every allocation and free on the stream reads:
+   * the lock, the epoch, the cache used last, and the fields that never
+   * change after creation. */
+  _Alignas(64) tp__blspin lock; /* guards the mutable fields below, and the
+                                   stream's caches */
+  _Atomic uint64_t epoch;       /* epoch given to frees issued now */
+  /* The pool layer's cache used last; under `lock`, never read here. */
+  tp__cache *hint;
+  tp__pstream *ps;
+  int device;
+  unsigned flags;
   _Atomic uint64_t done_epoch; /* frees with epoch <= this completed */
   /* The same as far as anyone has seen, polling included: at least
    * done_epoch. Only the opportunistic policy may act on what polling
@@ -94,9 +100,8 @@ struct tp__stream {
   uint32_t nspare, capspare;
   tp__clock clock;
   /* The pool layer's caches of this stream, one per pool it allocated or
-   * freed in, and the one used last; under `lock`, never read here. */
+   * freed in; under `lock`, never read here. */
   tp__cache *caches;
-  tp__cache *hint;
 };
 
 /* ---- streams ------------------------------------------------------------- */

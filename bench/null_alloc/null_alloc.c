@@ -1,0 +1,88 @@
+/* A near-free PyTorch pluggable allocator, to measure what PyTorch's own
+ * path to a pluggable allocator costs (bench/torch_lockstep.py, allocator
+ * "null"). Freed blocks wait in a list per exact size (rounded up to 512
+ * bytes) and are handed out again at once; nothing is ever given back and
+ * streams are ignored, which is safe only for a program that allocates and
+ * frees on one stream, as the GPT benchmark does. Not part of tidepool.
+ *
+ *   cc -O2 -shared -fPIC -o null_alloc.so bench/null_alloc/null_alloc.c \
+ *      -I/usr/local/cuda/include -L/usr/local/cuda/lib64/stubs -lcuda */
+#include <cuda.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/types.h>
+
+#define SLOTS 8192 /* distinct sizes; a training loop uses a few hundred */
+
+typedef struct {
+  size_t size; /* 0: empty slot */
+  void **v;
+  size_t n, cap;
+} bin;
+
+static bin bins[SLOTS];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bin *bin_of(size_t size) {
+  size_t h = (size >> 9) * 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i < SLOTS; i++) {
+    bin *b = &bins[(h + i) % SLOTS];
+    if (b->size == size || b->size == 0) {
+      b->size = size;
+      return b;
+    }
+  }
+  return NULL;
+}
+
+static void *fresh(size_t size, int device) {
+  CUcontext ctx = NULL;
+  if (cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) {
+    CUdevice dev;
+    if (cuDeviceGet(&dev, device) != CUDA_SUCCESS ||
+        cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
+        cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+      return NULL;
+  }
+  CUdeviceptr p = 0;
+  if (cuMemAlloc(&p, size) != CUDA_SUCCESS) {
+    fprintf(stderr, "null_alloc: cuMemAlloc(%zu) failed\n", size);
+    return NULL;
+  }
+  return (void *)(uintptr_t)p;
+}
+
+void *null_alloc(ssize_t size, int device, void *stream) {
+  (void)stream;
+  if (size <= 0)
+    return NULL;
+  size_t r = ((size_t)size + 511) & ~(size_t)511;
+  pthread_mutex_lock(&lock);
+  bin *b = bin_of(r);
+  void *p = b && b->n ? b->v[--b->n] : NULL;
+  pthread_mutex_unlock(&lock);
+  return p ? p : fresh(r, device);
+}
+
+void null_free(void *ptr, ssize_t size, int device, void *stream) {
+  (void)device;
+  (void)stream;
+  if (!ptr)
+    return;
+  size_t r = ((size_t)size + 511) & ~(size_t)511;
+  pthread_mutex_lock(&lock);
+  bin *b = bin_of(r);
+  if (b && b->n == b->cap) {
+    size_t cap = b->cap ? 2 * b->cap : 16;
+    void **v = realloc(b->v, cap * sizeof *v);
+    if (v) {
+      b->v = v;
+      b->cap = cap;
+    }
+  }
+  if (b && b->n < b->cap)
+    b->v[b->n++] = ptr;
+  pthread_mutex_unlock(&lock);
+}
