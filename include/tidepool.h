@@ -785,7 +785,9 @@ TP_API tp_error_t tp_device_set_graph_mem_attribute(int device,
  *       "max". Default: max, as PyTorch's backend:cudaMallocAsync sets it:
  *       memory stays reserved for reuse until tp_torch_trim.
  *   TIDEPOOL_TORCH_GROWTH_SLACK  TP_POOL_ATTR_GROWTH_SLACK, in parts per
- *       million (0 to 1000000). Default: the pool's own, 3906.
+ *       million (0 to 1000000). Default: 25000, so that a training loop
+ *       moves no chunks once its pool has reached its peak; where
+ *       TIDEPOOL_GROWTH_SLACK is set, the pool's own.
  *   TIDEPOOL_TORCH_REUSE_FOLLOW_EVENTS  (..._REUSE_FOLLOW_EVENT_DEPENDENCIES)
  *   TIDEPOOL_TORCH_REUSE_OPPORTUNISTIC  (..._REUSE_ALLOW_OPPORTUNISTIC)
  *   TIDEPOOL_TORCH_REUSE_INTERNAL_DEPS  (..._REUSE_ALLOW_INTERNAL_DEPENDENCIES)
