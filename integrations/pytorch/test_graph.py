@@ -22,18 +22,8 @@ import gc
 import os
 import sys
 
-failures = []
-
-
-def skip(why):
-    print(f"SKIP: {why}")
-    sys.exit(0)
-
-
-def check(cond, what):
-    print(("ok    " if cond else "FAIL  ") + what)
-    if not cond:
-        failures.append(what)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish, skip  # noqa: E402
 
 
 def main():
@@ -50,7 +40,6 @@ def main():
             return torch.cuda.memory_allocated()
         print("native: PyTorch's own allocator")
     else:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import tidepool_torch as tt
 
         print(f"tidepool {tt.install()}")
@@ -84,10 +73,7 @@ def main():
           f"a second round keeps no more bytes in use ({after[1]} against "
           f"{after[0]})")
 
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        sys.exit(1)
-    print("all checks passed")
+    return finish()
 
 
 def scenarios(torch, side):
@@ -171,4 +157,4 @@ def scenarios(torch, side):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

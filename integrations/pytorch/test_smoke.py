@@ -13,19 +13,10 @@ and exits 0, so that CI without a GPU passes. Exit 1 on any failure.
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish, skip  # noqa: E402
+
 MiB = 1 << 20
-failures = []
-
-
-def skip(why):
-    print(f"SKIP: {why}")
-    sys.exit(0)
-
-
-def check(cond, what):
-    print(("ok    " if cond else "FAIL  ") + what)
-    if not cond:
-        failures.append(what)
 
 
 def fmt(st):
@@ -40,7 +31,6 @@ def main():
     if not torch.cuda.is_available():
         skip(f"PyTorch {torch.__version__} sees no CUDA device; nothing to test")
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import tidepool_torch as tt
 
     path = tt.install()  # before the first CUDA tensor
@@ -154,11 +144,7 @@ def main():
           f"{after['used_current'] / MiB:.1f} MiB")
     print(f"end: {fmt(after)}")
 
-    if failures:
-        print(f"{len(failures)} check(s) FAILED")
-        return 1
-    print("all checks passed")
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":
