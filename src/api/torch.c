@@ -42,10 +42,11 @@ void tp__torch_read_config(tp__torch_config *cfg) {
       cfg->release_threshold = v;
   }
   /* 2.5% by default, where no variable says otherwise: once a training
-   * loop's pool has reached its peak, the library's 1/256 still moves about
-   * ten chunks a step to gather room for the largest tensors, which cost
-   * 3-4% of a GPT step on an H200; at 2.5% it moves none, for about half a
-   * percent more memory (bench/RESULTS.md, "Step times in lockstep").
+   * loop's pool has reached its peak, the library's 1/256 still moves 10-20
+   * chunks a step to gather room for the largest tensors, which cost 1.7%
+   * and 3.2% of a GPT step in two of three runs on an H200; at 2.5% it
+   * moves almost none, for about half a percent more memory
+   * (bench/RESULTS.md, "Step times in lockstep").
    * TIDEPOOL_GROWTH_SLACK, every pool's starting slack, is left to rule
    * where the user set it. */
   name = "TIDEPOOL_TORCH_GROWTH_SLACK";

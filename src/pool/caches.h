@@ -17,7 +17,8 @@ typedef struct tp__caches tp__caches;
 struct tp__cache {
   /* The first line holds all that a pop or a push reads and writes besides
    * the entry itself, so that a call in a busy process, whose caches hold
-   * the application's data, misses on two lines here rather than four. */
+   * the application's data, misses on two lines here rather than up to
+   * four. */
   _Alignas(64) tp__caches *set; /* the pool's; what a lookup compares */
   /* Bytes asked for by allocations made on this stream, less those freed
    * on it (negative when it frees others' blocks); written under the
