@@ -58,22 +58,14 @@ def child(args):
             torch.cuda.memory.CUDAPluggableAllocator(
                 os.environ["TORCH_NULL_ALLOC"], "null_alloc", "null_free"))
 
-    torch.manual_seed(cfg["seed"])
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     device = torch.device("cuda")
     torch.cuda.init()
-    model = ttb.build_model(torch, cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-    data = torch.Generator().manual_seed(cfg["seed"] + 1)
-    pick = random.Random(cfg["seed"] + 2)
+    model, opt, next_batch = ttb.training(torch, cfg, device)
     print("READY", flush=True)
     for line in sys.stdin:
         if line.strip() == "END":
             break
-        b, t = pick.choice(cfg["shapes"])
-        idx = torch.randint(cfg["vocab"], (b, t + 1), generator=data)
+        b, t, idx = next_batch()
         t0 = time.perf_counter()
         loss = ttb.train_step(torch, model, opt, idx, device, True, cfg["vocab"])
         value = loss.item()

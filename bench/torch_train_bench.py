@@ -163,6 +163,27 @@ def train_step(torch, model, opt, idx, device, amp, vocab):
     return loss
 
 
+def training(torch, cfg, device):
+    """The model, its optimizer and a source of (batch, sequence, tokens),
+    seeded from cfg and with PyTorch's deterministic settings: the same in
+    every process given the same cfg, so that their losses can be compared
+    step by step (here and in torch_lockstep.py)."""
+    torch.manual_seed(cfg["seed"])
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = build_model(torch, cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    data = torch.Generator().manual_seed(cfg["seed"] + 1)
+    pick = random.Random(cfg["seed"] + 2)
+
+    def next_batch():
+        b, t = pick.choice(cfg["shapes"])
+        return b, t, torch.randint(cfg["vocab"], (b, t + 1), generator=data)
+
+    return model, opt, next_batch
+
+
 def child(args):
     cfg = json.loads(args.config)
     on_gpu = cfg["device"] == "cuda"
@@ -178,22 +199,14 @@ def child(args):
         tidepool_torch.install()
     import torch
 
-    torch.manual_seed(cfg["seed"])
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     device = torch.device(cfg["device"])
-
     base_used = 0
     if on_gpu:
         torch.cuda.init()
         free, total = torch.cuda.mem_get_info()
         base_used = total - free
 
-    model = build_model(torch, cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-    data = torch.Generator().manual_seed(cfg["seed"] + 1)
-    pick = random.Random(cfg["seed"] + 2)
+    model, opt, next_batch = training(torch, cfg, device)
     amp = cfg["amp"] and on_gpu
     vocab = cfg["vocab"]
 
@@ -203,8 +216,7 @@ def child(args):
     # a step spends on VMM calls once the pool has grown.
     vmm = []
     for _ in range(cfg["steps"]):
-        b, t = pick.choice(cfg["shapes"])
-        idx = torch.randint(vocab, (b, t + 1), generator=data)
+        b, t, idx = next_batch()
         t0 = time.perf_counter()
         loss = train_step(torch, model, opt, idx, device, amp, vocab)
         losses.append(loss.item())  # waits for the step's work
