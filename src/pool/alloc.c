@@ -227,6 +227,8 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
     tp__block_release(&p->heap, b);
     err = TP_ERROR_OUT_OF_MEMORY;
   }
+  /* Success implies a cache; `c` is tested too so that the compiler sees
+   * no path to a null one. */
   if (err == TP_SUCCESS && c) {
     tp__tag_clear(&b->tag); /* the user's now, in stream order on `s` */
     *ptr = finish_large(p, b, size);
