@@ -66,8 +66,16 @@ BACKENDS = {
 
 def base(name):
     """An allocator's kind: "tidepool/N" is tidepool with the growth slack
-    N (parts per million, TIDEPOOL_TORCH_GROWTH_SLACK)."""
+    N (parts per million, TIDEPOOL_TORCH_GROWTH_SLACK), "tidepool/nohooks"
+    tidepool without the allocator hooks (TIDEPOOL_TORCH_HOOKS=0: every
+    allocation asks the driver whether its stream captures)."""
     return name.split("/", 1)[0]
+
+
+def variant_ok(name):
+    """Whether a name with a "/" is one base() explains."""
+    v = name.split("/", 1)[1]
+    return base(name) == "tidepool" and (v.isdigit() or v == "nohooks")
 
 
 # (batch, sequence) shapes; each step draws one with a seeded generator.
@@ -281,7 +289,9 @@ def child_env(name, args):
     if ALLOCATORS[base(name)]:
         env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATORS[base(name)]
     if base(name) == "tidepool" and "/" in name:
-        env["TIDEPOOL_TORCH_GROWTH_SLACK"] = name.split("/", 1)[1]
+        v = name.split("/", 1)[1]
+        env.update({"TIDEPOOL_TORCH_HOOKS": "0"} if v == "nohooks"
+                   else {"TIDEPOOL_TORCH_GROWTH_SLACK": v})
     # cuBLAS is deterministic on one stream only with a fixed workspace.
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     if args.lib:
@@ -388,10 +398,9 @@ def parent(args):
     names = (args.allocators.split(",") if args.allocators
              else [n for n in ALLOCATORS if n != "tidepool-run"])
     for n in names:
-        if base(n) not in ALLOCATORS or ("/" in n and not (
-                base(n) == "tidepool" and n.split("/", 1)[1].isdigit())):
+        if base(n) not in ALLOCATORS or ("/" in n and not variant_ok(n)):
             sys.exit(f"unknown allocator {n!r}; known: {', '.join(ALLOCATORS)}, "
-                     "tidepool/SLACK")
+                     "tidepool/SLACK, tidepool/nohooks")
 
     print(f"== torch_train_bench: {cfg['layers']} layers, d_model {cfg['d_model']}, "
           f"{cfg['heads']} heads, vocab {cfg['vocab']}, {len(cfg['shapes'])} shapes, "

@@ -841,6 +841,35 @@ TP_API tp_error_t tp_torch_timing(uint64_t out[4]);
  * ILLEGAL_ADDRESS, PLATFORM. */
 TP_API tp_error_t tp_torch_trim(int device, size_t keep);
 
+/* The hooks that integrations/pytorch installs on its CUDAPluggableAllocator
+ * where PyTorch offers them (set_record_stream_fn, set_reset_fn,
+ * set_begin_allocate_to_pool, set_end_allocate_to_pool_fn). None reports
+ * an error to its caller, since PyTorch gives them no way to: failures go
+ * to stderr, as in tp_torch_alloc. Thread-safe. */
+
+/* Tensor.record_stream: the memory at `ptr` (as tp_torch_alloc returned it)
+ * is also used by the work queued on `stream`. Its tp_torch_free makes the
+ * freeing stream wait for the work queued on each recorded stream until
+ * then (an event), so that the memory is reused only after it, wherever the
+ * next allocation runs. NULL is ignored. */
+TP_API void tp_torch_record_stream(void *ptr, void *stream);
+
+/* torch.cuda.empty_cache(): tp_torch_trim(device, 0) on every device that
+ * tidepool has served for PyTorch. */
+TP_API void tp_torch_empty_cache(void);
+
+/* PyTorch's CUDAGraph calls the first before it begins a capture and the
+ * second after the capture ended (and the pair around use_mem_pool); each
+ * ignores the arguments PyTorch passes. After tp_torch_announce_captures,
+ * tp_torch_alloc and tp_torch_free ask whether their stream captures (a
+ * driver call each) only while a pair is open, as PyTorch's own allocator
+ * does: a capture begun by other code, on a stream where PyTorch then
+ * allocates, is not seen (with PyTorch's allocator neither). An end with no
+ * open pair is ignored. */
+TP_API void tp_torch_capture_begin(void);
+TP_API void tp_torch_capture_end(void);
+TP_API void tp_torch_announce_captures(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -369,6 +369,99 @@ static void test_timing(void) {
     CHECK(p[i] != NULL);
 }
 
+/* Tensor.record_stream: the free waits for the recorded stream's work
+ * queued until then, and only for the records of that pointer. */
+static void test_record_stream(void) {
+  tp_stream_t a, b;
+  REQUIRE_OK(tp_stream_create(&a, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_stream_create(&b, TP_STREAM_NON_BLOCKING));
+  const size_t n = 3 * MiB;
+  gate_t gate;
+  void *p = tp_torch_alloc((ssize_t)n, 0, a);
+  REQUIRE(p != NULL);
+  tp_torch_record_stream(p, b);
+  tp_torch_record_stream(p, b); /* twice: one wait */
+  tp_torch_record_stream(p, a); /* the freeing stream itself: no wait */
+  tp_torch_record_stream(NULL, b);
+  REQUIRE_OK(hold_stream(b, &gate));
+  tp_torch_free(p, (ssize_t)n, 0, a);
+  /* a waits behind the held b, so its free has not completed. */
+  check_sleep_ms(20);
+  CHECK_ERR(tp_stream_query(a), TP_ERROR_NOT_READY);
+  release(&gate);
+  CHECK_OK(tp_stream_synchronize(a));
+
+  /* The records went with the free: the same memory, allocated again and
+   * freed without a record, waits for nothing on b. */
+  void *q = tp_torch_alloc((ssize_t)n, 0, a);
+  REQUIRE(q != NULL);
+  void *other = tp_torch_alloc((ssize_t)n, 0, a);
+  REQUIRE(other != NULL);
+  tp_torch_record_stream(other, b); /* a record of another pointer */
+  REQUIRE_OK(hold_stream(b, &gate));
+  tp_torch_free(q, (ssize_t)n, 0, a);
+  CHECK_OK(tp_stream_synchronize(a));
+  tp_torch_free(other, (ssize_t)n, 0, a);
+  check_sleep_ms(20);
+  CHECK_ERR(tp_stream_query(a), TP_ERROR_NOT_READY);
+  release(&gate);
+  CHECK_OK(tp_stream_synchronize(a));
+  CHECK_OK(tp_stream_synchronize(b));
+  CHECK_OK(tp_stream_destroy(a));
+  CHECK_OK(tp_stream_destroy(b));
+}
+
+/* torch.cuda.empty_cache: every device served gives back its free memory. */
+static void test_empty_cache(void) {
+  void *p = tp_torch_alloc((ssize_t)(8 * MiB), 0, NULL);
+  REQUIRE(p != NULL);
+  tp_torch_free(p, (ssize_t)(8 * MiB), 0, NULL);
+  uint64_t v[4];
+  stats(0, v);
+  CHECK(v[0] >= 8 * MiB);
+  tp_torch_empty_cache();
+  stats(0, v);
+  CHECK_EQ_U64(v[0], 0);
+}
+
+/* The capture hooks, once announced: between begin and end an allocation
+ * on a capturing stream is the graph's (the pool's bytes in use do not
+ * grow), and an end with no open pair does not unbalance the count. Last,
+ * since the announcement cannot be taken back. */
+static void test_capture_hooks(void) {
+  tp_torch_announce_captures();
+  tp_stream_t s;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  for (int round = 0; round < 2; round++) {
+    if (round == 1)
+      tp_torch_capture_end(); /* unmatched: ignored */
+    uint64_t before[4], during[4];
+    stats(0, before);
+    tp_torch_capture_begin();
+    REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_RELAXED));
+    void *p = tp_torch_alloc((ssize_t)MiB, 0, s);
+    CHECK(p != NULL);
+    stats(0, during);
+    CHECK_EQ_U64(during[2], before[2]);
+    tp_torch_free(p, (ssize_t)MiB, 0, s);
+    tp_graph_t g = NULL;
+    CHECK_OK(tp_stream_end_capture(s, &g));
+    tp_torch_capture_end();
+    if (g)
+      CHECK_OK(tp_graph_destroy(g));
+  }
+  /* Outside the pairs, allocations are the pool's as before. */
+  uint64_t before[4], during[4];
+  stats(0, before);
+  void *p = tp_torch_alloc((ssize_t)MiB, 0, s);
+  CHECK(p != NULL);
+  stats(0, during);
+  CHECK_EQ_U64(during[2], before[2] + MiB);
+  tp_torch_free(p, (ssize_t)MiB, 0, s);
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
 int main(void) {
   RUN_TEST(test_config);
   /* What the entry points will read at their first call. */
@@ -392,5 +485,8 @@ int main(void) {
   RUN_TEST(test_threads);
   RUN_TEST(test_trace_recorded);
   RUN_TEST(test_timing);
+  RUN_TEST(test_record_stream);
+  RUN_TEST(test_empty_cache);
+  RUN_TEST(test_capture_hooks);
   return check_done();
 }

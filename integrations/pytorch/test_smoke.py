@@ -123,6 +123,40 @@ def main():
     del s  # freed on `side`, after the main stream's sum
     check(float(total_s) == 12.0 * MiB, "side-stream tensor summed on the main stream")
 
+    # Tensor.record_stream: a tensor of the main stream read by a busy side
+    # stream. Its free on the main stream makes the main stream wait for the
+    # side stream's work, so that no later allocation can take the memory
+    # while that work runs.
+    busy = torch.cuda.Stream()
+    x = torch.ones(MiB, device="cuda")
+    busy.wait_stream(main_stream)
+    with torch.cuda.stream(busy):
+        torch.cuda._sleep(400_000_000)  # a fraction of a second
+        x_sum = x.sum()
+    x.record_stream(busy)
+    main_stream.synchronize()
+    del x
+    check(not main_stream.query(),
+          "record_stream: the free waits for the recorded stream's work")
+    busy.synchronize()
+    main_stream.synchronize()
+    check(float(x_sum) == float(MiB), "the recorded stream read the tensor")
+
+    # torch.cuda.graph: what the capture allocates is the graph's, not the
+    # pool's (PyTorch announces the capture to tidepool).
+    g = torch.cuda.CUDAGraph()
+    inp = torch.full((MiB,), 2.0, device="cuda")
+    (inp * 3).sum()  # eager once first, as PyTorch advises before a capture
+    torch.cuda.synchronize()
+    used_before = tt.stats()["used_current"]
+    with torch.cuda.graph(g):
+        out = (inp * 3).sum()
+    check(tt.stats()["used_current"] == used_before,
+          "allocations inside a capture are the graph's, not the pool's")
+    g.replay()
+    check(float(out) == 6.0 * MiB, "the captured graph replays correctly")
+    del g, out, inp
+
     # Zero-sized tensors need no memory.
     z = torch.empty(0, device="cuda")
     check(z.numel() == 0, "zero-sized tensor")
@@ -142,6 +176,16 @@ def main():
           f"trim: reserved {before['reserved_current'] / MiB:.1f} -> "
           f"{after['reserved_current'] / MiB:.1f} MiB, used "
           f"{after['used_current'] / MiB:.1f} MiB")
+
+    # torch.cuda.empty_cache() reaches tidepool and gives free memory back.
+    big = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+    del big
+    before = tt.stats()
+    torch.cuda.empty_cache()
+    after = tt.stats()
+    check(after["reserved_current"] + 64 * MiB <= before["reserved_current"],
+          f"empty_cache: reserved {before['reserved_current'] / MiB:.1f} -> "
+          f"{after['reserved_current'] / MiB:.1f} MiB")
     print(f"end: {fmt(after)}")
 
     return finish()

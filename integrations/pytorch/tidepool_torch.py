@@ -106,6 +106,9 @@ def _load(path=None):
     lib.tp_torch_timing.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
     lib.tp_torch_trim.restype = ctypes.c_int
     lib.tp_torch_trim.argtypes = [ctypes.c_int, ctypes.c_size_t]
+    if hasattr(lib, "tp_torch_announce_captures"):
+        lib.tp_torch_announce_captures.restype = None
+        lib.tp_torch_announce_captures.argtypes = []
     _lib, _lib_path = lib, p
     return lib
 
@@ -139,6 +142,7 @@ def install(path=None):
     allocator = torch.cuda.memory.CUDAPluggableAllocator(
         _lib_path, "tp_torch_alloc", "tp_torch_free"
     )
+    announced = _install_hooks(allocator, lib)
     try:
         torch.cuda.memory.change_current_allocator(allocator)
     except RuntimeError as e:
@@ -146,8 +150,38 @@ def install(path=None):
             "tidepool: install() must run before the first CUDA allocation "
             f"of the process ({e})"
         ) from e
+    if announced:
+        lib.tp_torch_announce_captures()
     _installed = True
     return _lib_path
+
+
+# The allocator's further hooks, by the setter's name: Tensor.record_stream,
+# torch.cuda.empty_cache, and the pair that CUDAGraph calls around each
+# capture. Builds of PyTorch without a setter keep that behaviour of a
+# pluggable allocator (record_stream and empty_cache do nothing, and every
+# allocation asks the driver whether its stream captures).
+_HOOKS = (
+    ("set_record_stream_fn", "tp_torch_record_stream"),
+    ("set_reset_fn", "tp_torch_empty_cache"),
+    ("set_begin_allocate_to_pool", "tp_torch_capture_begin"),
+    ("set_end_allocate_to_pool_fn", "tp_torch_capture_end"),
+)
+
+
+def _install_hooks(allocator, lib):
+    """Sets each hook PyTorch offers; True when both capture hooks are set.
+    TIDEPOOL_TORCH_HOOKS=0 sets none."""
+    if os.environ.get("TIDEPOOL_TORCH_HOOKS", "1") == "0":
+        return False
+    target = getattr(allocator, "_allocator", None)
+    installed = set()
+    for setter, symbol in _HOOKS:
+        if target is None or not hasattr(target, setter) or not hasattr(lib, symbol):
+            continue
+        getattr(target, setter)(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
+        installed.add(setter)
+    return {"set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn"} <= installed
 
 
 def installed():

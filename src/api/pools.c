@@ -358,8 +358,10 @@ static tp_error_t malloc_current(void **ptr, size_t size, tp__stream *s,
 }
 
 /* The stream is resolved inside the guard, which keeps a stream destroyed
- * meanwhile readable until the call leaves (see tp_stream_destroy). */
-static tp_error_t malloc_async(void **ptr, size_t size, tp_stream_t stream) {
+ * meanwhile readable until the call leaves (see tp_stream_destroy).
+ * `uncaptured`: the caller knows that nothing captures (see api.h). */
+static tp_error_t malloc_async(void **ptr, size_t size, tp_stream_t stream,
+                               bool uncaptured) {
   tp__stream *s;
   bool idle;
   TP_FORWARD(tp__stream_resolve(stream, &s, &idle));
@@ -367,13 +369,20 @@ static tp_error_t malloc_async(void **ptr, size_t size, tp_stream_t stream) {
     *ptr = NULL;
     return TP_SUCCESS;
   }
-  return malloc_current(ptr, size, s, idle);
+  return malloc_current(ptr, size, s, idle || uncaptured);
 }
 
 TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream) {
   TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);
   TP_FORWARD(tp__api_init());
-  return TP_GUARDED(malloc_async(ptr, size, stream));
+  return TP_GUARDED(malloc_async(ptr, size, stream, false));
+}
+
+tp_error_t tp__malloc_async_uncaptured(void **ptr, size_t size,
+                                       tp_stream_t stream) {
+  TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  return TP_GUARDED(malloc_async(ptr, size, stream, true));
 }
 
 static tp_error_t malloc_from(void **ptr, size_t size, tp_pool_t pool,
@@ -414,16 +423,21 @@ static tp_error_t free_on(void *ptr, tp__stream *s, bool idle) {
   return tp__pool_free(ptr, s);
 }
 
-static tp_error_t free_async(void *ptr, tp_stream_t stream) {
+static tp_error_t free_async(void *ptr, tp_stream_t stream, bool uncaptured) {
   tp__stream *s;
   bool idle;
   TP_FORWARD(tp__stream_resolve(stream, &s, &idle));
   if (!ptr)
     return TP_SUCCESS;
-  return free_on(ptr, s, idle);
+  return free_on(ptr, s, idle || uncaptured);
 }
 
 TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream) {
   TP_FORWARD(tp__api_init());
-  return TP_GUARDED(free_async(ptr, stream));
+  return TP_GUARDED(free_async(ptr, stream, false));
+}
+
+tp_error_t tp__free_async_uncaptured(void *ptr, tp_stream_t stream) {
+  TP_FORWARD(tp__api_init());
+  return TP_GUARDED(free_async(ptr, stream, true));
 }

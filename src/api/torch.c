@@ -349,10 +349,91 @@ static void report(const char *what, tp_error_t err, ssize_t size, int device) {
   unsigned n = atomic_fetch_add_explicit(&reports, 1, memory_order_relaxed);
   if (n >= TORCH_REPORTS)
     return;
-  fprintf(stderr, "tidepool: %s of %lld bytes on device %d failed: %s (%s)%s\n",
-          what, (long long)size, device, tp_error_name(err),
-          tp_error_string(err),
+  char bytes[48] = "";
+  if (size)
+    snprintf(bytes, sizeof bytes, " of %lld bytes", (long long)size);
+  fprintf(stderr, "tidepool: %s%s on device %d failed: %s (%s)%s\n", what,
+          bytes, device, tp_error_name(err), tp_error_string(err),
           n + 1 == TORCH_REPORTS ? "; further failures are not reported" : "");
+}
+
+/* ---- PyTorch's capture hooks ------------------------------------------------
+ * PyTorch's CUDAGraph calls its allocator's begin hook before each
+ * cudaStreamBeginCapture and the end hook after the cudaStreamEndCapture
+ * (and the pair around torch.cuda.use_mem_pool). Once integrations/pytorch
+ * has installed them (tp_torch_announce_captures), an allocation or free
+ * while no such pair is open asks the driver nothing about capture, as
+ * PyTorch's own allocator, which looks for captures only inside its pairs.
+ * A pair left open (a capture that failed to begin) only keeps the question
+ * asked. */
+static atomic_bool announced;
+static _Atomic uint32_t torch_captures;
+
+static bool uncaptured(void) {
+  return atomic_load_explicit(&announced, memory_order_acquire) &&
+         !atomic_load_explicit(&torch_captures, memory_order_acquire);
+}
+
+/* ---- record_stream ---------------------------------------------------------
+ * Tensor.record_stream(s) says that the tensor's memory is also used by the
+ * work queued on s. Each pointer's recorded streams are kept until its
+ * free, which makes the freeing stream wait for each of them (an event
+ * recorded there) before the free is queued, as PyTorch's
+ * backend:cudaMallocAsync does. A free of a pointer never recorded reads
+ * one counter. */
+typedef struct recorded {
+  void *ptr;
+  void **streams;
+  uint32_t n, cap;
+} recorded;
+static pthread_mutex_t record_lock = PTHREAD_MUTEX_INITIALIZER;
+static recorded *records;
+static uint32_t nrecords, caprecords;
+static _Atomic uint32_t nrecords_seen; /* nrecords, read without the lock */
+static atomic_bool records_lost;       /* a record failed for want of memory */
+
+/* Takes out `ptr`'s recorded streams (NULL when none); record_lock held. */
+static void **records_take(void *ptr, uint32_t *n) {
+  for (uint32_t i = 0; i < nrecords; i++) {
+    if (records[i].ptr != ptr)
+      continue;
+    void **streams = records[i].streams;
+    *n = records[i].n;
+    records[i] = records[--nrecords];
+    atomic_store_explicit(&nrecords_seen, nrecords, memory_order_relaxed);
+    return streams;
+  }
+  *n = 0;
+  return NULL;
+}
+
+/* Makes `stream` wait for the work queued so far on each stream recorded
+ * for `ptr`, and forgets them; the device current. */
+static tp_error_t wait_recorded(void *ptr, void *stream) {
+  if (TP_LIKELY(!atomic_load_explicit(&nrecords_seen, memory_order_relaxed) &&
+                !atomic_load_explicit(&records_lost, memory_order_relaxed)))
+    return TP_SUCCESS;
+  if (atomic_load_explicit(&records_lost, memory_order_relaxed))
+    TP_FORWARD(tp_device_synchronize());
+  uint32_t n;
+  pthread_mutex_lock(&record_lock);
+  void **streams = records_take(ptr, &n);
+  pthread_mutex_unlock(&record_lock);
+  tp_error_t err = TP_SUCCESS;
+  for (uint32_t i = 0; i < n && err == TP_SUCCESS; i++) {
+    if (streams[i] == stream)
+      continue;
+    tp_event_t e = NULL;
+    err = tp_event_create(&e);
+    if (err == TP_SUCCESS)
+      err = tp_event_record(e, (tp_stream_t)streams[i]);
+    if (err == TP_SUCCESS)
+      err = tp_stream_wait_event((tp_stream_t)stream, e, 0);
+    if (e)
+      (void)tp_event_destroy(e);
+  }
+  free(streams);
+  return err;
 }
 
 /* ---- entry points --------------------------------------------------------
@@ -370,7 +451,10 @@ TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream) {
   uint64_t t0 = TP_UNLIKELY(timed_call) ? now_ns() : 0;
   tp_error_t err = enter(device, &saved);
   if (err == TP_SUCCESS) {
-    err = tp_malloc_async(&ptr, (size_t)size, (tp_stream_t)stream);
+    err = uncaptured()
+              ? tp__malloc_async_uncaptured(&ptr, (size_t)size,
+                                            (tp_stream_t)stream)
+              : tp_malloc_async(&ptr, (size_t)size, (tp_stream_t)stream);
     /* Recorded with the device current: NULL names its legacy stream. */
     if (err == TP_SUCCESS && TP_UNLIKELY(trace_file != NULL))
       trace("alloc", ptr, size, stream);
@@ -395,7 +479,13 @@ TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   if (err == TP_SUCCESS && TP_UNLIKELY(trace_file != NULL))
     trace("free_requested", ptr, size, stream);
   if (err == TP_SUCCESS) {
-    err = tp_free_async(ptr, (tp_stream_t)stream);
+    /* The records go with the pointer even where the wait fails: the free
+     * is then refused, and the memory stays allocated rather than reused
+     * too early. */
+    err = wait_recorded(ptr, stream);
+    if (err == TP_SUCCESS)
+      err = uncaptured() ? tp__free_async_uncaptured(ptr, (tp_stream_t)stream)
+                         : tp_free_async(ptr, (tp_stream_t)stream);
     leave(saved);
   }
   if (TP_UNLIKELY(timed_call))
@@ -456,4 +546,57 @@ TP_API tp_error_t tp_torch_trim(int device, size_t keep) {
     err = tp_pool_trim_to(pool, keep);
   leave(saved);
   return err;
+}
+
+TP_API void tp_torch_record_stream(void *ptr, void *stream) {
+  if (!ptr)
+    return;
+  pthread_mutex_lock(&record_lock);
+  recorded *r = NULL;
+  for (uint32_t i = 0; i < nrecords && !r; i++)
+    if (records[i].ptr == ptr)
+      r = &records[i];
+  bool ok = true;
+  if (!r && (ok = TP_ARRAY_ROOM(records, nrecords, caprecords))) {
+    r = &records[nrecords++];
+    *r = (recorded){.ptr = ptr};
+    atomic_store_explicit(&nrecords_seen, nrecords, memory_order_relaxed);
+  }
+  bool known = false;
+  for (uint32_t i = 0; ok && i < r->n && !known; i++)
+    known = r->streams[i] == stream;
+  if (ok && !known && (ok = TP_ARRAY_ROOM(r->streams, r->n, r->cap)))
+    r->streams[r->n++] = stream;
+  pthread_mutex_unlock(&record_lock);
+  /* PyTorch gives this hook no error channel, and a lost record would let
+   * the memory be reused under the recorded stream's work: from here on
+   * every free waits for the whole device instead. */
+  if (!ok && !atomic_exchange(&records_lost, true))
+    report("record_stream", TP_ERROR_OUT_OF_MEMORY, 0, tp__current_device());
+}
+
+TP_API void tp_torch_empty_cache(void) {
+  for (int d = 0; d < TP_MAX_DEVICES; d++) {
+    if (!atomic_load_explicit(&configured[d], memory_order_acquire))
+      continue;
+    tp_error_t err = tp_torch_trim(d, 0);
+    if (err != TP_SUCCESS)
+      report("torch.cuda.empty_cache", err, 0, d);
+  }
+}
+
+TP_API void tp_torch_capture_begin(void) {
+  atomic_fetch_add_explicit(&torch_captures, 1, memory_order_acq_rel);
+}
+
+TP_API void tp_torch_capture_end(void) {
+  uint32_t n = atomic_load_explicit(&torch_captures, memory_order_relaxed);
+  while (n && !atomic_compare_exchange_weak_explicit(&torch_captures, &n, n - 1,
+                                                     memory_order_acq_rel,
+                                                     memory_order_relaxed)) {
+  }
+}
+
+TP_API void tp_torch_announce_captures(void) {
+  atomic_store_explicit(&announced, true, memory_order_release);
 }
