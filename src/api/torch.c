@@ -407,6 +407,18 @@ static void **records_take(void *ptr, uint32_t *n) {
   return NULL;
 }
 
+/* Where `stream`'s work goes now: 0 outside any capture, 1 to a capture,
+ * -1 nowhere (the legacy stream while a blocking stream captures, or a
+ * stream that cannot be asked). Without a capture announced, 0. */
+static int capture_side(void *stream) {
+  if (uncaptured())
+    return 0;
+  tp_capture_status_t status = TP_CAPTURE_STATUS_NONE;
+  if (tp_stream_is_capturing((tp_stream_t)stream, &status) != TP_SUCCESS)
+    return -1;
+  return status != TP_CAPTURE_STATUS_NONE;
+}
+
 /* Makes `stream` wait for the work queued so far on each stream recorded
  * for `ptr`, and forgets them; the device current. */
 static tp_error_t wait_recorded(void *ptr, void *stream) {
@@ -420,8 +432,16 @@ static tp_error_t wait_recorded(void *ptr, void *stream) {
   void **streams = records_take(ptr, &n);
   pthread_mutex_unlock(&record_lock);
   tp_error_t err = TP_SUCCESS;
+  int side = capture_side(stream);
   for (uint32_t i = 0; i < n && err == TP_SUCCESS; i++) {
     if (streams[i] == stream)
+      continue;
+    /* An order between a capture and work outside it cannot be queued
+     * (the attempt would invalidate the capture). A recorded stream outside
+     * the capture of the free leaves nothing in the graph to wait for: the
+     * graph's memory is reused only by the graph. */
+    int other = capture_side(streams[i]);
+    if (side < 0 || other != side)
       continue;
     tp_event_t e = NULL;
     err = tp_event_create(&e);
