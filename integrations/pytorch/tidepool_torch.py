@@ -6,10 +6,12 @@
     print(tidepool_torch.stats())     # reserved/used bytes, current and peak
 
 install() loads libtidepool.so and hands PyTorch its tp_torch_alloc and
-tp_torch_free through torch.cuda.memory.CUDAPluggableAllocator. PyTorch's
-own memory statistics (torch.cuda.memory_allocated and friends) do not work
-with a pluggable allocator; stats(), reset_peaks() and trim() read and manage
-the tidepool pool instead. See README.md next to this file.
+tp_torch_free through torch.cuda.memory.CUDAPluggableAllocator, with the
+hooks for Tensor.record_stream, torch.cuda.empty_cache and CUDA graph
+captures where PyTorch offers them. PyTorch's own memory statistics
+(torch.cuda.memory_allocated and friends) do not work with a pluggable
+allocator; stats(), reset_peaks() and trim() read and manage the tidepool
+pool instead. See README.md next to this file.
 """
 
 import ctypes
