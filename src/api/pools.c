@@ -364,7 +364,7 @@ static tp_error_t malloc_async(void **ptr, size_t size, tp_stream_t stream,
                                bool uncaptured) {
   tp__stream *s;
   bool idle;
-  TP_FORWARD(tp__stream_resolve(stream, &s, &idle));
+  TP_FORWARD(tp__stream_resolve(stream, uncaptured, &s, &idle));
   if (size == 0) {
     *ptr = NULL;
     return TP_SUCCESS;
@@ -392,7 +392,7 @@ static tp_error_t malloc_from(void **ptr, size_t size, tp_pool_t pool,
   TP_RETURN_IF(p->imported, TP_ERROR_INVALID_VALUE);
   tp__stream *s;
   bool idle;
-  TP_FORWARD(tp__stream_resolve(stream, &s, &idle));
+  TP_FORWARD(tp__stream_resolve(stream, false, &s, &idle));
   if (size == 0) {
     *ptr = NULL;
     return TP_SUCCESS;
@@ -426,7 +426,7 @@ static tp_error_t free_on(void *ptr, tp__stream *s, bool idle) {
 static tp_error_t free_async(void *ptr, tp_stream_t stream, bool uncaptured) {
   tp__stream *s;
   bool idle;
-  TP_FORWARD(tp__stream_resolve(stream, &s, &idle));
+  TP_FORWARD(tp__stream_resolve(stream, uncaptured, &s, &idle));
   if (!ptr)
     return TP_SUCCESS;
   return free_on(ptr, s, idle || uncaptured);

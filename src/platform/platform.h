@@ -88,10 +88,12 @@ typedef struct tp__platform_ops {
   /* The cheap question asked on every call that names a stream adopted
    * before: its capture status and, when it does not capture, its uid, by
    * which the core tells a live stream from a new one that took a destroyed
-   * one's handle. Any error sends the core the full way (stream_adopt).
-   * NULL where every stream is the core's own (host). */
-  tp_error_t (*stream_identify)(tp_stream_t handle, uint64_t *uid,
-                                tp_capture_status_t *status);
+   * one's handle. `ask_capture` false: the caller knows that nothing
+   * captures, and the status is not asked (NONE). Any error sends the core
+   * the full way (stream_adopt). NULL where every stream is the core's own
+   * (host). */
+  tp_error_t (*stream_identify)(tp_stream_t handle, bool ask_capture,
+                                uint64_t *uid, tp_capture_status_t *status);
   tp_error_t (*stream_synchronize)(tp__pstream *ps); /* or ILLEGAL_ADDRESS */
   tp_error_t (*stream_query)(tp__pstream *ps);       /* SUCCESS / NOT_READY */
   /* The allocator's own question, whether ps has run all its work: as

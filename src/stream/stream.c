@@ -242,7 +242,8 @@ static unsigned foreign_way(tp_stream_t handle) {
   return way;
 }
 
-static bool foreign_cached(tp_stream_t handle, tp__stream **out, bool *idle) {
+static bool foreign_cached(tp_stream_t handle, bool uncaptured,
+                           tp__stream **out, bool *idle) {
   unsigned way = foreign_way(handle);
   if (way == TLS_WAYS || !tp__platform->stream_identify)
     return false;
@@ -250,7 +251,8 @@ static bool foreign_cached(tp_stream_t handle, tp__stream **out, bool *idle) {
   tp_capture_status_t status;
   /* Any doubt (an error, a capture, another uid) takes the full way, which
    * gives the definitive answer. */
-  tp_error_t err = tp__platform->stream_identify(handle, &uid, &status);
+  tp_error_t err =
+      tp__platform->stream_identify(handle, !uncaptured, &uid, &status);
   if (err != TP_SUCCESS || status != TP_CAPTURE_STATUS_NONE ||
       uid != foreign_cache.uid[way])
     return false;
@@ -303,8 +305,8 @@ static tp_error_t adopt(tp_stream_t handle, tp__stream **out) {
   return TP_SUCCESS;
 }
 
-tp_error_t tp__stream_get_slow(tp_stream_t handle, tp__stream **out,
-                               bool *idle) {
+tp_error_t tp__stream_get_slow(tp_stream_t handle, bool uncaptured,
+                               tp__stream **out, bool *idle) {
   if (handle == NULL)
     return tp__legacy_get(current_device, out);
   uint64_t gen = atomic_load_explicit(&tp__stream_gen, memory_order_acquire);
@@ -321,7 +323,7 @@ tp_error_t tp__stream_get_slow(tp_stream_t handle, tp__stream **out,
     memset(&tls_cache, 0, sizeof tls_cache);
     tls_cache.gen = gen;
   }
-  if (foreign_cached(handle, out, idle))
+  if (foreign_cached(handle, uncaptured, out, idle))
     return TP_SUCCESS;
   tp__mutex_lock(&reg_lock);
   tp__stream *s = reg_find_handle(handle);

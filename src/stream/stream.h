@@ -230,11 +230,13 @@ typedef struct tp__stream_last {
 extern TP_TLS tp__stream_last tp__stream_last_used;
 extern _Atomic uint64_t tp__stream_gen;
 /* `idle`, where not NULL, is set when resolving the stream showed that it
- * does not capture, so that the caller need not ask again. */
-tp_error_t tp__stream_get_slow(tp_stream_t handle, tp__stream **out,
-                               bool *idle);
-/* Resolves a handle as tp__stream_get does, with *idle as above. */
-static inline tp_error_t tp__stream_resolve(tp_stream_t handle,
+ * does not capture, so that the caller need not ask again. `uncaptured`:
+ * the caller knows that nothing captures, and no capture question is
+ * asked (a stream met before is still told from a new one by its uid). */
+tp_error_t tp__stream_get_slow(tp_stream_t handle, bool uncaptured,
+                               tp__stream **out, bool *idle);
+/* Resolves a handle as tp__stream_get does, with the rest as above. */
+static inline tp_error_t tp__stream_resolve(tp_stream_t handle, bool uncaptured,
                                             tp__stream **out, bool *idle) {
   tp__stream_last *l = &tp__stream_last_used;
   *idle = false;
@@ -244,11 +246,11 @@ static inline tp_error_t tp__stream_resolve(tp_stream_t handle,
     *out = l->stream;
     return TP_SUCCESS;
   }
-  return tp__stream_get_slow(handle, out, idle);
+  return tp__stream_get_slow(handle, uncaptured, out, idle);
 }
 static inline tp_error_t tp__stream_get(tp_stream_t handle, tp__stream **out) {
   bool idle;
-  return tp__stream_resolve(handle, out, &idle);
+  return tp__stream_resolve(handle, false, out, &idle);
 }
 
 #endif /* TP_STREAM_H */

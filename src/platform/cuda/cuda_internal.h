@@ -214,8 +214,8 @@ tp_error_t tp__cu_stream_create(int device, unsigned flags, tp__pstream **ps,
 tp_error_t tp__cu_stream_destroy(tp__pstream *ps);
 tp_error_t tp__cu_stream_legacy(int device, tp__stream_desc *desc);
 tp_error_t tp__cu_stream_adopt(tp_stream_t handle, tp__stream_desc *desc);
-tp_error_t tp__cu_stream_identify(tp_stream_t handle, uint64_t *uid,
-                                  tp_capture_status_t *status);
+tp_error_t tp__cu_stream_identify(tp_stream_t handle, bool ask_capture,
+                                  uint64_t *uid, tp_capture_status_t *status);
 tp_error_t tp__cu_stream_synchronize(tp__pstream *ps);
 tp_error_t tp__cu_stream_query(tp__pstream *ps);
 tp_error_t tp__cu_stream_poll(tp__pstream *ps);

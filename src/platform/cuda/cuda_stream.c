@@ -157,9 +157,9 @@ tp_error_t tp__cu_stream_adopt(tp_stream_t handle, tp__stream_desc *desc) {
 
 /* Two driver calls, where adopting takes four: the capture question first,
  * since the id is refused (and the capture invalidated) while the stream
- * captures. */
-tp_error_t tp__cu_stream_identify(tp_stream_t handle, uint64_t *uid,
-                                  tp_capture_status_t *status) {
+ * captures; one where the caller knows that nothing captures. */
+tp_error_t tp__cu_stream_identify(tp_stream_t handle, bool ask_capture,
+                                  uint64_t *uid, tp_capture_status_t *status) {
   CUstream s = (CUstream)handle;
   *uid = 0;
   *status = TP_CAPTURE_STATUS_NONE;
@@ -168,8 +168,9 @@ tp_error_t tp__cu_stream_identify(tp_stream_t handle, uint64_t *uid,
   TP_RETURN_IF((uintptr_t)s < TP_CU_SPECIAL_LIMIT && s != CU_STREAM_PER_THREAD,
                TP_ERROR_NOT_SUPPORTED);
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-  CUresult r = tp__cu.cuStreamIsCapturing ? tp__cu.cuStreamIsCapturing(s, &st)
-                                          : CUDA_SUCCESS;
+  CUresult r = ask_capture && tp__cu.cuStreamIsCapturing
+                   ? tp__cu.cuStreamIsCapturing(s, &st)
+                   : CUDA_SUCCESS;
   TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
   *status = (tp_capture_status_t)st;
   if (st != CU_STREAM_CAPTURE_STATUS_NONE)
