@@ -206,6 +206,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--pin", help="CPUs for every child, e.g. 2-5")
     ap.add_argument("--lib", help="libtidepool.so for tidepool's children")
+    ap.add_argument("--lib2", help="a second libtidepool.so, for the children named "
+                    "tidepool/lib2")
     ap.add_argument("--json", help="also write every step's time here")
     ap.add_argument("--null-lib", help="bench/null_alloc/null_alloc.c built as a shared "
                     "library: the allocator \"null\", PyTorch's pluggable path "

@@ -68,14 +68,15 @@ def base(name):
     """An allocator's kind: "tidepool/N" is tidepool with the growth slack
     N (parts per million, TIDEPOOL_TORCH_GROWTH_SLACK), "tidepool/nohooks"
     tidepool without the allocator hooks (TIDEPOOL_TORCH_HOOKS=0: every
-    allocation asks the driver whether its stream captures)."""
+    allocation asks the driver whether its stream captures), "tidepool/lib2"
+    tidepool from the library given by --lib2 (two builds side by side)."""
     return name.split("/", 1)[0]
 
 
 def variant_ok(name):
     """Whether a name with a "/" is one base() explains."""
     v = name.split("/", 1)[1]
-    return base(name) == "tidepool" and (v.isdigit() or v == "nohooks")
+    return base(name) == "tidepool" and (v.isdigit() or v in ("nohooks", "lib2"))
 
 
 # (batch, sequence) shapes; each step draws one with a seeded generator.
@@ -290,12 +291,19 @@ def child_env(name, args):
         env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATORS[base(name)]
     if base(name) == "tidepool" and "/" in name:
         v = name.split("/", 1)[1]
-        env.update({"TIDEPOOL_TORCH_HOOKS": "0"} if v == "nohooks"
-                   else {"TIDEPOOL_TORCH_GROWTH_SLACK": v})
+        if v == "nohooks":
+            env["TIDEPOOL_TORCH_HOOKS"] = "0"
+        elif v == "lib2":
+            if not getattr(args, "lib2", None):
+                return None, "tidepool/lib2 needs --lib2"
+        else:
+            env["TIDEPOOL_TORCH_GROWTH_SLACK"] = v
     # cuBLAS is deterministic on one stream only with a fixed workspace.
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     if args.lib:
         env["TIDEPOOL_LIB"] = os.path.abspath(args.lib)
+    if name == "tidepool/lib2":
+        env["TIDEPOOL_LIB"] = os.path.abspath(args.lib2)
     if name == "tidepool-run":
         lib = os.environ.get("TIDEPOOL_PRELOAD_LIB")
         if not lib or not os.path.exists(lib):
@@ -400,7 +408,7 @@ def parent(args):
     for n in names:
         if base(n) not in ALLOCATORS or ("/" in n and not variant_ok(n)):
             sys.exit(f"unknown allocator {n!r}; known: {', '.join(ALLOCATORS)}, "
-                     "tidepool/SLACK, tidepool/nohooks")
+                     "tidepool/SLACK, tidepool/nohooks, tidepool/lib2")
 
     print(f"== torch_train_bench: {cfg['layers']} layers, d_model {cfg['d_model']}, "
           f"{cfg['heads']} heads, vocab {cfg['vocab']}, {len(cfg['shapes'])} shapes, "
@@ -570,6 +578,7 @@ def main():
                     "the growth slack N (parts per million)")
     ap.add_argument("--lib", help="libtidepool.so to use (else $TIDEPOOL_LIB or "
                     "the module's search)")
+    ap.add_argument("--lib2", help="a second libtidepool.so, for tidepool/lib2")
     ap.add_argument("--json", help="also write the full results (with every loss "
                     "and step time) to this file")
     ap.add_argument("--pin", help="CPUs every run is bound to, e.g. 2-5 (default: "
