@@ -212,10 +212,10 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
   if (!p->torn_down) {
     /* The stream's own cached blocks go back first, so that they merge
      * with their neighbours before the search. The small ones too: kept
-     * cached when the search succeeds without growing (and given back only
-     * when it would grow), their frees had less time to complete, fewer
-     * slabs emptied, and gpt2_generate replayed at 1.0335 instead of
-     * 1.0249, while gpt_train took 92% fewer small slow paths. */
+     * cached unless the search would grow, their frees had less time to
+     * complete, fewer slabs emptied, and gpt2_generate replayed at 1.0335
+     * instead of 1.0249 (bench/RESULTS.md, "Small slow paths taking their
+     * stream's pending blocks in a batch"). */
     c = tp__caches_drain_one(&p->caches, s);
     if (!c)
       c = tp__cache_ensure(&p->caches, s);

@@ -114,8 +114,8 @@ static tp_error_t slab_new(const tp__reuse *r, tp__stream *a, unsigned cls,
   return err;
 }
 
-/* For small blocks the same order, a class at a time: ready blocks or
- * pending ones the stream may use, then ones found completed by polling, a
+/* For small blocks the same order, a class at a time: ready blocks or a
+ * pending one the stream may use, then ones found completed by polling, a
  * slab from free memory, a pending block behind a dependency, and only then
  * a slab from new memory. */
 uint32_t tp__reuse_small(const tp__reuse *r, tp__stream *a, unsigned cls,
@@ -127,8 +127,8 @@ uint32_t tp__reuse_small(const tp__reuse *r, tp__stream *a, unsigned cls,
     uint32_t n = tp__slabs_take_ready(r->slabs, cls, out, want);
     if (n)
       return n;
-    if ((n = tp__slabs_take_pending(r->slabs, cls, &now, out, want)) != 0)
-      return n;
+    if (tp__slabs_take_pending(r->slabs, cls, &now, out))
+      return 1;
     switch (step) {
     case 0:
       if (r->opportunistic)
@@ -137,8 +137,8 @@ uint32_t tp__reuse_small(const tp__reuse *r, tp__stream *a, unsigned cls,
     case 1: *err = slab_new(r, a, cls, false); break;
     case 2:
       if (r->internal_deps &&
-          (n = tp__slabs_take_pending(r->slabs, cls, &later, out, 1)) != 0)
-        return n;
+          tp__slabs_take_pending(r->slabs, cls, &later, out))
+        return 1;
       *err = slab_new(r, a, cls, true);
       break;
     default: break;

@@ -95,25 +95,19 @@ static void pending_remove(tp__slabs *ss, unsigned cls, uint32_t i) {
   v[i] = v[--ss->npending[cls]];
 }
 
-uint32_t tp__slabs_take_pending(tp__slabs *ss, unsigned cls, const tp__taker *t,
-                                tp__centry *out, uint32_t want) {
-  uint32_t n = 0;
-  for (uint32_t i = 0; i < ss->npending[cls] && n < want;) {
+bool tp__slabs_take_pending(tp__slabs *ss, unsigned cls, const tp__taker *t,
+                            tp__centry *out) {
+  for (uint32_t i = 0; i < ss->npending[cls]; i++) {
     tp__pending *e = &ss->pending[cls][i];
-    bool own = e->tag.stream == t->a;
-    if (n > 0 ? !own
-              : !tp__stream_may_use(t->a, &e->tag, t->follow) &&
-                    (!t->deps ||
-                     tp__stream_make_wait(t->a, &e->tag) != TP_SUCCESS)) {
-      i++;
+    if (!tp__stream_may_use(t->a, &e->tag, t->follow) &&
+        (!t->deps || tp__stream_make_wait(t->a, &e->tag) != TP_SUCCESS))
       continue;
-    }
-    out[n++] =
-        (tp__centry){e->slab->base + (uintptr_t)e->idx * e->slab->bsize,
-                     e->slab, own ? e->tag.epoch : 0, own ? e->tag.lseq : 0};
-    pending_remove(ss, cls, i); /* the last entry moves to i */
+    out[0] = (tp__centry){e->slab->base + (uintptr_t)e->idx * e->slab->bsize,
+                          e->slab, 0, 0};
+    pending_remove(ss, cls, i);
+    return true;
   }
-  return n;
+  return false;
 }
 
 /* ---- making and unmaking

@@ -67,13 +67,10 @@ size_t tp__slab_bytes(unsigned cls);
  * with the stream that caches the group). Returns how many. */
 uint32_t tp__slabs_take_ready(tp__slabs *ss, unsigned cls, tp__centry *out,
                               uint32_t want);
-/* Pending blocks of the class the taker may take (see blocks.h), up to
- * `want`: the first by any rule the taker allows, the others only frees of
- * the taker's own stream, whose tags the entries keep (epoch and lseq), so
- * that a stream cache holding them gives them back as pending as they
- * were. Returns how many. */
-uint32_t tp__slabs_take_pending(tp__slabs *ss, unsigned cls, const tp__taker *t,
-                                tp__centry *out, uint32_t want);
+/* One pending block of the class the taker may take (see blocks.h),
+ * handed out at once so that its tag is not lost. */
+bool tp__slabs_take_pending(tp__slabs *ss, unsigned cls, const tp__taker *t,
+                            tp__centry *out);
 /* Carves a slab of the class from a large block shaped for it (taken with
  * tp__slab_bytes), whose tag its blocks inherit. On failure the block is
  * the caller's still. */
