@@ -408,15 +408,17 @@ static void **records_take(void *ptr, uint32_t *n) {
 }
 
 /* Where `stream`'s work goes now: 0 outside any capture, 1 to a capture,
- * -1 nowhere (the legacy stream while a blocking stream captures, or a
- * stream that cannot be asked). Without a capture announced, 0. */
+ * -1 nowhere (the legacy stream while a blocking stream captures). Without
+ * a capture announced, 0; a stream that cannot be asked (destroyed, say)
+ * counts as outside, and the order with it is then tried. */
 static int capture_side(void *stream) {
   if (uncaptured())
     return 0;
   tp_capture_status_t status = TP_CAPTURE_STATUS_NONE;
-  if (tp_stream_is_capturing((tp_stream_t)stream, &status) != TP_SUCCESS)
+  tp_error_t err = tp_stream_is_capturing((tp_stream_t)stream, &status);
+  if (err == TP_ERROR_STREAM_CAPTURE_IMPLICIT)
     return -1;
-  return status != TP_CAPTURE_STATUS_NONE;
+  return err == TP_SUCCESS && status != TP_CAPTURE_STATUS_NONE;
 }
 
 /* Makes `stream` wait for the work queued so far on each stream recorded
@@ -453,6 +455,11 @@ static tp_error_t wait_recorded(void *ptr, void *stream) {
       (void)tp_event_destroy(e);
   }
   free(streams);
+  /* An order that could not be queued (a recorded stream destroyed since,
+   * say) is replaced by waiting for the whole device, outside a capture, so
+   * that the memory is neither reused early nor lost. */
+  if (err != TP_SUCCESS && side == 0)
+    err = tp_device_synchronize();
   return err;
 }
 
@@ -500,7 +507,8 @@ TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream) {
     trace("free_requested", ptr, size, stream);
   if (err == TP_SUCCESS) {
     /* The records go with the pointer even where the wait fails: the free
-     * is then refused, and the memory stays allocated rather than reused
+     * is then refused (only inside a capture, or where the device cannot
+     * be waited for), and the memory stays allocated rather than reused
      * too early. */
     err = wait_recorded(ptr, stream);
     if (err == TP_SUCCESS)
