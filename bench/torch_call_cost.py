@@ -29,14 +29,9 @@ def main():
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--lib", help="libtidepool.so (else TIDEPOOL_LIB or the build tree)")
     args = ap.parse_args()
-    if args.allocator == "expandable":
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    if args.allocator == "tidepool":
-        if args.lib:
-            os.environ["TIDEPOOL_LIB"] = os.path.abspath(args.lib)
-        sys.path.insert(0, os.path.join(HERE, "..", "integrations", "pytorch"))
-        import tidepool_torch
-        tidepool_torch.install()
+    sys.path.insert(0, HERE)
+    import torch_train_bench as ttb
+    ttb.use_in_process(args.allocator, args.lib)
     import torch
 
     side = torch.cuda.Stream()

@@ -26,17 +26,10 @@ def main():
     ap.add_argument("--lib", help="libtidepool.so (else $TIDEPOOL_LIB)")
     args = ap.parse_args()
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-    if args.allocator == "expandable":
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    if args.allocator == "tidepool":
-        if args.lib:
-            os.environ["TIDEPOOL_LIB"] = os.path.abspath(args.lib)
-        sys.path.insert(0, os.path.join(HERE, "..", "integrations", "pytorch"))
-        import tidepool_torch
-        tidepool_torch.install()
+    import torch_train_bench as tb
+    tb.use_in_process(args.allocator, args.lib)
     import torch
     from torch.profiler import profile, ProfilerActivity
-    import torch_train_bench as tb
 
     cfg = {"vocab": 32000, "d_model": 768, "layers": 12, "heads": 12,
            "shapes": tb.SHAPES, "dropout": 0.1}

@@ -73,6 +73,19 @@ def base(name):
     return name.split("/", 1)[0]
 
 
+def use_in_process(allocator, lib=None):
+    """Makes this process's PyTorch allocate with `allocator` ("caching",
+    "expandable" or "tidepool"); before torch touches the GPU."""
+    if allocator == "expandable":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if allocator == "tidepool":
+        if lib:
+            os.environ["TIDEPOOL_LIB"] = os.path.abspath(lib)
+        sys.path.insert(0, os.path.join(REPO, "integrations", "pytorch"))
+        import tidepool_torch
+        tidepool_torch.install()
+
+
 def variant_ok(name):
     """Whether a name with a "/" is one base() explains."""
     v = name.split("/", 1)[1]
