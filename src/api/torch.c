@@ -455,7 +455,7 @@ static tp_error_t wait_recorded(void *ptr, void *stream) {
       (void)tp_event_destroy(e);
   }
   free(streams);
-  /* An order that could not be queued (a recorded stream destroyed since,
+  /* An order that could not be queued (an event that could not be made,
    * say) is replaced by waiting for the whole device, outside a capture, so
    * that the memory is neither reused early nor lost. */
   if (err != TP_SUCCESS && side == 0)
