@@ -18,6 +18,7 @@ import ctypes
 import ctypes.util
 import os
 import sys
+import warnings
 
 __all__ = [
     "find_library",
@@ -181,7 +182,12 @@ def _install_hooks(allocator, lib):
     for setter, symbol in _HOOKS:
         if target is None or not hasattr(target, setter) or not hasattr(lib, symbol):
             continue
-        getattr(target, setter)(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
+        try:
+            getattr(target, setter)(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
+        except (TypeError, RuntimeError) as e:  # a PyTorch whose setter changed
+            warnings.warn(f"tidepool: {setter} refused the hook ({e}); "
+                          "that behaviour stays PyTorch's default")
+            continue
         installed.add(setter)
     return {"set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn"} <= installed
 
