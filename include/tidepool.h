@@ -835,10 +835,10 @@ TP_API tp_error_t tp_torch_reset_peaks(int device);
 TP_API tp_error_t tp_torch_timing(uint64_t out[4]);
 
 /* Waits for all work on `device` (tp_device_synchronize), then releases the
- * current pool's free memory until at most `keep` bytes stay reserved. What
- * torch.cuda.empty_cache() does for PyTorch's own allocators; PyTorch does
- * not forward that call to a pluggable allocator. Errors: INVALID_DEVICE,
- * ILLEGAL_ADDRESS, PLATFORM. */
+ * current pool's free memory until at most `keep` bytes stay reserved
+ * (tidepool_torch.trim(); torch.cuda.empty_cache() reaches it with keep 0
+ * through tp_torch_empty_cache). Errors: INVALID_DEVICE, ILLEGAL_ADDRESS,
+ * PLATFORM. */
 TP_API tp_error_t tp_torch_trim(int device, size_t keep);
 
 /* The hooks that integrations/pytorch installs on its CUDAPluggableAllocator

@@ -270,8 +270,9 @@ def reset_peaks(device=None):
 
 def trim(device=None, keep=0):
     """Waits for the device's work, then gives free memory back to the GPU
-    until at most `keep` bytes stay reserved: what torch.cuda.empty_cache()
-    does for PyTorch's own allocators (it is a no-op with a pluggable one)."""
+    until at most `keep` bytes stay reserved. torch.cuda.empty_cache() does
+    the same with keep 0 on every device, where install() could set its
+    hook."""
     lib = _load()
     dev = _device_index(device)
     _check(lib.tp_torch_trim(dev, keep), f"tp_torch_trim(device {dev})")
