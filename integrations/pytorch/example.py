@@ -64,7 +64,7 @@ def main():
 
     del model, opt, x, y, loss
     show("after del")
-    tidepool_torch.trim()  # what torch.cuda.empty_cache() does elsewhere
+    tidepool_torch.trim()  # torch.cuda.empty_cache() does the same, all devices
     show("after trim")
     tidepool_torch.reset_peaks()
     show("after reset_peaks")
