@@ -453,13 +453,16 @@ static tp_error_t wait_recorded(void *ptr, void *stream) {
       err = tp_stream_wait_event((tp_stream_t)stream, e, 0);
     if (e)
       (void)tp_event_destroy(e);
+    /* An order that cannot be queued (a stream of another device, whose
+     * event this device's context cannot record) is replaced, outside a
+     * capture, by waiting for the recorded stream's work here, and failing
+     * that for the device's: the memory is neither reused early nor lost. */
+    if (err != TP_SUCCESS && side == 0)
+      err = tp_stream_synchronize((tp_stream_t)streams[i]);
+    if (err != TP_SUCCESS && side == 0)
+      err = tp_device_synchronize();
   }
   free(streams);
-  /* An order that could not be queued (an event that could not be made,
-   * say) is replaced by waiting for the whole device, outside a capture, so
-   * that the memory is neither reused early nor lost. */
-  if (err != TP_SUCCESS && side == 0)
-    err = tp_device_synchronize();
   return err;
 }
 
@@ -507,9 +510,9 @@ TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream) {
     trace("free_requested", ptr, size, stream);
   if (err == TP_SUCCESS) {
     /* The records go with the pointer even where the wait fails: the free
-     * is then refused (only inside a capture, or where the device cannot
-     * be waited for), and the memory stays allocated rather than reused
-     * too early. */
+     * is then refused (only inside a capture, or where nothing could be
+     * waited for), and the memory stays allocated rather than reused too
+     * early. */
     err = wait_recorded(ptr, stream);
     if (err == TP_SUCCESS)
       err = uncaptured() ? tp__free_async_uncaptured(ptr, (tp_stream_t)stream)
