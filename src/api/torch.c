@@ -433,6 +433,8 @@ static tp_error_t wait_recorded(void *ptr, void *stream) {
   pthread_mutex_lock(&record_lock);
   void **streams = records_take(ptr, &n);
   pthread_mutex_unlock(&record_lock);
+  if (!n)
+    return TP_SUCCESS;
   tp_error_t err = TP_SUCCESS;
   int side = capture_side(stream);
   for (uint32_t i = 0; i < n && err == TP_SUCCESS; i++) {
