@@ -54,13 +54,13 @@ bool tp__graph_on_wait(tp__stream *s, tp_event_t event, tp__event *e,
 tp_error_t tp__graph_event_check(tp_event_t event);
 void tp__graph_event_forget(tp_event_t event);
 
-/* tp_malloc_async and tp_free_async for a caller that knows that no stream
- * of the process captures now, so that the capture question (a driver call
- * on cuda) is not asked: torch.c while PyTorch, which announces its
- * captures, has none under way. */
-tp_error_t tp__malloc_async_uncaptured(void **ptr, size_t size,
-                                       tp_stream_t stream);
-tp_error_t tp__free_async_uncaptured(void *ptr, tp_stream_t stream);
+/* tp_malloc_async and tp_free_async; `uncaptured`: the caller knows that no
+ * stream of the process captures now, so that the capture question (a
+ * driver call on cuda) is not asked (torch.c while PyTorch, which announces
+ * its captures, has none under way). */
+tp_error_t tp__malloc_async_as(void **ptr, size_t size, tp_stream_t stream,
+                               bool uncaptured);
+tp_error_t tp__free_async_as(void *ptr, tp_stream_t stream, bool uncaptured);
 
 /* A destroyed pool that was current for its location stops being so. */
 void tp__current_pools_forget(tp_pool_t pool);

@@ -372,17 +372,15 @@ static tp_error_t malloc_async(void **ptr, size_t size, tp_stream_t stream,
   return malloc_current(ptr, size, s, idle || uncaptured);
 }
 
-TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream) {
+tp_error_t tp__malloc_async_as(void **ptr, size_t size, tp_stream_t stream,
+                               bool uncaptured) {
   TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);
   TP_FORWARD(tp__api_init());
-  return TP_GUARDED(malloc_async(ptr, size, stream, false));
+  return TP_GUARDED(malloc_async(ptr, size, stream, uncaptured));
 }
 
-tp_error_t tp__malloc_async_uncaptured(void **ptr, size_t size,
-                                       tp_stream_t stream) {
-  TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);
-  TP_FORWARD(tp__api_init());
-  return TP_GUARDED(malloc_async(ptr, size, stream, true));
+TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream) {
+  return tp__malloc_async_as(ptr, size, stream, false);
 }
 
 static tp_error_t malloc_from(void **ptr, size_t size, tp_pool_t pool,
@@ -432,12 +430,11 @@ static tp_error_t free_async(void *ptr, tp_stream_t stream, bool uncaptured) {
   return free_on(ptr, s, idle || uncaptured);
 }
 
-TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream) {
+tp_error_t tp__free_async_as(void *ptr, tp_stream_t stream, bool uncaptured) {
   TP_FORWARD(tp__api_init());
-  return TP_GUARDED(free_async(ptr, stream, false));
+  return TP_GUARDED(free_async(ptr, stream, uncaptured));
 }
 
-tp_error_t tp__free_async_uncaptured(void *ptr, tp_stream_t stream) {
-  TP_FORWARD(tp__api_init());
-  return TP_GUARDED(free_async(ptr, stream, true));
+TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream) {
+  return tp__free_async_as(ptr, stream, false);
 }

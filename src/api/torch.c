@@ -392,19 +392,25 @@ static uint32_t nrecords, caprecords;
 static _Atomic uint32_t nrecords_seen; /* nrecords, read without the lock */
 static atomic_bool records_lost;       /* a record failed for want of memory */
 
+/* `ptr`'s entry, or NULL; record_lock held. */
+static recorded *records_find(void *ptr) {
+  for (uint32_t i = 0; i < nrecords; i++)
+    if (records[i].ptr == ptr)
+      return &records[i];
+  return NULL;
+}
+
 /* Takes out `ptr`'s recorded streams (NULL when none); record_lock held. */
 static void **records_take(void *ptr, uint32_t *n) {
-  for (uint32_t i = 0; i < nrecords; i++) {
-    if (records[i].ptr != ptr)
-      continue;
-    void **streams = records[i].streams;
-    *n = records[i].n;
-    records[i] = records[--nrecords];
-    atomic_store_explicit(&nrecords_seen, nrecords, memory_order_relaxed);
-    return streams;
-  }
+  recorded *r = records_find(ptr);
   *n = 0;
-  return NULL;
+  if (!r)
+    return NULL;
+  void **streams = r->streams;
+  *n = r->n;
+  *r = records[--nrecords];
+  atomic_store_explicit(&nrecords_seen, nrecords, memory_order_relaxed);
+  return streams;
 }
 
 /* Where `stream`'s work goes now: 0 outside any capture, 1 to a capture,
@@ -483,10 +489,8 @@ TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream) {
   uint64_t t0 = TP_UNLIKELY(timed_call) ? now_ns() : 0;
   tp_error_t err = enter(device, &saved);
   if (err == TP_SUCCESS) {
-    err = uncaptured()
-              ? tp__malloc_async_uncaptured(&ptr, (size_t)size,
-                                            (tp_stream_t)stream)
-              : tp_malloc_async(&ptr, (size_t)size, (tp_stream_t)stream);
+    err = tp__malloc_async_as(&ptr, (size_t)size, (tp_stream_t)stream,
+                              uncaptured());
     /* Recorded with the device current: NULL names its legacy stream. */
     if (err == TP_SUCCESS && TP_UNLIKELY(trace_file != NULL))
       trace("alloc", ptr, size, stream);
@@ -517,8 +521,7 @@ TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream) {
      * early. */
     err = wait_recorded(ptr, stream);
     if (err == TP_SUCCESS)
-      err = uncaptured() ? tp__free_async_uncaptured(ptr, (tp_stream_t)stream)
-                         : tp_free_async(ptr, (tp_stream_t)stream);
+      err = tp__free_async_as(ptr, (tp_stream_t)stream, uncaptured());
     leave(saved);
   }
   if (TP_UNLIKELY(timed_call))
@@ -585,10 +588,7 @@ TP_API void tp_torch_record_stream(void *ptr, void *stream) {
   if (!ptr)
     return;
   pthread_mutex_lock(&record_lock);
-  recorded *r = NULL;
-  for (uint32_t i = 0; i < nrecords && !r; i++)
-    if (records[i].ptr == ptr)
-      r = &records[i];
+  recorded *r = records_find(ptr);
   bool ok = true;
   if (!r && (ok = TP_ARRAY_ROOM(records, nrecords, caprecords))) {
     r = &records[nrecords++];
