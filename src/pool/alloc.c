@@ -11,7 +11,7 @@ static tp_error_t malloc_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
 static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
                       const tp__centry *e, int64_t req);
 static void peak_note(tp__pool *p, int64_t delta, bool rose);
-static uint64_t peak_gen(const tp__pool *p);
+static uint64_t peak_key(const tp__pool *p);
 
 /* ---- the fast path ----------------------------------------------------------
  * The bytes-asked word (or entry) is written before the pointer is handed
@@ -45,7 +45,7 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
     tp__blspin_lock(&s->lock);
     tp__cache *c = tp__cache_find(s, &p->caches);
     if (TP_LIKELY(tp__cache_pop_small(c, cls, &e))) {
-      bool rose = tp__cache_count_up(c, (int64_t)size, peak_gen(p));
+      bool rose = tp__cache_count_up(c, (int64_t)size, peak_key(p));
       tp__blspin_unlock(&s->lock);
       *ptr = finish_small(&e, size);
       peak_note(p, (int64_t)size, rose);
@@ -58,7 +58,7 @@ tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
   tp__cache *c = tp__cache_find(s, &p->caches);
   tp__block *b = tp__cache_pop_large(c, r, p->space.gran);
   if (TP_LIKELY(b != NULL)) {
-    bool rose = tp__cache_count_up(c, (int64_t)size, peak_gen(p));
+    bool rose = tp__cache_count_up(c, (int64_t)size, peak_key(p));
     tp__blspin_unlock(&s->lock);
     *ptr = finish_large(p, b, size);
     peak_note(p, (int64_t)size, rose);
@@ -190,7 +190,7 @@ static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
     uint32_t kept = 1;
     while (kept < n && c->n[cls] < TP_SMALL_CACHE)
       c->v[cls][c->n[cls]++] = got[kept++];
-    rose = tp__cache_count_up(c, (int64_t)size, peak_gen(p));
+    rose = tp__cache_count_up(c, (int64_t)size, peak_key(p));
     tp__blspin_unlock(&s->lock);
     tp__cache_give_back(&p->caches, s, cls, false, got + kept, n - kept);
   }
@@ -237,7 +237,7 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
     tp__tag_clear(&b->tag); /* the user's now, in stream order on `s` */
     *ptr = finish_large(p, b, size);
     tp__blspin_lock(&s->lock);
-    rose = tp__cache_count_up(c, (int64_t)size, peak_gen(p));
+    rose = tp__cache_count_up(c, (int64_t)size, peak_key(p));
     tp__blspin_unlock(&s->lock);
   }
   TP_DEBUG_WALK(p);
@@ -367,28 +367,24 @@ tp_error_t tp__pool_free_tagged(tp__pool *p, void *ptr, tp__tag tag) {
  * peak is missed only when several threads on several streams each stay
  * below their marks (see the header). */
 typedef struct peak_slot {
-  uint64_t serial, gen;
+  uint64_t key; /* the pool's peak key when the slot started over */
   int64_t count, mark;
 } peak_slot;
 static TP_TLS peak_slot peak_slots[4];
 
-static uint64_t peak_gen(const tp__pool *p) {
-  return atomic_load_explicit(&p->peak_gen, memory_order_relaxed);
-}
-
-/* A thread's first operation on a pool since the high was last reset (or
- * since its slot served another pool) starts the slot over. */
-static void peak_slot_reset(peak_slot *t, const tp__pool *p, uint64_t gen) {
-  *t = (peak_slot){p->serial, gen, 0, 0};
+static uint64_t peak_key(const tp__pool *p) {
+  return atomic_load_explicit(&p->peak_key, memory_order_relaxed);
 }
 
 /* Notes a change of the calling thread's bytes in use, after it was
- * counted; `rose`: the cache's count passed its mark. */
+ * counted; `rose`: the cache's count passed its mark. A thread's first
+ * operation on a pool since the high was last reset (or since its slot
+ * served another pool) starts the slot over. */
 static inline void peak_note(tp__pool *p, int64_t delta, bool rose) {
   peak_slot *t = &peak_slots[p->serial % 4];
-  uint64_t gen = peak_gen(p);
-  if (TP_UNLIKELY(t->serial != p->serial || t->gen != gen))
-    peak_slot_reset(t, p, gen);
+  uint64_t key = peak_key(p);
+  if (TP_UNLIKELY(t->key != key))
+    *t = (peak_slot){key, 0, 0};
   t->count += delta;
   if (TP_UNLIKELY(delta > 0 && (t->count > t->mark || rose))) {
     if (t->count > t->mark)

@@ -23,10 +23,11 @@ struct tp__cache {
   /* Bytes asked for by allocations made on this stream, less those freed
    * on it (negative when it frees others' blocks); written under the
    * stream's lock, read by anyone. `mark` is the highest `used` reached
-   * since the pool's high was last taken for this cache (or reset: `gen`). */
+   * since the pool's high was last taken for this cache, under the pool's
+   * peak key `key` (another key: the mark is forgotten). */
   _Atomic int64_t used;
   int64_t mark;
-  uint64_t gen;
+  uint64_t key;
   uint8_t n[TP_NCLASSES + 1]; /* entries per class; [TP_NCLASSES]: large */
   tp__stream *stream;
   tp__cache *next_in_stream, *next_in_set, *prev_in_set;
@@ -66,14 +67,13 @@ static inline void tp__cache_count(tp__cache *c, int64_t delta) {
 
 /* Counts an allocation of `size` bytes; stream lock held. True when the
  * cache's count rose above its mark, which may make a new peak of the pool
- * (the caller then takes the exact total); `gen` is the pool's count of
- * resets of its high. */
+ * (the caller then takes the exact total); `key` is the pool's peak key. */
 static inline bool tp__cache_count_up(tp__cache *c, int64_t size,
-                                      uint64_t gen) {
+                                      uint64_t key) {
   int64_t u = atomic_load_explicit(&c->used, memory_order_relaxed) + size;
   atomic_store_explicit(&c->used, u, memory_order_relaxed);
-  if (TP_UNLIKELY(c->gen != gen)) {
-    c->gen = gen;
+  if (TP_UNLIKELY(c->key != key)) {
+    c->key = key;
     c->mark = u - size;
   }
   if (u <= c->mark)

@@ -11,6 +11,9 @@
 #include "pool/pool.h"
 
 static _Atomic uint64_t pool_serial;
+/* Where every pool's peak_key comes from: each creation and each reset of a
+ * high watermark takes the next. */
+static _Atomic uint64_t peak_keys;
 
 /* Every live pool, for synchronize and stream destruction to visit. Taken
  * before any pool lock, never while one is held. */
@@ -51,6 +54,7 @@ static tp__pool *pool_alloc(const tp_pool_props_t *props) {
   }
   p->handle = h;
   p->serial = atomic_fetch_add(&pool_serial, 1) + 1;
+  atomic_init(&p->peak_key, atomic_fetch_add(&peak_keys, 1) + 1);
   p->props = *props;
   atomic_init(&p->follow_events, 1);
   atomic_init(&p->opportunistic, 1);
@@ -340,7 +344,7 @@ static tp_error_t reset_used_high(tp__pool *p, uint64_t v) {
   (void)v;
   tp__mutex_lock(&p->lock);
   atomic_store(&p->used_high, tp__pool_used(p));
-  atomic_fetch_add(&p->peak_gen, 1);
+  atomic_store(&p->peak_key, atomic_fetch_add(&peak_keys, 1) + 1);
   tp__mutex_unlock(&p->lock);
   return TP_SUCCESS;
 }

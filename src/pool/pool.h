@@ -45,9 +45,10 @@ struct tp__pool {
    * fields up to `space` and the space's first ones (space.h), so that a
    * call in a busy process misses on one line of the pool, not five. */
   _Alignas(64) uint64_t serial;
-  /* Raised by every reset of the used high watermark, so that each thread
-   * forgets the mark it kept for itself (see pool.c). */
-  _Atomic uint64_t peak_gen;
+  /* Names the pool and the period since its used high watermark was last
+   * reset, never the same twice in the process: a thread's or a cache's
+   * mark kept under another key is forgotten (see alloc.c). */
+  _Atomic uint64_t peak_key;
   /* Allocations whose free ops->free must see first (exported ones not
    * yet freed, or freed but still held by an importer). It is raised
    * before the export returns, so a free ordered after it sees it. */
