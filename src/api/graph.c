@@ -8,6 +8,7 @@
 #include "api/api.h"
 #include "common/guard.h"
 #include "graph/graph_mem.h"
+#include "pool/alloc.h"
 
 /* ---- handles ----------------------------------------------------------------
  * As with pools, a destroyed handle stays allocated, marked dead, for the

@@ -6,6 +6,7 @@
 #include "api/api.h"
 #include "common/guard.h"
 #include "ipc/ipc.h"
+#include "pool/alloc.h"
 
 /* ---- default and current pools --------------------------------------------
  * Keyed by location and type: device d pinned, device d managed, host, host
@@ -326,8 +327,9 @@ TP_API tp_error_t tp_pool_set_access(tp_pool_t pool,
 /* An allocation on `s` from `pool`: a graph's when the stream is being
  * captured, else the pool's. `idle`: resolving the stream just showed that
  * it does not capture. */
-static tp_error_t malloc_on(void **ptr, size_t size, tp_pool_t pool,
-                            tp__pool *p, tp__stream *s, bool idle) {
+static TP_ALWAYS_INLINE tp_error_t malloc_on(void **ptr, size_t size,
+                                             tp_pool_t pool, tp__pool *p,
+                                             tp__stream *s, bool idle) {
   if (TP_UNLIKELY(!idle && tp__graph_capturing(s)))
     return tp__graph_malloc(ptr, size, pool, s);
   return tp__pool_malloc(p, ptr, size, s);
@@ -340,8 +342,8 @@ static tp_error_t malloc_on(void **ptr, size_t size, tp_pool_t pool,
  * error stands). Should a destroyed pool still be found there (made current
  * while it was being destroyed), the slot goes back to the default pool,
  * which cannot be destroyed. */
-static tp_error_t malloc_current(void **ptr, size_t size, tp__stream *s,
-                                 bool idle) {
+static TP_ALWAYS_INLINE tp_error_t malloc_current(void **ptr, size_t size,
+                                                  tp__stream *s, bool idle) {
   for (int tries = 0;; tries++) {
     tp_pool_t pool;
     tp__pool *p;
@@ -360,8 +362,9 @@ static tp_error_t malloc_current(void **ptr, size_t size, tp__stream *s,
 /* The stream is resolved inside the guard, which keeps a stream destroyed
  * meanwhile readable until the call leaves (see tp_stream_destroy).
  * `uncaptured`: the caller knows that nothing captures (see api.h). */
-static tp_error_t malloc_async(void **ptr, size_t size, tp_stream_t stream,
-                               bool uncaptured) {
+static TP_ALWAYS_INLINE tp_error_t malloc_async(void **ptr, size_t size,
+                                                tp_stream_t stream,
+                                                bool uncaptured) {
   tp__stream *s;
   bool idle;
   TP_FORWARD(tp__stream_resolve(stream, uncaptured, &s, &idle));

@@ -112,29 +112,40 @@ static inline void tp__blspin_init(tp__blspin *b, tp__rank rank) {
   atomic_init(&b->revoked, 0);
 }
 void tp__blspin_lock_slow(tp__blspin *b);
-static inline void tp__blspin_lock(tp__blspin *b) {
+/* Takes the lock; true when the caller entered in bias, which
+ * tp__blspin_leave is told so that it need not find it out again (the
+ * allocation fast path's pair). */
+static inline bool tp__blspin_enter(tp__blspin *b) {
   if (TP_LIKELY(atomic_load_explicit(&b->owner, memory_order_relaxed) ==
                 tp__self())) {
     atomic_store_explicit(&b->busy, 1, memory_order_relaxed);
     tp__fence_light();
     if (TP_LIKELY(!atomic_load_explicit(&b->revoked, memory_order_relaxed))) {
       tp__rank_enter(b, b->spin.rank);
-      return;
+      return true;
     }
     atomic_store_explicit(&b->busy, 0, memory_order_release);
   }
   tp__blspin_lock_slow(b);
+  return false;
 }
-/* Only the owner ever sets `busy`, and it is set while the owner is inside
- * in bias; any other holder took `spin`. */
-static inline void tp__blspin_unlock(tp__blspin *b) {
-  if (atomic_load_explicit(&b->owner, memory_order_relaxed) == tp__self() &&
-      atomic_load_explicit(&b->busy, memory_order_relaxed)) {
+static inline void tp__blspin_leave(tp__blspin *b, bool biased) {
+  if (TP_LIKELY(biased)) {
     tp__rank_leave(b, b->spin.rank);
     atomic_store_explicit(&b->busy, 0, memory_order_release);
     return;
   }
   tp__spin_unlock(&b->spin);
+}
+static inline void tp__blspin_lock(tp__blspin *b) {
+  (void)tp__blspin_enter(b);
+}
+/* Only the owner ever sets `busy`, and it is set while the owner is inside
+ * in bias; any other holder took `spin`. */
+static inline void tp__blspin_unlock(tp__blspin *b) {
+  tp__blspin_leave(b, atomic_load_explicit(&b->owner, memory_order_relaxed) ==
+                              tp__self() &&
+                          atomic_load_explicit(&b->busy, memory_order_relaxed));
 }
 
 /* Checks, in debug builds, that the calling thread holds `l`. */

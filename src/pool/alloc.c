@@ -1,140 +1,14 @@
-/* Allocation and free: the fast path first (a stream's own cache, under its
- * own lock, touching nothing another stream writes), then the slow paths
- * (the pool lock and the reuse policy), then each thread's share of the
- * bytes-in-use accounting. */
-#include "pool/pool.h"
+/* Allocation and free behind the fast path of alloc.h: the frees that are
+ * not a small block's, the slow paths (the pool lock and the reuse policy),
+ * and each thread's share of the bytes-in-use accounting. */
+#include "pool/alloc.h"
 
 #include <string.h>
-
-static tp_error_t malloc_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
-                              void **ptr);
-static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
-                      const tp__centry *e, int64_t req);
-static void peak_note(tp__pool *p, int64_t delta, bool rose);
-static uint64_t peak_key(const tp__pool *p);
-
-/* ---- the fast path ----------------------------------------------------------
- * The bytes-asked word (or entry) is written before the pointer is handed
- * out, so that a free racing on another thread finds the allocation. */
-
-static void *finish_small(const tp__centry *e, size_t size) {
-  tp__slab *s = e->owner;
-  atomic_store_explicit(&s->req[tp__slab_index(s, e->addr)], (uint32_t)size,
-                        memory_order_release);
-  return (void *)e->addr;
-}
-
-/* The entry goes in before the state says USED, so that a walker that sees
- * a used block sees its entry. */
-static void *finish_large(tp__pool *p, tp__block *b, size_t size) {
-  atomic_store_explicit(&b->req, size, memory_order_relaxed);
-  _Atomic uintptr_t *e = tp__space_entry(&p->space, b->addr, false);
-  atomic_store_explicit(e, (uintptr_t)b, memory_order_release);
-  atomic_store_explicit(&b->state, TP_BLOCK_USED, memory_order_release);
-  return (void *)b->addr;
-}
-
-tp_error_t tp__pool_malloc(tp__pool *p, void **ptr, size_t size,
-                           tp__stream *s) {
-  TP_RETURN_IF(size > p->space.limit || size > SIZE_MAX - TP_GRANULE,
-               TP_ERROR_OUT_OF_MEMORY);
-  size_t r = tp__align_up(size, TP_GRANULE);
-  if (r <= TP_SMALL_MAX) {
-    unsigned cls = tp__class_of(r);
-    tp__centry e;
-    tp__blspin_lock(&s->lock);
-    tp__cache *c = tp__cache_find(s, &p->caches);
-    if (TP_LIKELY(tp__cache_pop_small(c, cls, &e))) {
-      bool rose = tp__cache_count_up(c, (int64_t)size, peak_key(p));
-      tp__blspin_unlock(&s->lock);
-      *ptr = finish_small(&e, size);
-      peak_note(p, (int64_t)size, rose);
-      return TP_SUCCESS;
-    }
-    tp__blspin_unlock(&s->lock);
-    return malloc_slow(p, s, r, size, ptr);
-  }
-  tp__blspin_lock(&s->lock);
-  tp__cache *c = tp__cache_find(s, &p->caches);
-  tp__block *b = tp__cache_pop_large(c, r, p->space.gran);
-  if (TP_LIKELY(b != NULL)) {
-    bool rose = tp__cache_count_up(c, (int64_t)size, peak_key(p));
-    tp__blspin_unlock(&s->lock);
-    *ptr = finish_large(p, b, size);
-    peak_note(p, (int64_t)size, rose);
-    return TP_SUCCESS;
-  }
-  tp__blspin_unlock(&s->lock);
-  return malloc_slow(p, s, r, size, ptr);
-}
-
-/* A freed block goes into its stream's cache with the free's position; the
- * pool lock only when the cache is full or missing. */
-static inline void free_entry(tp__pool *p, tp__stream *s, unsigned cls,
-                              bool large, uintptr_t addr, void *owner,
-                              int64_t req) {
-  tp__blspin_lock(&s->lock);
-  tp__tag t = tp__stream_tag(s);
-  tp__centry e = {addr, owner, t.epoch, t.lseq};
-  bool kept = tp__cache_push(tp__cache_find(s, &p->caches), cls, large, e, req);
-  tp__blspin_unlock(&s->lock);
-  if (!kept)
-    free_slow(p, s, cls, large, &e, req);
-  peak_note(p, -req, false);
-  tp__pool_maybe_reap(p);
-}
-
-static tp_error_t free_small(tp__pool *p, tp__slab *slab, uintptr_t addr,
-                             tp__stream *s) {
-  int64_t idx = tp__slab_index(slab, addr);
-  TP_RETURN_IF(idx < 0, TP_ERROR_INVALID_VALUE);
-  uint32_t req =
-      atomic_exchange_explicit(&slab->req[idx], 0, memory_order_acq_rel);
-  TP_RETURN_IF(req == 0, TP_ERROR_INVALID_VALUE);
-  free_entry(p, s, slab->cls, false, addr, slab, req);
-  return TP_SUCCESS;
-}
-
-static tp_error_t free_large(tp__pool *p, tp__block *b,
-                             _Atomic uintptr_t *entry, tp__stream *s) {
-  uintptr_t expect = (uintptr_t)b;
-  TP_RETURN_IF(!atomic_compare_exchange_strong_explicit(entry, &expect, 0,
-                                                        memory_order_acq_rel,
-                                                        memory_order_relaxed),
-               TP_ERROR_INVALID_VALUE);
-  int64_t req = (int64_t)atomic_load_explicit(&b->req, memory_order_relaxed);
-  atomic_store_explicit(&b->state, TP_BLOCK_CACHED, memory_order_relaxed);
-  free_entry(p, s, 0, true, b->addr, b, req);
-  return TP_SUCCESS;
-}
 
 tp_error_t tp__pool_free(void *ptr, tp__stream *s) {
   tp__pool *p = tp__registry_find((uintptr_t)ptr);
   TP_RETURN_IF(!p, TP_ERROR_INVALID_VALUE);
   return tp__pool_free_in(p, ptr, s);
-}
-
-tp_error_t tp__pool_free_in(tp__pool *p, void *ptr, tp__stream *s) {
-  uintptr_t addr = (uintptr_t)ptr;
-  TP_RETURN_IF(addr % TP_GRANULE, TP_ERROR_INVALID_VALUE);
-  /* A pool another process shares may consume the free itself: an
-   * importer gives up its hold, an exporter keeps a block an importer
-   * still holds (and frees it with this free's tag once released). The
-   * acquire pairs with the exporter's store: a pool seen unwatched shows
-   * the free that the exporter finished before its last entry went. */
-  if (TP_UNLIKELY(p->imported ||
-                  atomic_load_explicit(&p->watched, memory_order_acquire))) {
-    bool kept = false;
-    TP_FORWARD(p->ops->free(p, addr, s, &kept));
-    if (kept)
-      return TP_SUCCESS;
-  }
-  _Atomic uintptr_t *entry = tp__space_entry(&p->space, addr, false);
-  uintptr_t v = entry ? atomic_load_explicit(entry, memory_order_acquire) : 0;
-  TP_RETURN_IF(!v, TP_ERROR_INVALID_VALUE);
-  if (v & 1u)
-    return free_small(p, (tp__slab *)(v & ~(uintptr_t)1), addr, s);
-  return free_large(p, (tp__block *)v, entry, s);
 }
 
 /* ---- the slow paths
@@ -190,15 +64,15 @@ static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
     uint32_t kept = 1;
     while (kept < n && c->n[cls] < TP_SMALL_CACHE)
       c->v[cls][c->n[cls]++] = got[kept++];
-    rose = tp__cache_count_up(c, (int64_t)size, peak_key(p));
+    rose = tp__cache_count_up(c, (int64_t)size, tp__peak_key(p));
     tp__blspin_unlock(&s->lock);
     tp__cache_give_back(&p->caches, s, cls, false, got + kept, n - kept);
   }
   TP_DEBUG_WALK(p);
   tp__mutex_unlock(&p->lock);
   TP_RETURN_IF(n == 0, err);
-  *ptr = finish_small(&got[0], size);
-  peak_note(p, (int64_t)size, rose);
+  *ptr = tp__finish_small(&got[0], size);
+  tp__peak_note(p, (int64_t)size, rose);
   return TP_SUCCESS;
 }
 
@@ -235,23 +109,23 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
    * no path to a null one. */
   if (err == TP_SUCCESS && c) {
     tp__tag_clear(&b->tag); /* the user's now, in stream order on `s` */
-    *ptr = finish_large(p, b, size);
+    *ptr = tp__finish_large(p, b, size);
     tp__blspin_lock(&s->lock);
-    rose = tp__cache_count_up(c, (int64_t)size, peak_key(p));
+    rose = tp__cache_count_up(c, (int64_t)size, tp__peak_key(p));
     tp__blspin_unlock(&s->lock);
   }
   TP_DEBUG_WALK(p);
   tp__mutex_unlock(&p->lock);
   if (err == TP_SUCCESS)
-    peak_note(p, (int64_t)size, rose);
+    tp__peak_note(p, (int64_t)size, rose);
   return err;
 }
 
 /* Either slow path. A destroyed pool whose last frees completed unseen
  * still holds device memory: finding the device full, the allocation
  * finishes such pools and tries once more. */
-static tp_error_t malloc_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
-                              void **ptr) {
+tp_error_t tp__pool_malloc_slow(tp__pool *p, tp__stream *s, size_t r,
+                                size_t size, void **ptr) {
   for (int attempt = 0;; attempt++) {
     tp_error_t err = r <= TP_SMALL_MAX
                          ? small_slow(p, s, tp__class_of(r), size, ptr)
@@ -266,8 +140,8 @@ static tp_error_t malloc_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
  * cache's oldest entries make room, or, without a cache, the block goes to
  * the pool. The free is counted in the same step, so that a teardown never
  * sees the pool unused while an entry is on its way. */
-static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
-                      const tp__centry *e, int64_t req) {
+void tp__pool_free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
+                        const tp__centry *e, int64_t req) {
   tp__centry out[TP_SMALL_CACHE / 2 + 1];
   uint32_t nout = 0;
   tp__mutex_lock(&p->lock);
@@ -366,29 +240,4 @@ tp_error_t tp__pool_free_tagged(tp__pool *p, void *ptr, tp__tag tag) {
  * high is exact when one stream or one thread does all the allocating; a
  * peak is missed only when several threads on several streams each stay
  * below their marks (see the header). */
-typedef struct peak_slot {
-  uint64_t key; /* the pool's peak key when the slot started over */
-  int64_t count, mark;
-} peak_slot;
-static TP_TLS peak_slot peak_slots[4];
-
-static uint64_t peak_key(const tp__pool *p) {
-  return atomic_load_explicit(&p->peak_key, memory_order_relaxed);
-}
-
-/* Notes a change of the calling thread's bytes in use, after it was
- * counted; `rose`: the cache's count passed its mark. A thread's first
- * operation on a pool since the high was last reset (or since its slot
- * served another pool) starts the slot over. */
-static inline void peak_note(tp__pool *p, int64_t delta, bool rose) {
-  peak_slot *t = &peak_slots[p->serial % 4];
-  uint64_t key = peak_key(p);
-  if (TP_UNLIKELY(t->key != key))
-    *t = (peak_slot){key, 0, 0};
-  t->count += delta;
-  if (TP_UNLIKELY(delta > 0 && (t->count > t->mark || rose))) {
-    if (t->count > t->mark)
-      t->mark = t->count;
-    tp__pool_peak_raise(p);
-  }
-}
+TP_TLS tp__peak_slot tp__peak_slots[4];

@@ -52,6 +52,12 @@ static inline int64_t tp__slab_index(const tp__slab *s, uintptr_t addr) {
   return i * s->bsize == off ? (int64_t)i : -1;
 }
 
+/* The same for an address known to start one of the slab's blocks (a
+ * cached entry's): no check. */
+static inline uint64_t tp__slab_index_of(const tp__slab *s, uintptr_t addr) {
+  return ((uint64_t)(addr - s->base) * s->inv) >> 40;
+}
+
 /* The class of a size rounded to granules: a table lookup, on every small
  * allocation. */
 extern const uint8_t tp__class_of_steps[TP_SMALL_MAX / TP_GRANULE + 1];

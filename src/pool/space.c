@@ -135,6 +135,9 @@ tp_error_t tp__space_init(tp__space *sp, const tp__mem_kind *kind, size_t gran,
    * granule lookup's shifts rely on. */
   TP_RETURN_IF(gran == 0 || (gran & (gran - 1)) || gran < TP_GRANULE,
                TP_ERROR_NOT_SUPPORTED);
+  /* A limit in whole chunks keeps every size up to it clear of overflow
+   * when rounded to granules, which the allocation fast path relies on. */
+  TP_CHECK(limit % gran == 0);
   sp->kind = *kind;
   sp->gran = gran;
   sp->gran_shift = (unsigned)__builtin_ctzll(gran);

@@ -19,7 +19,6 @@
  * as they were (the fuzzer's legacy-op-refused). */
 static struct {
   tp__mutex lock;
-  _Atomic uint64_t seq;  /* operations begun; what a free's tag notes */
   _Atomic uint64_t done; /* the number of the last operation queued */
   /* The legacy stream's epoch when its last operation was queued: its
    * frees up to this epoch were issued before an operation, which waits
@@ -28,11 +27,14 @@ static struct {
   _Atomic uint64_t op_epoch;
   uint64_t begun_epoch; /* under the lock: the epoch the operation took */
 } legacy_seqs[TP_MAX_DEVICES];
+/* Operations begun, per device: what a free's tag notes (stream.h). */
+tp__legacy_word tp__legacy_seqs[TP_MAX_DEVICES];
 static _Atomic(tp__stream *) legacy_streams[TP_MAX_DEVICES];
 
 void tp__legacy_begin(int device) {
   tp__mutex_lock(&legacy_seqs[device].lock);
-  atomic_fetch_add_explicit(&legacy_seqs[device].seq, 1, memory_order_release);
+  atomic_fetch_add_explicit(&tp__legacy_seqs[device].seq, 1,
+                            memory_order_release);
   tp__stream *l =
       atomic_load_explicit(&legacy_streams[device], memory_order_acquire);
   legacy_seqs[device].begun_epoch =
@@ -43,19 +45,15 @@ void tp__legacy_begin(int device) {
 
 void tp__legacy_end(int device, bool queued) {
   if (queued) {
-    atomic_store_explicit(
-        &legacy_seqs[device].done,
-        atomic_load_explicit(&legacy_seqs[device].seq, memory_order_relaxed),
-        memory_order_release);
+    atomic_store_explicit(&legacy_seqs[device].done,
+                          atomic_load_explicit(&tp__legacy_seqs[device].seq,
+                                               memory_order_relaxed),
+                          memory_order_release);
     atomic_store_explicit(&legacy_seqs[device].op_epoch,
                           legacy_seqs[device].begun_epoch,
                           memory_order_release);
   }
   tp__mutex_unlock(&legacy_seqs[device].lock);
-}
-
-uint64_t tp__legacy_seq(int device) {
-  return atomic_load_explicit(&legacy_seqs[device].seq, memory_order_acquire);
 }
 
 /* A field of a device's legacy bookkeeping once no operation is being

@@ -189,7 +189,16 @@ void tp__set_current_device(int device);
  * `queued`: the platform took the work. */
 void tp__legacy_begin(int device);
 void tp__legacy_end(int device, bool queued);
-uint64_t tp__legacy_seq(int device);
+/* A device's count of legacy operations begun (tp__legacy_begin), which
+ * every free on a blocking stream reads: on a line of its own. */
+typedef struct tp__legacy_word {
+  _Alignas(64) _Atomic uint64_t seq;
+} tp__legacy_word;
+extern tp__legacy_word tp__legacy_seqs[TP_MAX_DEVICES];
+static inline uint64_t tp__legacy_seq(int device) {
+  return atomic_load_explicit(&tp__legacy_seqs[device].seq,
+                              memory_order_acquire);
+}
 
 /* The tag of a free issued now on `s`. Frees on the legacy stream and on
  * blocking streams note the legacy sequence: a legacy operation issued after
