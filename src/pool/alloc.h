@@ -76,28 +76,18 @@ static TP_ALWAYS_INLINE tp_error_t tp__pool_malloc(tp__pool *p, void **ptr,
   size_t r = tp__align_up(size, TP_GRANULE);
   bool biased = tp__blspin_enter(&s->lock);
   tp__cache *c = tp__cache_find(s, &p->caches);
-  if (r <= TP_SMALL_MAX) {
-    tp__centry e;
-    if (TP_LIKELY(tp__cache_pop_small(c, tp__class_of(r), &e))) {
-      bool rose = tp__cache_count_up(c, (int64_t)size, tp__peak_key(p));
-      tp__blspin_leave(&s->lock, biased);
-      *ptr = tp__finish_small(&e, size);
-      tp__peak_note(p, (int64_t)size, rose);
-      return TP_SUCCESS;
-    }
-    tp__blspin_leave(&s->lock, biased);
-    return tp__pool_malloc_slow(p, s, r, size, ptr);
-  }
-  tp__block *b = tp__cache_pop_large(c, r, p->space.gran);
-  if (TP_LIKELY(b != NULL)) {
-    bool rose = tp__cache_count_up(c, (int64_t)size, tp__peak_key(p));
-    tp__blspin_leave(&s->lock, biased);
-    *ptr = tp__finish_large(p, b, size);
-    tp__peak_note(p, (int64_t)size, rose);
-    return TP_SUCCESS;
-  }
+  tp__centry e = {0, NULL, 0, 0};
+  tp__block *b = NULL;
+  bool hit = r <= TP_SMALL_MAX
+                 ? tp__cache_pop_small(c, tp__class_of(r), &e)
+                 : (b = tp__cache_pop_large(c, r, p->space.gran)) != NULL;
+  bool rose = hit && tp__cache_count_up(c, (int64_t)size, tp__peak_key(p));
   tp__blspin_leave(&s->lock, biased);
-  return tp__pool_malloc_slow(p, s, r, size, ptr);
+  if (TP_UNLIKELY(!hit))
+    return tp__pool_malloc_slow(p, s, r, size, ptr);
+  *ptr = b ? tp__finish_large(p, b, size) : tp__finish_small(&e, size);
+  tp__peak_note(p, (int64_t)size, rose);
+  return TP_SUCCESS;
 }
 
 /* ---- free ------------------------------------------------------------------
