@@ -905,6 +905,24 @@ static void test_dead_and_foreign_streams(void) {
   stream_calls_refuse(busy, pool, live, ev);
   CHECK_OK(tp_device_synchronize());
 
+  check_context("a destroyed stream the thread was alternating with");
+  tp_stream_t a = new_stream(), b = new_stream();
+  REQUIRE(a && b);
+  for (int i = 0; i < 4; i++) {
+    void *pa = NULL, *pb = NULL;
+    CHECK_OK(tp_malloc_from_pool_async(&pa, 256, pool, a));
+    CHECK_OK(tp_malloc_from_pool_async(&pb, 256, pool, b));
+    CHECK_OK(tp_free_async(pa, a));
+    CHECK_OK(tp_free_async(pb, b));
+  }
+  CHECK_OK(tp_stream_destroy(b));
+  stream_calls_refuse(b, pool, live, ev);
+  void *pa = NULL;
+  CHECK_OK(tp_malloc_from_pool_async(&pa, 256, pool, a));
+  CHECK_OK(tp_free_async(pa, a));
+  CHECK_OK(tp_stream_destroy(a));
+  stream_calls_refuse(a, pool, live, ev);
+
   check_context("stream handles tidepool never made");
   uint64_t zeros[64], ones[64];
   memset(zeros, 0, sizeof zeros);

@@ -303,6 +303,15 @@ static tp_error_t adopt(tp_stream_t handle, tp__stream **out) {
   return TP_SUCCESS;
 }
 
+/* The handle becomes the thread's latest in tp__stream_last_used. */
+static void last_note(tp_stream_t handle, tp__stream *s, uint64_t gen) {
+  tp__stream_last *l = &tp__stream_last_used;
+  if (l->gen != gen)
+    *l = (tp__stream_last){{handle, NULL}, {s, NULL}, gen};
+  else
+    *l = (tp__stream_last){{handle, l->handle[0]}, {s, l->stream[0]}, gen};
+}
+
 tp_error_t tp__stream_get_slow(tp_stream_t handle, bool uncaptured,
                                tp__stream **out, bool *idle) {
   if (handle == NULL)
@@ -311,8 +320,7 @@ tp_error_t tp__stream_get_slow(tp_stream_t handle, bool uncaptured,
   if (TP_LIKELY(tls_cache.gen == gen)) {
     for (unsigned i = 0; i < TLS_WAYS; i++) {
       if (tls_cache.handle[i] == handle) {
-        tp__stream_last_used =
-            (tp__stream_last){handle, tls_cache.stream[i], gen};
+        last_note(handle, tls_cache.stream[i], gen);
         *out = tls_cache.stream[i];
         return TP_SUCCESS;
       }
@@ -333,7 +341,7 @@ tp_error_t tp__stream_get_slow(tp_stream_t handle, bool uncaptured,
   unsigned way = tls_cache.next++ % TLS_WAYS;
   tls_cache.handle[way] = handle;
   tls_cache.stream[way] = s;
-  tp__stream_last_used = (tp__stream_last){handle, s, gen};
+  last_note(handle, s, gen);
   *out = s;
   return TP_SUCCESS;
 }

@@ -227,13 +227,14 @@ bool tp__event_recorded(const tp__event *e);
  * what completed. */
 tp_error_t tp__event_synchronize(tp__event *e, tp__stream ***done, size_t *n);
 
-/* The fast path of tp__stream_get: the handle the thread resolved last,
- * while no stream was destroyed since (a generation count that every
- * destruction bumps). Only the core's own streams take it: another's
- * handle may name a new stream at any time. */
+/* The fast path of tp__stream_get: the two handles the thread resolved
+ * last ([0] the latest), while no stream was destroyed since (a generation
+ * count that every destruction bumps); two, so that a thread alternating
+ * between two streams finds both. Only the core's own streams take it:
+ * another's handle may name a new stream at any time. */
 typedef struct tp__stream_last {
-  tp_stream_t handle;
-  tp__stream *stream;
+  tp_stream_t handle[2];
+  tp__stream *stream[2];
   uint64_t gen;
 } tp__stream_last;
 extern TP_TLS tp__stream_last tp__stream_last_used;
@@ -249,11 +250,17 @@ static inline tp_error_t tp__stream_resolve(tp_stream_t handle, bool uncaptured,
                                             tp__stream **out, bool *idle) {
   tp__stream_last *l = &tp__stream_last_used;
   *idle = false;
-  if (TP_LIKELY(l->handle == handle && handle != NULL &&
+  if (TP_LIKELY(handle != NULL &&
                 l->gen == atomic_load_explicit(&tp__stream_gen,
                                                memory_order_acquire))) {
-    *out = l->stream;
-    return TP_SUCCESS;
+    if (TP_LIKELY(l->handle[0] == handle)) {
+      *out = l->stream[0];
+      return TP_SUCCESS;
+    }
+    if (l->handle[1] == handle) {
+      *out = l->stream[1];
+      return TP_SUCCESS;
+    }
   }
   return tp__stream_get_slow(handle, uncaptured, out, idle);
 }
