@@ -20,7 +20,7 @@ void tp__pool_free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
 /* ---- each thread's share of the bytes in use (see alloc.c) --------------- */
 
 typedef struct tp__peak_slot {
-  _Alignas(32) uint64_t key; /* the pool's peak key when the slot began */
+  uint64_t key; /* the pool's peak key when the slot began */
   int64_t count, mark;
 } tp__peak_slot;
 extern TP_TLS tp__peak_slot tp__peak_slots[4];
