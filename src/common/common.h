@@ -38,9 +38,9 @@
  * same). */
 #define TP_TLS _Thread_local __attribute__((tls_model("initial-exec")))
 #define TP_UNLIKELY(x) __builtin_expect(!!(x), 0)
-/* For the few fast-path functions that must be inlined whatever the
- * optimisation level's size heuristics say (the free's cache push, which
- * both kinds of free share). */
+/* For the allocation fast path (pool/alloc.h, api/pools.c), which must be
+ * inlined whole whatever the optimisation level's size heuristics say: at
+ * -O2 they left four calls in a pair. */
 #define TP_ALWAYS_INLINE inline __attribute__((always_inline))
 
 /* Invariant checks: active in debug builds (TP_DEBUG), free otherwise. A

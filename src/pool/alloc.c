@@ -1,6 +1,7 @@
-/* Allocation and free behind the fast path of alloc.h: the frees that are
- * not a small block's, the slow paths (the pool lock and the reuse policy),
- * and each thread's share of the bytes-in-use accounting. */
+/* Allocation and free behind the fast path of alloc.h: the slow paths (the
+ * pool lock and the reuse policy), frees from elsewhere (another process's
+ * hold, a pointer without its pool), and each thread's share of the
+ * bytes-in-use accounting. */
 #include "pool/alloc.h"
 
 #include <string.h>
