@@ -640,6 +640,47 @@ static void run_backend(const backend *b, const config *cfg, results *r) {
   }
 }
 
+/* The same-stream pair of tidepool and of another backend in alternating
+ * batches, each on a stream of its own, the order swapped every round: the
+ * median of the rounds' ratios (other / ours). Both meet the same machine,
+ * where the medians above come from runs seconds apart, between which a
+ * VM's speed can drift by half. */
+static double alternating_ratio(const backend *ours, const backend *other,
+                                const config *cfg, size_t size, int *rounds) {
+  const backend *b[2] = {ours, other};
+  void *st[2] = {NULL, NULL};
+  for (int j = 0; j < 2; j++) {
+    check(b[j], b[j]->prepare(), "prepare");
+    check(b[j], b[j]->stream_create(&st[j]), "stream_create");
+    for (int i = 0; i < cfg->warmup_pairs; i++)
+      pair(b[j], st[j], size);
+  }
+  double *ratio = xcalloc((size_t)cfg->max_batches, sizeof *ratio);
+  uint64_t start = now_ns();
+  int n = 0;
+  while (n < cfg->max_batches &&
+         (n < cfg->min_batches ||
+          (double)(now_ns() - start) < cfg->min_seconds * 1e9)) {
+    double ns[2];
+    for (int k = 0; k < 2; k++) {
+      int j = (n + k) % 2;
+      uint64_t t0 = now_ns();
+      for (int i = 0; i < cfg->batch_pairs; i++)
+        pair(b[j], st[j], size);
+      ns[j] = (double)(now_ns() - t0);
+    }
+    ratio[n++] = ns[1] / ns[0];
+  }
+  double m = median(ratio, n);
+  free(ratio);
+  for (int j = 0; j < 2; j++) {
+    check(b[j], b[j]->stream_synchronize(st[j]), "stream_synchronize");
+    check(b[j], b[j]->stream_destroy(st[j]), "stream_destroy");
+  }
+  *rounds = n;
+  return m;
+}
+
 /* tidepool against another backend of the same run: their ratio, above 1
  * when tidepool is faster. */
 static void print_side_by_side(const config *cfg, const backend *other,
@@ -653,6 +694,15 @@ static void print_side_by_side(const config *cfg, const backend *other,
     format_size(sz, sizeof sz, tp->pairs[i].size);
     printf("  same-stream pair %-8s %10.1f ns vs %10.1f ns   %8.1fx\n", sz,
            o->pairs[i].ns, tp->pairs[i].ns, o->pairs[i].ns / tp->pairs[i].ns);
+  }
+  for (size_t i = 0; i < N_SIZES; i++) {
+    char sz[32];
+    int rounds = 0;
+    format_size(sz, sizeof sz, pair_sizes[i]);
+    double ratio = alternating_ratio(ours, other, cfg, pair_sizes[i], &rounds);
+    printf("  same-stream pair %-8s in alternating batches, median of %d "
+           "rounds: %.2fx\n",
+           sz, rounds, ratio);
   }
   printf("  10k allocs, per alloc   %10.1f ns vs %10.1f ns   %8.1fx\n",
          o->bulk_alloc_ns, tp->bulk_alloc_ns,
