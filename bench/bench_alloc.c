@@ -389,6 +389,14 @@ static inline void pair(const backend *b, void *stream, size_t size) {
   check(b, b->dealloc(p, stream), "free_async");
 }
 
+/* Whether another timed batch is due after `n` since `start`: at least the
+ * minimum count, at most the maximum, and until the minimum time is spent. */
+static bool more_batches(const config *cfg, int n, uint64_t start) {
+  return n < cfg->max_batches &&
+         (n < cfg->min_batches ||
+          (double)(now_ns() - start) < cfg->min_seconds * 1e9);
+}
+
 /* Runs timed batches of `batch_pairs` pairs of `size` bytes, each pair
  * spread round-robin over `streams`, and returns the median ns per pair.
  * Batches continue until both the minimum count and minimum time are met,
@@ -401,9 +409,7 @@ static double time_batches(const backend *b, const config *cfg,
   double *per_pair = xcalloc((size_t)cfg->max_batches, sizeof *per_pair);
   uint64_t start = now_ns();
   int n = 0;
-  while (n < cfg->max_batches &&
-         (n < cfg->min_batches ||
-          (double)(now_ns() - start) < cfg->min_seconds * 1e9)) {
+  while (more_batches(cfg, n, start)) {
     uint64_t t0 = now_ns();
     for (int i = 0; i < cfg->batch_pairs; i++)
       pair(b, streams[i % n_streams], size);
@@ -649,8 +655,8 @@ static double alternating_ratio(const backend *ours, const backend *other,
                                 const config *cfg, size_t size, int *rounds) {
   const backend *b[2] = {ours, other};
   void *st[2] = {NULL, NULL};
+  /* run_backend prepared both already. */
   for (int j = 0; j < 2; j++) {
-    check(b[j], b[j]->prepare(), "prepare");
     check(b[j], b[j]->stream_create(&st[j]), "stream_create");
     for (int i = 0; i < cfg->warmup_pairs; i++)
       pair(b[j], st[j], size);
@@ -658,9 +664,7 @@ static double alternating_ratio(const backend *ours, const backend *other,
   double *ratio = xcalloc((size_t)cfg->max_batches, sizeof *ratio);
   uint64_t start = now_ns();
   int n = 0;
-  while (n < cfg->max_batches &&
-         (n < cfg->min_batches ||
-          (double)(now_ns() - start) < cfg->min_seconds * 1e9)) {
+  while (more_batches(cfg, n, start)) {
     double ns[2];
     for (int k = 0; k < 2; k++) {
       int j = (n + k) % 2;
