@@ -524,7 +524,7 @@ static void biased_lock_round(void) {
     tp__blspin_unlock(&bl);
   }
   bool biased = atomic_load(&bl.owner) == tp__self();
-  CHECK_EQ_INT(biased, tp__fence_expedited);
+  CHECK_EQ_INT(biased, tp__hot.fence_expedited);
   atomic_store(&bl_go, 0);
   pthread_t t[BL_THREADS];
   for (int i = 0; i < BL_THREADS; i++)

@@ -32,7 +32,7 @@ static inline void tp__work_end(tp__stream *s, tp_error_t err) {
  * capture, a count it keeps, read on every allocation and free before any
  * question is asked. */
 static inline bool tp__no_capture(void) {
-  const _Atomic uint32_t *n = tp__platform->captures_active;
+  const _Atomic uint32_t *n = tp__hot.captures_active;
   return n && !atomic_load_explicit(n, memory_order_acquire);
 }
 /* Whether work on s goes to a capture: s captures (or its capture was

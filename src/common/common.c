@@ -1,10 +1,15 @@
 /* Implementation of the shared helpers of common.h: failed-check reporting,
  * environment parsing and growable arrays. */
 #include "common.h"
+#include "common/hot.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <string.h>
+
+/* The epoch clock and the stream generation start at 1, so that 0 can mean
+ * "outside" and "never seen". */
+tp__hot_line tp__hot = {.guard_epoch = 1, .stream_gen = 1};
 
 void tp__check_failed(const char *what, const char *file, int line) {
   fprintf(stderr, "tidepool: invariant violated at %s:%d: %s\n", file, line,

@@ -7,12 +7,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-bool tp__fence_expedited;
 TP_TLS char tp__self_mark;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void init_once(void) {
-  tp__fence_expedited =
+  tp__hot.fence_expedited =
       syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0,
               0) == 0;
 }
@@ -22,7 +21,7 @@ void tp__fence_init(void) {
 }
 
 void tp__fence_heavy(void) {
-  if (tp__fence_expedited)
+  if (tp__hot.fence_expedited)
     (void)syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
   else
     atomic_thread_fence(memory_order_seq_cst);

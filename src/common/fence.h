@@ -5,15 +5,15 @@
 #ifndef TP_FENCE_H
 #define TP_FENCE_H
 
-#include "common/common.h"
+#include "common/hot.h"
 
-/* Whether the heavy side is membarrier (so the light side is free); false
- * until tp__fence_init ran, and where the kernel refuses it. */
-extern bool tp__fence_expedited;
+/* tp__hot.fence_expedited: whether the heavy side is membarrier (so the
+ * light side is free); false until tp__fence_init ran, and where the kernel
+ * refuses it. */
 void tp__fence_init(void);
 
 static inline void tp__fence_light(void) {
-  if (TP_LIKELY(tp__fence_expedited))
+  if (TP_LIKELY(tp__hot.fence_expedited))
     atomic_signal_fence(memory_order_seq_cst);
   else
     atomic_thread_fence(memory_order_seq_cst);

@@ -18,13 +18,11 @@ typedef struct retired {
   struct retired *next;
 } retired;
 
-_Atomic uint64_t tp__guard_epoch = 1;
 static _Atomic(rec *) recs;
 static tp__mutex limbo_lock = TP_MUTEX_INIT(TP_RANK_LIMBO);
 static retired *limbo;
 /* How many wait in limbo, and the epoch of the newest: read by every
  * outermost exit, written rarely. */
-_Atomic uint32_t tp__guard_limbo;
 static _Atomic uint64_t newest_retired;
 
 /* With membarrier, the reclaimer forces a full barrier on every running
@@ -131,7 +129,7 @@ void tp__guard_collect(void) {
     *pp = t->next;
     t->next = done;
     done = t;
-    atomic_fetch_sub_explicit(&tp__guard_limbo, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&tp__hot.guard_limbo, 1, memory_order_relaxed);
   }
   tp__mutex_unlock(&limbo_lock);
   while (done) {
@@ -147,7 +145,7 @@ void tp__guard_retire(void *obj, void (*fn)(void *)) {
   retired *t = malloc(sizeof *t);
   /* A thread entering from now on sees the object unpublished; those that
    * entered at an epoch before this one may still hold it. */
-  uint64_t e = atomic_fetch_add(&tp__guard_epoch, 1) + 1;
+  uint64_t e = atomic_fetch_add(&tp__hot.guard_epoch, 1) + 1;
   if (!t) {
     /* No memory to remember the object: it stays allocated, a small leak
      * rather than a use after free. */
@@ -157,7 +155,7 @@ void tp__guard_retire(void *obj, void (*fn)(void *)) {
   tp__mutex_lock(&limbo_lock);
   t->next = limbo;
   limbo = t;
-  atomic_fetch_add_explicit(&tp__guard_limbo, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&tp__hot.guard_limbo, 1, memory_order_relaxed);
   tp__atomic_max(&newest_retired, e);
   tp__mutex_unlock(&limbo_lock);
   tp__guard_collect();

@@ -22,15 +22,14 @@ typedef struct tp__guard_tls {
   unsigned depth;
 } tp__guard_tls;
 extern TP_TLS tp__guard_tls tp__guard_me;
-extern _Atomic uint64_t tp__guard_epoch;
-extern _Atomic uint32_t tp__guard_limbo;
 void tp__guard_enter_slow(tp__guard_tls *g);
 
 /* Publishes the epoch the thread entered at, ordered before its loads of
  * shared pointers (see tp__guard_enter). */
 static inline void tp__guard_publish(tp__guard_rec *rec) {
   atomic_store_explicit(
-      &rec->epoch, atomic_load_explicit(&tp__guard_epoch, memory_order_acquire),
+      &rec->epoch,
+      atomic_load_explicit(&tp__hot.guard_epoch, memory_order_acquire),
       memory_order_relaxed);
   tp__fence_light();
 }
@@ -60,7 +59,8 @@ static inline void tp__guard_exit(void) {
   }
   uint64_t entered = atomic_load_explicit(&g->rec->epoch, memory_order_relaxed);
   atomic_store_explicit(&g->rec->epoch, 0, memory_order_release);
-  if (TP_UNLIKELY(atomic_load_explicit(&tp__guard_limbo, memory_order_relaxed)))
+  if (TP_UNLIKELY(
+          atomic_load_explicit(&tp__hot.guard_limbo, memory_order_relaxed)))
     tp__guard_exit_slow(g, entered);
 }
 

@@ -37,7 +37,7 @@ void tp__blspin_lock_slow(tp__blspin *b) {
     return;
   if (!owner) {
     tp__fence_init();
-    if (tp__fence_expedited &&
+    if (tp__hot.fence_expedited &&
         !atomic_load_explicit(&b->revoked, memory_order_relaxed))
       atomic_store_explicit(&b->owner, tp__self(), memory_order_relaxed);
     return;

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/hot.h"
 #include "tidepool.h"
 
 typedef struct tp__pstream tp__pstream; /* a platform stream */
@@ -272,7 +273,8 @@ extern const tp__platform_ops tp__cuda_platform;
 
 /* The platform of this process, chosen once (see tp_platform_name); NULL
  * until tp__platform_init succeeded. */
-extern const tp__platform_ops *_Atomic tp__platform;
+/* The chosen platform's ops (select.c), kept in the hot line. */
+#define tp__platform (tp__hot.platform)
 
 /* Chooses and initialises the platform; thread-safe, idempotent. */
 tp_error_t tp__platform_init(void);

@@ -6,8 +6,6 @@
 #include "common/common.h"
 #include "platform/platform.h"
 
-const tp__platform_ops *_Atomic tp__platform;
-
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static tp_error_t init_result = TP_ERROR_NO_DEVICE;
 
@@ -28,18 +26,25 @@ TP_API tp_error_t tp_get_last_platform_error(int *code, const char **name) {
   return TP_SUCCESS;
 }
 
+/* The captures count goes in first: a thread that finds the platform set
+ * reads it next. */
+static void chosen(const tp__platform_ops *ops) {
+  tp__hot.captures_active = ops->captures_active;
+  atomic_store_explicit(&tp__platform, ops, memory_order_release);
+}
+
 static void choose(void) {
   const char *want = getenv("TIDEPOOL_PLATFORM");
   if (want && strcmp(want, "host") == 0) {
     init_result = tp__host_platform.init();
     if (init_result == TP_SUCCESS)
-      tp__platform = &tp__host_platform;
+      chosen(&tp__host_platform);
     return;
   }
   if (want && strcmp(want, "cuda") == 0) {
     init_result = tp__cuda_platform.init();
     if (init_result == TP_SUCCESS)
-      tp__platform = &tp__cuda_platform;
+      chosen(&tp__cuda_platform);
     else
       fprintf(stderr,
               "tidepool: TIDEPOOL_PLATFORM=cuda, but the cuda platform "
@@ -54,13 +59,13 @@ static void choose(void) {
     return;
   }
   if (tp__cuda_platform.init() == TP_SUCCESS) {
-    tp__platform = &tp__cuda_platform;
+    chosen(&tp__cuda_platform);
     init_result = TP_SUCCESS;
     return;
   }
   init_result = tp__host_platform.init();
   if (init_result == TP_SUCCESS)
-    tp__platform = &tp__host_platform;
+    chosen(&tp__host_platform);
 }
 
 tp_error_t tp__platform_init(void) {

@@ -67,13 +67,23 @@ uint32_t tp__cache_evict(tp__cache *c, unsigned cls, bool large,
  * not take the lock once a class to learn so. */
 static uint32_t filled(tp__cache *c, bool locked) {
   _Static_assert(TP_NCLASSES < 32, "a class mask fits in 32 bits");
-  uint32_t m = 0;
+  uint8_t n[24] = {0};
+  _Static_assert(sizeof c->n <= sizeof n, "the counts fit in three words");
   if (locked)
     tp__blspin_lock(&c->stream->lock);
-  for (unsigned cls = 0; cls <= TP_NCLASSES; cls++)
-    m |= (uint32_t)(c->n[cls] != 0) << cls;
+  memcpy(n, c->n, sizeof c->n);
   if (locked)
     tp__blspin_unlock(&c->stream->lock);
+  /* Eight counts a word: the high bit of each nonzero byte, then those
+   * bits gathered into the byte's position by one multiplication. */
+  uint32_t m = 0;
+  for (unsigned w = 0; w < 3; w++) {
+    uint64_t v, low7 = UINT64_C(0x7f7f7f7f7f7f7f7f);
+    memcpy(&v, n + 8 * w, 8);
+    uint64_t high = (((v & low7) + low7) | v) & ~low7;
+    m |= (uint32_t)(((high >> 7) * UINT64_C(0x0102040810204080)) >> 56)
+         << (8 * w);
+  }
   return m;
 }
 

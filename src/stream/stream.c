@@ -76,7 +76,6 @@ uint64_t tp__legacy_settled(int device, bool op_epoch) {
 static tp__mutex reg_lock = TP_MUTEX_INIT(TP_RANK_STREAM_TABLE);
 static tp__stream **reg;
 static uint32_t nreg, capreg;
-_Atomic uint64_t tp__stream_gen = 1;
 TP_TLS tp__stream_last tp__stream_last_used;
 
 #define TLS_WAYS 4
@@ -88,6 +87,8 @@ static TP_TLS struct {
 } tls_cache;
 
 static TP_TLS int current_device;
+/* The legacy stream of current_device once made (stream.h). */
+TP_TLS tp__stream *tp__legacy_here;
 
 /* Streams of others, by handle and the uid they had (see foreign_cached).
  * Never invalidated: such streams stay registered, and the uid decides. */
@@ -102,7 +103,11 @@ int tp__current_device(void) {
   return current_device;
 }
 void tp__set_current_device(int device) {
+  if (device == current_device)
+    return;
   current_device = device;
+  tp__legacy_here =
+      atomic_load_explicit(&legacy_streams[device], memory_order_acquire);
 }
 
 tp_error_t tp__streams_init(void) {
@@ -202,6 +207,8 @@ tp_error_t tp__legacy_get(int device, tp__stream **out) {
   tp__stream *s =
       atomic_load_explicit(&legacy_streams[device], memory_order_acquire);
   if (TP_LIKELY(s != NULL)) {
+    if (device == current_device)
+      tp__legacy_here = s;
     *out = s;
     return TP_SUCCESS;
   }
@@ -316,7 +323,8 @@ tp_error_t tp__stream_get_slow(tp_stream_t handle, bool uncaptured,
                                tp__stream **out, bool *idle) {
   if (handle == NULL)
     return tp__legacy_get(current_device, out);
-  uint64_t gen = atomic_load_explicit(&tp__stream_gen, memory_order_acquire);
+  uint64_t gen =
+      atomic_load_explicit(&tp__hot.stream_gen, memory_order_acquire);
   if (TP_LIKELY(tls_cache.gen == gen)) {
     for (unsigned i = 0; i < TLS_WAYS; i++) {
       if (tls_cache.handle[i] == handle) {
@@ -599,7 +607,7 @@ tp_error_t tp__stream_retire(tp__stream *s) {
   bool found = !s->retired && reg_index(s) < nreg;
   if (found) {
     s->retired = true;
-    atomic_fetch_add_explicit(&tp__stream_gen, 1, memory_order_release);
+    atomic_fetch_add_explicit(&tp__hot.stream_gen, 1, memory_order_release);
   }
   tp__mutex_unlock(&reg_lock);
   TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);

@@ -238,7 +238,10 @@ typedef struct tp__stream_last {
   uint64_t gen;
 } tp__stream_last;
 extern TP_TLS tp__stream_last tp__stream_last_used;
-extern _Atomic uint64_t tp__stream_gen;
+/* The legacy stream of the thread's current device, once it was made (NULL
+ * before): what a NULL handle names, read without a call. Legacy streams
+ * live as long as the process. */
+extern TP_TLS tp__stream *tp__legacy_here;
 /* `idle`, where not NULL, is set when resolving the stream showed that it
  * does not capture, so that the caller need not ask again. `uncaptured`:
  * the caller knows that nothing captures, and no capture question is
@@ -250,8 +253,12 @@ static inline tp_error_t tp__stream_resolve(tp_stream_t handle, bool uncaptured,
                                             tp__stream **out, bool *idle) {
   tp__stream_last *l = &tp__stream_last_used;
   *idle = false;
+  if (handle == NULL && TP_LIKELY(tp__legacy_here != NULL)) {
+    *out = tp__legacy_here;
+    return TP_SUCCESS;
+  }
   if (TP_LIKELY(handle != NULL &&
-                l->gen == atomic_load_explicit(&tp__stream_gen,
+                l->gen == atomic_load_explicit(&tp__hot.stream_gen,
                                                memory_order_acquire))) {
     if (TP_LIKELY(l->handle[0] == handle)) {
       *out = l->stream[0];

@@ -1,0 +1,30 @@
+/* The hot line: the shared words that every allocation and free reads,
+ * gathered in one cache line. Each field belongs to the room named beside
+ * it, which alone writes it, and rarely (when the platform is chosen, an
+ * object is retired or a stream destroyed). */
+#ifndef TP_HOT_H
+#define TP_HOT_H
+
+#include "common/common.h"
+
+struct tp__platform_ops;
+
+/* In a busy process the caches hold the application's data between two of
+ * its calls into tidepool, and every line a call reads is then a miss;
+ * scattered over the data segment, these words took five lines a call
+ * (bench/RESULTS.md, "Lines a call reads"). */
+typedef struct tp__hot {
+  _Alignas(64) _Atomic uint64_t guard_epoch; /* guard.c: the epoch clock */
+  _Atomic uint32_t guard_limbo; /* guard.c: retired objects not yet freed */
+  bool fence_expedited;         /* fence.c: the light fence is free */
+  /* platform/select.c: the chosen platform's ops, and its count of
+   * captures under way (NULL where it has none) */
+  const struct tp__platform_ops *_Atomic platform;
+  const _Atomic uint32_t *captures_active;
+  _Atomic uint64_t stream_gen; /* stream.c: bumped by each destruction */
+} tp__hot_line;
+_Static_assert(sizeof(tp__hot_line) == 64, "the hot words fit in one line");
+
+extern tp__hot_line tp__hot;
+
+#endif /* TP_HOT_H */
