@@ -59,7 +59,7 @@ static tp__pstream *stream_new(int device, unsigned flags) {
   tp_stream_t handle = NULL;
   uint64_t uid = 0;
   CHECK_OK(P->stream_create(device, flags, &ps, &handle, &uid));
-  CHECK(handle == (tp_stream_t)ps && uid != 0);
+  CHECK(handle != NULL && uid != 0);
   return ps;
 }
 

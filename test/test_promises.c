@@ -923,6 +923,22 @@ static void test_dead_and_foreign_streams(void) {
   CHECK_OK(tp_stream_destroy(a));
   stream_calls_refuse(a, pool, live, ev);
 
+  check_context("a destroyed stream, with new streams made after it");
+  /* Made and destroyed in turns, a new stream's memory often lands where
+   * the destroyed one's was; its handle must not name the new stream. */
+  for (int i = 0; i < 32; i++) {
+    tp_stream_t gone = new_stream();
+    REQUIRE(gone != NULL);
+    CHECK_OK(tp_stream_destroy(gone));
+    tp_stream_t fresh = new_stream();
+    REQUIRE(fresh != NULL);
+    CHECK(fresh != gone);
+    CHECK_ERR(tp_stream_query(gone), TP_ERROR_INVALID_VALUE);
+    CHECK_ERR(tp_stream_destroy(gone), TP_ERROR_INVALID_VALUE);
+    CHECK_OK(tp_stream_query(fresh));
+    CHECK_OK(tp_stream_destroy(fresh));
+  }
+
   check_context("stream handles tidepool never made");
   uint64_t zeros[64], ones[64];
   memset(zeros, 0, sizeof zeros);

@@ -371,6 +371,13 @@ tp_error_t tp__host_streams_init(void) {
   return TP_SUCCESS;
 }
 
+/* A stream's handle is its uid, never reused, rather than its address,
+ * which the next stream made after its destruction often gets: a destroyed
+ * stream's handle must not name that one. */
+static tp_stream_t handle_of(const tp__pstream *s) {
+  return (tp_stream_t)(uintptr_t)(s->uid << 4);
+}
+
 tp_error_t tp__host_stream_create(int device, unsigned flags, tp__pstream **ps,
                                   tp_stream_t *handle, uint64_t *uid) {
   TP_RETURN_IF(tp__host_fault_fires(TP__HOST_FAULT_STREAM),
@@ -397,7 +404,7 @@ tp_error_t tp__host_stream_create(int device, unsigned flags, tp__pstream **ps,
   pthread_mutex_unlock(&dev->mu);
   atomic_fetch_add(&tp__host_counted.streams, 1);
   *ps = s;
-  *handle = (tp_stream_t)s;
+  *handle = handle_of(s);
   *uid = s->uid;
   return TP_SUCCESS;
 }
@@ -434,10 +441,20 @@ void tp__host_quiesce(void) {
 }
 
 uint64_t tp__host_stream_submitted(tp_stream_t stream, int device) {
-  if (!stream && (device < 0 || device >= tp__host_devices))
-    return 0;
-  tp__pstream *s = stream ? (tp__pstream *)stream : &devices[device].legacy;
-  return atomic_load_explicit(&s->submitted, memory_order_acquire);
+  if (!stream)
+    return device < 0 || device >= tp__host_devices
+               ? 0
+               : atomic_load_explicit(&devices[device].legacy.submitted,
+                                      memory_order_acquire);
+  uint64_t n = 0;
+  for (int d = 0; d < tp__host_devices; d++) {
+    pthread_mutex_lock(&devices[d].mu);
+    for (tp__pstream *s = devices[d].streams; s; s = s->next)
+      if (handle_of(s) == stream)
+        n = atomic_load_explicit(&s->submitted, memory_order_acquire);
+    pthread_mutex_unlock(&devices[d].mu);
+  }
+  return n;
 }
 
 tp_error_t tp__host_stream_legacy(int device, tp__stream_desc *desc) {
