@@ -1099,6 +1099,21 @@ static void test_event_semantics(void) {
   CHECK_ERR(tp_stream_wait_event(a, pend, 0), TP_ERROR_INVALID_VALUE);
   CHECK_ERR(tp_event_destroy(pend), TP_ERROR_INVALID_VALUE);
 
+  check_context("a destroyed event, with new events made after it");
+  /* A new event's memory often lands where the destroyed one's was; the
+   * old handle must not name the new event. */
+  for (int i = 0; i < 32; i++) {
+    tp_event_t old = NULL, fresh = NULL;
+    REQUIRE_OK(tp_event_create(&old));
+    CHECK_OK(tp_event_destroy(old));
+    REQUIRE_OK(tp_event_create(&fresh));
+    CHECK(fresh != old);
+    CHECK_ERR(tp_event_query(old), TP_ERROR_INVALID_VALUE);
+    CHECK_ERR(tp_event_destroy(old), TP_ERROR_INVALID_VALUE);
+    CHECK_OK(tp_event_query(fresh));
+    CHECK_OK(tp_event_destroy(fresh));
+  }
+
   check_context("event handles tidepool never made");
   uint64_t fake[32];
   memset(fake, 0, sizeof fake);

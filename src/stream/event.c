@@ -13,6 +13,7 @@
 struct tp__event {
   uint32_t magic;
   int device;
+  tp_event_t handle;
   tp__pevent *pe;
   tp__spin lock;
   tp__clock clock;
@@ -24,6 +25,10 @@ struct tp__event {
 static tp__mutex ev_lock = TP_MUTEX_INIT(TP_RANK_EVENT_TABLE);
 static tp__event **events;
 static uint32_t nevents, capevents;
+/* An event's handle is a number never given out before, not its address:
+ * the next event made after a destruction often gets that address, and the
+ * destroyed event's handle must not name it. */
+static _Atomic uint64_t handles_made;
 
 tp_error_t tp__event_create(tp_event_t *out) {
   tp__event *e = calloc(1, sizeof *e);
@@ -31,6 +36,8 @@ tp_error_t tp__event_create(tp_event_t *out) {
   tp__spin_init(&e->lock, TP_RANK_EVENT);
   e->magic = TP_EVENT_MAGIC;
   e->device = tp__current_device();
+  e->handle =
+      (tp_event_t)(uintptr_t)((atomic_fetch_add(&handles_made, 1) + 1) << 4);
   tp_error_t err = tp__platform->event_create(e->device, &e->pe);
   if (err != TP_SUCCESS) {
     free(e);
@@ -46,19 +53,20 @@ tp_error_t tp__event_create(tp_event_t *out) {
     free(e);
     return TP_ERROR_OUT_OF_MEMORY;
   }
-  *out = (tp_event_t)e;
+  *out = e->handle;
   return TP_SUCCESS;
 }
 
 tp_error_t tp__event_get(tp_event_t handle, tp__event **out) {
   TP_RETURN_IF(!handle, TP_ERROR_INVALID_VALUE);
   tp__mutex_lock(&ev_lock);
-  bool found = false;
-  for (uint32_t i = 0; i < nevents && !found; i++)
-    found = events[i] == (tp__event *)handle;
+  tp__event *e = NULL;
+  for (uint32_t i = 0; i < nevents && !e; i++)
+    if (events[i]->handle == handle)
+      e = events[i];
   tp__mutex_unlock(&ev_lock);
-  TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);
-  *out = (tp__event *)handle;
+  TP_RETURN_IF(!e, TP_ERROR_INVALID_VALUE);
+  *out = e;
   return TP_SUCCESS;
 }
 
