@@ -323,8 +323,10 @@ TP_API tp_error_t tp_pool_set_access(tp_pool_t pool,
                                      const tp_access_desc_t *desc_list,
                                      size_t count);
 
-/* Releases free memory of the pool until at most min_bytes_to_keep stay
- * reserved, whatever the release threshold. Only frees already known to
+/* Releases free memory of the pool, whatever the release threshold, as
+ * cudaMemPoolTrimTo: a pool holding more than min_bytes_to_keep keeps at
+ * least that much reserved (in whole chunks: up to a chunk more), one
+ * holding less is left as it is. Only frees already known to
  * have completed count as free; every stream's cached blocks are given back
  * first. Errors: INVALID_VALUE (unknown pool), PLATFORM (the platform would
  * not unmap or release a chunk: it stays reserved and counted, and a later

@@ -215,6 +215,11 @@ tp_error_t tp__pool_trim(tp__pool *p, uint64_t keep) {
       p->ops->trim(p);
     return TP_SUCCESS;
   }
+  /* As cudaMemPoolTrimTo: a pool that holds more than `keep` keeps at
+   * least that much, in whole chunks (up to a chunk more). */
+  uint64_t gran = p->space.gran;
+  keep = keep > UINT64_MAX - (gran - 1) ? UINT64_MAX
+                                        : (keep + gran - 1) / gran * gran;
   tp__mutex_lock(&p->lock);
   tp_error_t err = TP_ERROR_INVALID_VALUE;
   if (!p->torn_down) {

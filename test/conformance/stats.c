@@ -99,7 +99,8 @@ static void test_trim_to(void) {
   REQUIRE(chunk > 0);
   set_u64(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, UINT64_MAX);
 
-  step("trim_to(X) keeps at most X, rounded up to the chunk");
+  step("trim_to(X) keeps at least X (CUDA's rule), at most X rounded up to "
+       "the chunk");
   churn(pool, 4, 16 * MiB, s);
   CHECK_OK(tp_stream_synchronize(s));
   CHECK(reserved_of(pool) >= 64 * MiB);
@@ -108,6 +109,7 @@ static void test_trim_to(void) {
   CHECK_OK(tp_pool_trim_to(pool, keep));
   uint64_t r = reserved_of(pool);
   CHECK(r <= round_up(keep, chunk));
+  CHECK(r >= keep);
   CHECK(attr_u64(pool, TP_POOL_ATTR_CHUNK_UNMAPS) > unmaps0);
 
   step("trim_to(0) after completed frees releases everything");
