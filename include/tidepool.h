@@ -495,8 +495,12 @@ TP_API tp_error_t tp_stream_create(tp_stream_t *stream, unsigned flags);
  * memory; a free it made after the destroy completes with the stream's
  * work. On cuda a handle used once the stream is gone is the driver's to
  * judge, as in CUDA (a stream tidepool did not make may have taken its
- * value); on host it answers INVALID_VALUE.
- * Errors: INVALID_VALUE (unknown stream, the legacy default stream). */
+ * value); on host it answers INVALID_VALUE. A stream that captures is
+ * destroyed all the same, answering STREAM_CAPTURE_UNSUPPORTED as the
+ * driver does: its capture is invalidated, and one begun on it can never
+ * end, so the memory it allocated goes as a failed capture's.
+ * Errors: INVALID_VALUE (unknown stream, the legacy default stream),
+ * STREAM_CAPTURE_UNSUPPORTED (above). */
 TP_API tp_error_t tp_stream_destroy(tp_stream_t stream);
 
 /* Waits for all work queued on the stream, then makes the frees it covered
@@ -596,8 +600,9 @@ TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
  * capture invalidated: synchronizing or querying a capturing stream
  * (STREAM_CAPTURE_UNSUPPORTED); work on the legacy stream while a blocking
  * stream of its device captures (STREAM_CAPTURE_IMPLICIT); waiting on an
- * event not recorded in the capture, whether or not its work is done, or
- * on one never recorded (STREAM_CAPTURE_ISOLATION); tp_device_synchronize
+ * event recorded outside the capture, whether or not its work is done
+ * (STREAM_CAPTURE_ISOLATION; waiting on one never recorded orders nothing,
+ * and the capture goes on, as the driver allows); tp_device_synchronize
  * during a capture in global mode, or in thread-local mode on the
  * capturing thread (STREAM_CAPTURE_UNSUPPORTED). tp_event_query and
  * tp_event_synchronize refuse an event last recorded in a capture

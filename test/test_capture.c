@@ -554,8 +554,7 @@ static void test_forbidden_during_capture(void) {
                TP_ERROR_STREAM_CAPTURE_INVALIDATED);
 
   /* Waiting on an event recorded outside the capture crosses its
-   * boundary, even when its work is done, as does one never recorded; the
-   * capture is invalidated. */
+   * boundary, even when its work is done; the capture is invalidated. */
   tp_stream_t other = new_stream(TP_STREAM_NON_BLOCKING);
   tp_event_t ev, fresh;
   REQUIRE_OK(tp_event_create(&ev));
@@ -837,6 +836,42 @@ static void test_accounts(void) {
       0, TP_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH, &zero));
   CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH), 0);
   CHECK_OK(tp_stream_destroy(s));
+}
+
+/* A capturing stream destroyed: as the driver, the destroy answers
+ * STREAM_CAPTURE_UNSUPPORTED and the stream is gone all the same; the
+ * capture can never end, and the memory it allocated goes as a failed
+ * capture's does (it stayed mapped for good where graphs map at capture). */
+static void test_capturing_stream_destroyed(void) {
+  CHECK_EQ_U64(graph_used_settled(0), 0);
+  for (int joined = 0; joined <= 1; joined++) {
+    check_context(joined ? "with a joined stream" : "alone");
+    tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING), o = NULL;
+    tp_event_t e = NULL;
+    REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+    void *a = NULL, *b = NULL;
+    CHECK_OK(tp_malloc_async(&a, 3 * MiB, s));
+    if (joined) {
+      o = new_stream(TP_STREAM_NON_BLOCKING);
+      REQUIRE_OK(tp_event_create(&e));
+      CHECK_OK(tp_event_record(e, s));
+      CHECK_OK(tp_stream_wait_event(o, e, 0));
+      CHECK_OK(tp_malloc_async(&b, MiB, o));
+    }
+    CHECK_ERR(tp_stream_destroy(s), TP_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    tp_capture_status_t status;
+    CHECK_ERR(tp_stream_is_capturing(s, &status), TP_ERROR_INVALID_VALUE);
+    CHECK_ERR(tp_stream_destroy(s), TP_ERROR_INVALID_VALUE);
+    if (joined) {
+      CHECK_OK(tp_stream_destroy(o));
+      CHECK_OK(tp_event_destroy(e));
+    }
+    CHECK_OK(tp_device_synchronize());
+    CHECK_EQ_U64(graph_used_settled(0), 0);
+    CHECK_OK(tp_device_graph_mem_trim(0));
+    CHECK_EQ_U64(graph_attr(TP_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), 0);
+  }
+  check_context(NULL);
 }
 
 /* A graph's memory stays while a launch of it runs, even once its exec and
@@ -1379,6 +1414,7 @@ int main(void) {
   RUN_TEST(test_wrong_thread);
   RUN_TEST(test_bad_input);
   RUN_TEST(test_accounts);
+  RUN_TEST(test_capturing_stream_destroyed);
   RUN_TEST(test_memory_outlives_launch);
   RUN_TEST(test_other_device);
   RUN_TEST(test_threads);

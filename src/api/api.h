@@ -53,6 +53,10 @@ bool tp__graph_on_wait(tp__stream *s, tp_event_t event, tp__event *e,
 /* CAPTURED_EVENT for an event last recorded in a capture. */
 tp_error_t tp__graph_event_check(tp_event_t event);
 void tp__graph_event_forget(tp_event_t event);
+/* A stream being destroyed (already retired): a capture tidepool began on
+ * it that has not ended can never end now, and its memory goes as a failed
+ * capture's does. */
+void tp__graph_stream_destroyed(tp__stream *s);
 
 /* tp_malloc_async and tp_free_async; `uncaptured`: the caller knows that no
  * stream of the process captures now, so that the capture question (a

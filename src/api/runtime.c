@@ -110,6 +110,7 @@ static tp_error_t stream_destroy(tp_stream_t stream) {
   tp_error_t err = tp__stream_retire(s);
   if (err == TP_ERROR_INVALID_VALUE)
     return err;
+  tp__graph_stream_destroyed(s);
   tp__pools_drop_stream(s);
   tp__guard_retire(s, release_stream);
   return err;
