@@ -1975,6 +1975,67 @@ static void test_race_watermark_reset_vs_growth(void) {
   CHECK_OK(tp_pool_destroy(r.pool));
 }
 
+/* A pool made current by one thread while another destroys it: the
+ * destroy's "a pool that was current for its location stops being so"
+ * holds whichever call comes first. The set once checked the pool live,
+ * lost the processor to the whole destroy, then stored it as current: the
+ * getters named a destroyed pool while allocations went to the default. */
+typedef struct set_race {
+  pthread_barrier_t barrier;
+  tp_pool_t pool;
+  atomic_int stop;
+} set_race_t;
+
+static void *setter_main(void *arg) {
+  set_race_t *r = arg;
+  for (;;) {
+    pthread_barrier_wait(&r->barrier);
+    if (atomic_load(&r->stop))
+      return NULL;
+    tp_error_t err = tp_device_set_mem_pool(0, r->pool);
+    if (err != TP_SUCCESS && err != TP_ERROR_INVALID_VALUE)
+      CHECK_FAIL("tp_device_set_mem_pool: %s", tp_error_name(err));
+    pthread_barrier_wait(&r->barrier);
+  }
+}
+
+static void test_race_set_current_vs_destroy(void) {
+  set_race_t r;
+  memset(&r, 0, sizeof r);
+  REQUIRE(pthread_barrier_init(&r.barrier, NULL, 2) == 0);
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, setter_main, &r) == 0);
+  long rounds = 0, stale = 0;
+  double end = check_now_s() + 1.0;
+  for (;;) {
+    int more = check_now_s() < end;
+    r.pool = more ? new_pool(0, 0) : NULL;
+    if (!more)
+      atomic_store(&r.stop, 1);
+    pthread_barrier_wait(&r.barrier); /* set and destroy at once */
+    if (!more)
+      break;
+    CHECK_OK(tp_pool_destroy(r.pool));
+    pthread_barrier_wait(&r.barrier); /* both returned */
+    tp_pool_t cur = NULL;
+    uint64_t v;
+    CHECK_OK(tp_device_get_mem_pool(&cur, 0));
+    if (tp_pool_get_attribute(cur, TP_POOL_ATTR_USED_MEM_CURRENT, &v) !=
+        TP_SUCCESS)
+      stale++;
+    rounds++;
+  }
+  pthread_join(t, NULL);
+  pthread_barrier_destroy(&r.barrier);
+  printf("   %ld rounds\n", rounds);
+  if (stale)
+    CHECK_FAIL("the current pool was a destroyed one after %ld of %ld rounds",
+               stale, rounds);
+  tp_pool_t def = NULL;
+  CHECK_OK(tp_device_get_default_mem_pool(&def, 0));
+  CHECK_OK(tp_device_set_mem_pool(0, def));
+}
+
 /* ========================================================================
  * main
  * ======================================================================== */
@@ -2027,6 +2088,7 @@ int main(int argc, char **argv) {
       T(test_race_trim_vs_pending_reads),
       T(test_race_double_free),
       T(test_race_watermark_reset_vs_growth),
+      T(test_race_set_current_vs_destroy),
 #undef T
   };
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)

@@ -127,6 +127,9 @@ static bool same_location(const tp_location_t *a, const tp_location_t *b) {
          a->id == b->id;
 }
 
+/* The pool is checked live and made current under slots_lock, which a
+ * destroy takes once more after its pool stopped answering (pool_destroy):
+ * a set that raced the destroy is then either refused or undone. */
 static tp_error_t set_pool(int slot, const tp_location_t *location,
                            tp_allocation_type_t type, tp_pool_t pool) {
   tp__pool *p;
@@ -134,8 +137,12 @@ static tp_error_t set_pool(int slot, const tp_location_t *location,
   TP_RETURN_IF(p->imported || p->props.alloc_type != type ||
                    !same_location(&p->props.location, location),
                TP_ERROR_INVALID_VALUE);
-  atomic_store_explicit(&currents[slot], pool, memory_order_release);
-  return TP_SUCCESS;
+  tp__mutex_lock(&slots_lock);
+  tp_error_t err = tp__pool_get_known(pool, &p);
+  if (err == TP_SUCCESS)
+    atomic_store_explicit(&currents[slot], pool, memory_order_release);
+  tp__mutex_unlock(&slots_lock);
+  return err;
 }
 
 TP_API tp_error_t tp_mem_set_pool(const tp_location_t *location,
@@ -232,7 +239,11 @@ static tp_error_t pool_destroy(tp_pool_t pool) {
   TP_FORWARD(tp__pool_get(pool, &p));
   TP_RETURN_IF(p->is_default, TP_ERROR_INVALID_VALUE);
   tp__current_pools_forget(pool);
-  return tp__pool_destroy(p);
+  tp_error_t err = tp__pool_destroy(p);
+  /* Again, now that the pool no longer answers: a set that found it live
+   * after the first forget made it current meanwhile (set_pool). */
+  tp__current_pools_forget(pool);
+  return err;
 }
 
 TP_API tp_error_t tp_pool_destroy(tp_pool_t pool) {
