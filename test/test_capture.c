@@ -739,6 +739,20 @@ static void test_bad_input(void) {
   CHECK_EQ_INT(tp_graph_instantiate(&exec, graph, 0), TP_ERROR_INVALID_VALUE);
   CHECK_EQ_INT(tp_graph_destroy(NULL), TP_ERROR_INVALID_VALUE);
   CHECK_EQ_INT(tp_graph_exec_destroy(NULL), TP_ERROR_INVALID_VALUE);
+  /* Handles tidepool never made, unmapped addresses among them, are
+   * refused without being read. */
+  uint64_t fake[16] = {0};
+  void *junk[] = {(void *)(uintptr_t)0x12345678, (void *)(uintptr_t)8,
+                  (void *)fake, (void *)s1};
+  for (size_t i = 0; i < sizeof junk / sizeof junk[0]; i++) {
+    CHECK_EQ_INT(tp_graph_instantiate(&exec, (tp_graph_t)junk[i], 0),
+                 TP_ERROR_INVALID_VALUE);
+    CHECK_EQ_INT(tp_graph_destroy((tp_graph_t)junk[i]), TP_ERROR_INVALID_VALUE);
+    CHECK_EQ_INT(tp_graph_launch((tp_graph_exec_t)junk[i], s1),
+                 TP_ERROR_INVALID_VALUE);
+    CHECK_EQ_INT(tp_graph_exec_destroy((tp_graph_exec_t)junk[i]),
+                 TP_ERROR_INVALID_VALUE);
+  }
 
   uint64_t v = 0;
   CHECK_EQ_INT(tp_device_get_graph_mem_attribute(

@@ -7,6 +7,7 @@
 
 #include "api/api.h"
 #include "common/guard.h"
+#include "common/slots.h"
 #include "graph/graph_mem.h"
 #include "pool/alloc.h"
 
@@ -52,6 +53,25 @@ struct tp_graph_exec_opaque {
 static pthread_mutex_t handles_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct tp_graph_opaque *graphs;
 static struct tp_graph_exec_opaque *execs;
+/* Where graphs and execs live (common/slots.h), so that a handle is checked
+ * before it is read; slots are not reused, since an exec points at its
+ * graph. Both under handles_lock. */
+static tp__slots graph_slots = TP_SLOTS_INIT(struct tp_graph_opaque);
+static tp__slots exec_slots = TP_SLOTS_INIT(struct tp_graph_exec_opaque);
+
+static struct tp_graph_opaque *graph_new(void) {
+  pthread_mutex_lock(&handles_lock);
+  struct tp_graph_opaque *g = tp__slots_take(&graph_slots, NULL);
+  pthread_mutex_unlock(&handles_lock);
+  return g;
+}
+
+static struct tp_graph_exec_opaque *exec_new(void) {
+  pthread_mutex_lock(&handles_lock);
+  struct tp_graph_exec_opaque *x = tp__slots_take(&exec_slots, NULL);
+  pthread_mutex_unlock(&handles_lock);
+  return x;
+}
 
 /* The captures tidepool began and has not ended, by id, under handles_lock;
  * the oldest makes room past BEGUN_MAX (a capture the application ended
@@ -85,14 +105,17 @@ static bool begun_here(uint64_t id) {
   return found;
 }
 
+/* A slot whose making failed holds no magic. */
 static tp_error_t graph_get(tp_graph_t g) {
-  TP_RETURN_IF(!g || g->magic != GRAPH_MAGIC || !atomic_load(&g->live),
+  TP_RETURN_IF(!tp__slots_known(&graph_slots, g) || g->magic != GRAPH_MAGIC ||
+                   !atomic_load(&g->live),
                TP_ERROR_INVALID_VALUE);
   return TP_SUCCESS;
 }
 
 static tp_error_t exec_get(tp_graph_exec_t x) {
-  TP_RETURN_IF(!x || x->magic != EXEC_MAGIC || !atomic_load(&x->live),
+  TP_RETURN_IF(!tp__slots_known(&exec_slots, x) || x->magic != EXEC_MAGIC ||
+                   !atomic_load(&x->live),
                TP_ERROR_INVALID_VALUE);
   return TP_SUCCESS;
 }
@@ -443,7 +466,7 @@ static tp_error_t end_capture(tp_stream_t stream, tp_graph_t *graph) {
     tp__gmem_capture_failed(
         id ? id : atomic_load_explicit(&s->capture_id, memory_order_relaxed));
   TP_FORWARD(err);
-  struct tp_graph_opaque *g = calloc(1, sizeof *g);
+  struct tp_graph_opaque *g = graph_new();
   if (!g) {
     if (id)
       tp__gmem_capture_failed(id);
@@ -492,7 +515,7 @@ TP_API tp_error_t tp_stream_is_capturing(tp_stream_t stream,
 /* Under the graph's lock, the graph alive. */
 static tp_error_t instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
                               unsigned long long flags) {
-  struct tp_graph_exec_opaque *x = calloc(1, sizeof *x);
+  struct tp_graph_exec_opaque *x = exec_new();
   TP_RETURN_IF(!x, TP_ERROR_OUT_OF_MEMORY);
   void (*release)(void *) = NULL;
   void *arg = NULL;
@@ -505,7 +528,7 @@ static tp_error_t instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
       tp__gmem_instantiate_undo(graph->gm, arg);
   }
   if (err != TP_SUCCESS) {
-    free(x);
+    memset(x, 0, sizeof *x); /* the slot stays unused, answering no exec */
     return err;
   }
   x->magic = EXEC_MAGIC;
@@ -655,24 +678,20 @@ static tp_error_t adopt(tp_graph_exec_t *exec, void *platform_exec,
     return TP_SUCCESS;
   if (known)
     (void)tp_graph_exec_destroy(known);
-  struct tp_graph_opaque *g = calloc(1, sizeof *g);
+  struct tp_graph_opaque *g = graph_new();
   TP_RETURN_IF(!g, TP_ERROR_OUT_OF_MEMORY);
+  struct tp_graph_exec_opaque *x = exec_new();
+  void (*release)(void *) = NULL;
+  void *arg = NULL;
+  tp_error_t err =
+      x ? tp__gmem_instantiate(gm, &release, &arg) : TP_ERROR_OUT_OF_MEMORY;
+  if (err != TP_SUCCESS)
+    return err; /* the slots stay unused, answering no graph or exec */
   g->magic = GRAPH_MAGIC;
   atomic_init(&g->live, 1);
   pthread_mutex_init(&g->use, NULL);
   g->pg = platform_graph;
   g->gm = gm;
-  struct tp_graph_exec_opaque *x = calloc(1, sizeof *x);
-  void (*release)(void *) = NULL;
-  void *arg = NULL;
-  tp_error_t err =
-      x ? tp__gmem_instantiate(gm, &release, &arg) : TP_ERROR_OUT_OF_MEMORY;
-  if (err != TP_SUCCESS) {
-    pthread_mutex_destroy(&g->use);
-    free(g);
-    free(x);
-    return err;
-  }
   x->magic = EXEC_MAGIC;
   atomic_init(&x->live, 1);
   x->graph = g;

@@ -1,0 +1,33 @@
+/* Tables of fixed-size slots that are never freed: the objects behind
+ * public handles (pools, graphs, execs) live in them, so that any value a
+ * caller passes can be checked without being dereferenced, and a destroyed
+ * object's handle stays recognisable for as long as its slot is not given
+ * to another. */
+#ifndef TP_SLOTS_H
+#define TP_SLOTS_H
+
+#include "common/common.h"
+
+/* 4096 slots a chunk, chunks made as needed, 4M slots in all. */
+#define TP_SLOTS_CHUNK 4096u
+#define TP_SLOTS_MAX_CHUNKS 1024u
+
+/* The size and count come first, so that a check reads the first chunks'
+ * addresses from the same line. */
+typedef struct tp__slots {
+  size_t size; /* bytes a slot */
+  _Atomic uint32_t nchunks;
+  uint64_t taken; /* slots handed out so far, under the owner's lock */
+  void *_Atomic chunks[TP_SLOTS_MAX_CHUNKS];
+} tp__slots;
+#define TP_SLOTS_INIT(type)                                                    \
+  { .size = sizeof(type) }
+
+/* A slot never used (all zeros), else, once all were, the next one after
+ * the last taken that `reusable` accepts (NULL: none is); NULL when memory
+ * or slots run out. The owner serialises the calls. */
+void *tp__slots_take(tp__slots *t, bool (*reusable)(const void *slot));
+/* Whether `p` is the start of a slot of `t`, whatever it holds. Lock-free. */
+bool tp__slots_known(const tp__slots *t, const void *p);
+
+#endif /* TP_SLOTS_H */
