@@ -679,6 +679,73 @@ static void test_wrong_thread(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* A relaxed capture ended by another thread while one thread allocates and
+ * frees on its stream: each allocation lands in the capture or, once it
+ * ended, on the stream, never an error (it once answered ILLEGAL_STATE or
+ * STREAM_CAPTURE_INVALIDATED when the end came between its question and its
+ * node); a free lands likewise, or is a graph allocation freed outside its
+ * graph before any launch (INVALID_VALUE). */
+typedef struct end_race {
+  tp_stream_t s;
+  atomic_int stop;
+  atomic_long malloc_bad, free_bad;
+  atomic_int first_bad;
+} end_race_t;
+
+static void *capturer_main(void *arg) {
+  end_race_t *r = arg;
+  while (!atomic_load(&r->stop)) {
+    (void)tp_stream_begin_capture(r->s, TP_CAPTURE_MODE_RELAXED);
+    for (int i = 0; i < 20; i++) {
+      void *p = NULL;
+      tp_error_t err = tp_malloc_async(&p, 5000 + 600 * (size_t)i, r->s);
+      if (err != TP_SUCCESS) {
+        atomic_fetch_add(&r->malloc_bad, 1);
+        atomic_store(&r->first_bad, err);
+        continue;
+      }
+      err = tp_free_async(p, r->s);
+      if (err != TP_SUCCESS && err != TP_ERROR_INVALID_VALUE) {
+        atomic_fetch_add(&r->free_bad, 1);
+        atomic_store(&r->first_bad, err);
+      }
+    }
+  }
+  return NULL;
+}
+
+static void test_end_races_allocation(void) {
+  end_race_t r;
+  memset(&r, 0, sizeof r);
+  r.s = new_stream(TP_STREAM_NON_BLOCKING);
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, capturer_main, &r) == 0);
+  long ends = 0;
+  double stop_at = check_now_s() + 0.5;
+  while (check_now_s() < stop_at) {
+    tp_graph_t g = NULL;
+    if (tp_stream_end_capture(r.s, &g) != TP_SUCCESS)
+      continue;
+    ends++;
+    tp_graph_exec_t x = NULL;
+    if (tp_graph_instantiate(&x, g, 0) == TP_SUCCESS)
+      CHECK_OK(tp_graph_exec_destroy(x));
+    CHECK_OK(tp_graph_destroy(g));
+  }
+  atomic_store(&r.stop, 1);
+  pthread_join(t, NULL);
+  tp_graph_t g = NULL;
+  if (tp_stream_end_capture(r.s, &g) == TP_SUCCESS)
+    CHECK_OK(tp_graph_destroy(g));
+  printf("   %ld captures ended from the other thread\n", ends);
+  if (atomic_load(&r.malloc_bad) || atomic_load(&r.free_bad))
+    CHECK_FAIL("%ld allocations and %ld frees failed (first: %s)",
+               atomic_load(&r.malloc_bad), atomic_load(&r.free_bad),
+               tp_error_name((tp_error_t)atomic_load(&r.first_bad)));
+  CHECK_OK(tp_stream_synchronize(r.s));
+  CHECK_OK(tp_stream_destroy(r.s));
+}
+
 /* Bad handles and arguments: clear errors, nothing changed. */
 static void test_bad_input(void) {
   tp_stream_t s1 = new_stream(TP_STREAM_NON_BLOCKING);
@@ -1426,6 +1493,7 @@ int main(void) {
   RUN_TEST(test_free_in_other_graph);
   RUN_TEST(test_forbidden_during_capture);
   RUN_TEST(test_wrong_thread);
+  RUN_TEST(test_end_races_allocation);
   RUN_TEST(test_bad_input);
   RUN_TEST(test_accounts);
   RUN_TEST(test_capturing_stream_destroyed);

@@ -260,8 +260,38 @@ static tp_error_t kind_of(tp_pool_t pool, tp__gmem_kind *kind) {
   return TP_SUCCESS;
 }
 
+/* Whether capture `id` of the stream, which refused work, has ended
+ * meanwhile (another thread may end a relaxed capture at any time): the
+ * stream then captures no more, or captures anew. */
+static bool capture_moved_on(tp__stream *s, uint64_t id) {
+  tp_capture_status_t status;
+  uint64_t now = 0;
+  return tp__platform->capture_status(s->ps, &status, &now) == TP_SUCCESS &&
+         (status == TP_CAPTURE_STATUS_NONE ||
+          (status == TP_CAPTURE_STATUS_ACTIVE && now != id));
+}
+
+static tp_error_t graph_malloc(void **ptr, size_t size, tp_pool_t pool,
+                               tp__stream *s, uint64_t *id);
+
+/* A capture ended by another thread between the question and the node
+ * leaves the allocation to the stream's next state: asked again, at most
+ * twice. */
 tp_error_t tp__graph_malloc(void **ptr, size_t size, tp_pool_t pool,
                             tp__stream *s) {
+  for (int tries = 0;; tries++) {
+    uint64_t id = 0;
+    tp_error_t err = graph_malloc(ptr, size, pool, s, &id);
+    if (tries == 2 ||
+        (err != TP_ERROR_ILLEGAL_STATE &&
+         err != TP_ERROR_STREAM_CAPTURE_INVALIDATED) ||
+        !capture_moved_on(s, id))
+      return err;
+  }
+}
+
+static tp_error_t graph_malloc(void **ptr, size_t size, tp_pool_t pool,
+                               tp__stream *s, uint64_t *idp) {
   tp_capture_status_t status;
   uint64_t id = 0;
   TP_FORWARD(status_of(s, &status, &id));
@@ -273,6 +303,7 @@ tp_error_t tp__graph_malloc(void **ptr, size_t size, tp_pool_t pool,
   }
   TP_RETURN_IF(status == TP_CAPTURE_STATUS_INVALIDATED,
                TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  *idp = id;
   tp__gmem_kind kind;
   TP_FORWARD(kind_of(pool, &kind));
   /* The driver's allocation node is work of its stream: a forked stream
@@ -301,7 +332,16 @@ bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err) {
   }
   if (status == TP_CAPTURE_STATUS_ACTIVE) {
     *err = tp__gmem_free_captured(s->ps, id, ptr);
-    return true;
+    /* Its capture ended by another thread meanwhile: the free is the
+     * stream's next state's. */
+    if (*err == TP_SUCCESS || !capture_moved_on(s, id))
+      return true;
+    *err = TP_SUCCESS;
+    if (tp__registry_find((uintptr_t)ptr))
+      return false;
+    bool claimed = false;
+    *err = tp__gmem_free(s->ps, s->device, ptr, &claimed);
+    return claimed;
   }
   /* Not capturing: the graph's only where no pool holds the address. */
   if (tp__registry_find((uintptr_t)ptr))
