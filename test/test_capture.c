@@ -680,7 +680,7 @@ static void test_wrong_thread(void) {
 }
 
 /* A relaxed capture ended by another thread while one thread allocates and
- * frees on its stream: each allocation lands in the capture or, once it
+ * frees on its stream (a program's race, undefined in CUDA): each allocation lands in the capture or, once it
  * ended, on the stream, never an error (it once answered ILLEGAL_STATE or
  * STREAM_CAPTURE_INVALIDATED when the end came between its question and its
  * node); a free lands likewise, or is a graph allocation freed outside its
@@ -715,6 +715,13 @@ static void *capturer_main(void *arg) {
 }
 
 static void test_end_races_allocation(void) {
+  /* On cuda the race is the driver's: an H200's cuGraphInstantiate crashed
+   * on a graph whose end raced another thread's allocation nodes
+   * (2026-12-02). */
+  if (!check_on_host()) {
+    printf("   (host only: the driver does not survive this race)\n");
+    return;
+  }
   end_race_t r;
   memset(&r, 0, sizeof r);
   r.s = new_stream(TP_STREAM_NON_BLOCKING);
