@@ -69,6 +69,49 @@ static void test_column(void) {
   trace_free(&t);
 }
 
+/* A failure of the column's own work (here a free on a stream destroyed
+ * since, which the column cannot find) stops the column, and the rest of
+ * the file says -1 in it: every line keeps five fields, and the replay
+ * still reads the file. The column once vanished from the following lines. */
+static void test_column_after_failure(void) {
+  tp_stream_t gone;
+  REQUIRE_OK_EXIT(tp_stream_create(&gone, TP_STREAM_NON_BLOCKING));
+  CHECK_OK(tp_stream_destroy(gone));
+  int local = 0;
+  tp_torch_free(&local, 4, 0, gone); /* refused, and the column stops */
+  void *e = tp_torch_alloc(500, 0, NULL);
+  REQUIRE_EXIT(e != NULL);
+  tp_torch_free(e, 500, 0, NULL);
+  tp__torch_trace_flush();
+
+  FILE *f = fopen(path, "r");
+  REQUIRE_EXIT(f != NULL);
+  char line[256];
+  int n = 0, short_lines = 0;
+  long long last_done = 0;
+  REQUIRE_EXIT(fgets(line, sizeof line, f) != NULL);
+  while (fgets(line, sizeof line, f)) {
+    char action[32];
+    unsigned long long addr;
+    long long size;
+    int stream;
+    if (sscanf(line, "%31[^,],%llu,%lld,%d,%lld", action, &addr, &size, &stream,
+               &last_done) != 5)
+      short_lines++;
+    n++;
+  }
+  fclose(f);
+  CHECK_EQ_INT(short_lines, 0);
+  CHECK(n >= 11);
+  CHECK_EQ_INT(last_done, -1);
+  trace t;
+  char err[600];
+  if (!CHECK(trace_load(&t, path, err, sizeof err) == 0))
+    printf("   %s\n", err);
+  else
+    trace_free(&t);
+}
+
 int main(void) {
   snprintf(path, sizeof path, "/tmp/tp_record_%d.csv", (int)getpid());
   setenv("TIDEPOOL_TORCH_TRACE", path, 1);
@@ -78,6 +121,7 @@ int main(void) {
     return 77;
   }
   RUN_TEST(test_column);
+  RUN_TEST(test_column_after_failure);
   remove(path);
   return check_done();
 }

@@ -100,6 +100,7 @@ typedef struct done_state {
   int device;     /* the device whose events these are */
 } done_state;
 static unsigned trace_every; /* K; 0: no completion column */
+static bool done_column;     /* the file has it, even once it stopped */
 static done_state trace_done[TRACE_STREAMS + 1];
 typedef struct spare_event {
   tp__pevent *pe;
@@ -124,7 +125,8 @@ static void trace_open(void) {
             path);
     return;
   }
-  fputs(trace_every ? "action,addr,size,stream,done\n"
+  done_column = trace_every != 0;
+  fputs(done_column ? "action,addr,size,stream,done\n"
                     : "action,addr,size,stream\n",
         trace_file);
   for (int i = 0; i <= TRACE_STREAMS; i++)
@@ -139,6 +141,8 @@ static void done_fail(const char *what, tp_error_t err) {
           "done column says -1 from here on\n",
           what, tp_error_name(err));
   trace_every = 0;
+  for (int i = 0; i <= TRACE_STREAMS; i++)
+    trace_done[i].done = -1;
 }
 
 /* Queries the stream's outstanding events, oldest first, and records a new
@@ -224,10 +228,11 @@ static void trace(const char *action, void *ptr, ssize_t size, void *stream) {
       trace_streams[trace_nstreams++] = stream;
   }
   int64_t op = trace_ops++;
-  if (trace_every) {
+  if (done_column) {
     /* The column is read before this operation's own event is recorded:
      * it says what was known when the operation was issued. */
-    done_update(id, stream, op);
+    if (trace_every)
+      done_update(id, stream, op);
     fprintf(trace_file, "%s,%llu,%lld,%d,%lld\n", action,
             (unsigned long long)(uintptr_t)ptr, (long long)size, id,
             (long long)trace_done[id].done);
