@@ -183,6 +183,11 @@ static void test_lying_hello(void) {
   expect_refused("a status that is no error", h, TP_ERROR_INVALID_VALUE);
   h.status = TP_ERROR_NOT_PERMITTED;
   expect_refused("a refusal", h, TP_ERROR_NOT_PERMITTED);
+  /* Errors the import does not document are no exporter's answer. */
+  h.status = TP_ERROR_ILLEGAL_ADDRESS;
+  expect_refused("an error no import answers", h, TP_ERROR_INVALID_VALUE);
+  h.status = TP_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+  expect_refused("a capture's error", h, TP_ERROR_INVALID_VALUE);
   h = good_hello();
   h.op = TP_OP_CHUNK_INFO;
   expect_refused("another message", h, TP_ERROR_INVALID_VALUE);
@@ -240,6 +245,16 @@ static void test_lying_replies(void) {
   f.sc.imported.status = -7;
   pthread_mutex_unlock(&f.mu);
   CHECK_ERR(tp_pool_import_pointer(&p, pool, &data), TP_ERROR_INVALID_VALUE);
+  check_context("an import answered with an error it does not document");
+  static const tp_error_t odd[] = {TP_ERROR_NOT_READY,
+                                   TP_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+                                   TP_ERROR_NOT_PERMITTED};
+  for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+    pthread_mutex_lock(&f.mu);
+    f.sc.imported.status = odd[i];
+    pthread_mutex_unlock(&f.mu);
+    CHECK_ERR(tp_pool_import_pointer(&p, pool, &data), TP_ERROR_INVALID_VALUE);
+  }
   check_context("an import answered for another allocation");
   pthread_mutex_lock(&f.mu);
   f.sc.imported.status = TP_SUCCESS;

@@ -323,7 +323,7 @@ static tp_error_t map_one(tp__pool *p, size_t c) {
   /* Where the chunk lies in the exporter's backing: a chunk's place, and
    * the exporter holds no more chunks than a quarter of its range (its
    * size limit), so a place past the range is a lie. */
-  err = tp__wire_status(a.status);
+  err = tp__wire_status(a.status, false);
   if (err == TP_SUCCESS && (a.offset % m->gran || a.offset >= m->va_size))
     err = TP_ERROR_INVALID_VALUE;
   if (err != TP_SUCCESS && fd >= 0)
@@ -416,7 +416,7 @@ tp_error_t tp__ipc_import_pointer(tp__pool *p,
   if (fd >= 0)
     close(fd);
   if (err == TP_SUCCESS)
-    err = tp__wire_status(a.status);
+    err = tp__wire_status(a.status, false);
   if (err == TP_SUCCESS && (a.offset != r.offset || a.size != r.size))
     err = TP_ERROR_INVALID_VALUE;
   bool held = err == TP_SUCCESS;
@@ -619,7 +619,7 @@ static tp_error_t import_connect(int fd, int *chan, tp__wire *h, int *backing) {
   if (err == TP_SUCCESS && h->op != TP_OP_HELLO)
     err = TP_ERROR_INVALID_VALUE;
   if (err == TP_SUCCESS)
-    err = tp__wire_status(h->status);
+    err = tp__wire_status(h->status, true);
   if (err != TP_SUCCESS) {
     if (*backing >= 0)
       close(*backing);

@@ -31,12 +31,16 @@ bool tp__ipc_record_sane(const tp__ipc_record *r, uint64_t va_size) {
          r->size <= va_size - r->offset;
 }
 
-tp_error_t tp__wire_status(int32_t status) {
+tp_error_t tp__wire_status(int32_t status, bool hello) {
   switch (status) {
-#define TP_WIRE_KNOWN_(name, value, text) case value:
-    TP_ERROR_LIST(TP_WIRE_KNOWN_)
-#undef TP_WIRE_KNOWN_
-    return (tp_error_t)status;
+  case TP_SUCCESS:
+  case TP_ERROR_INVALID_VALUE:
+  case TP_ERROR_OUT_OF_MEMORY: return (tp_error_t)status;
+  case TP_ERROR_PLATFORM:
+    return tp__platform_fail(0, "the exporter's platform");
+  case TP_ERROR_NOT_PERMITTED:
+  case TP_ERROR_NOT_SUPPORTED:
+    return hello ? (tp_error_t)status : TP_ERROR_INVALID_VALUE;
   default: return TP_ERROR_INVALID_VALUE;
   }
 }

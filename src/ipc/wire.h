@@ -166,8 +166,11 @@ tp__recv_result tp__wire_recv(int sock, tp__wire *w, int *fd,
                               struct ucred *cred, bool *has_cred,
                               uint64_t deadline);
 
-/* A status read from the wire as the error it names: a value that is no
- * tp_error_t is INVALID_VALUE, never passed on to a caller. */
-tp_error_t tp__wire_status(int32_t status);
+/* A status read from the wire as the error the importer's caller gets:
+ * only those its entry point documents pass (NOT_PERMITTED and
+ * NOT_SUPPORTED only in a HELLO), any other value is INVALID_VALUE (an
+ * answer no exporter would give), and the exporter's PLATFORM says so in
+ * the thread's platform detail. */
+tp_error_t tp__wire_status(int32_t status, bool hello);
 
 #endif /* TP_IPC_WIRE_H */
