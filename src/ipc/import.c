@@ -38,8 +38,10 @@ typedef struct slot {
 #define SLOT_PAGE ((size_t)1 << SLOT_PAGE_SHIFT)
 
 struct tp__ipc_import {
-  int fd; /* the private channel; shut down once the exporter is taken as
-             gone, so that every later request fails at once */
+  int fd; /* the private channel; shut down once the exporter is gone */
+  /* How far the channel is still used (MUTE_*, channel_mute), under rel_mu
+   * for sends and mu for receives. */
+  _Atomic int mute;
   uint64_t pid, serial, gran, va_size;
   tp__pres *res;
   uintptr_t base;
@@ -125,19 +127,36 @@ static slot *slot_make(tp__ipc_import *m, size_t c) {
 
 /* ---- the channel -------------------------------------------------------- */
 
-/* The exporter did not answer in time, or the channel failed: it is taken
- * as gone. The descriptor stays open (host functions may be sending on it)
- * but every later send and receive fails at once; the exporter, seeing the
- * channel close, releases everything this process held. */
+/* The exporter is gone (the channel closed or failed): every later send
+ * and receive fails at once. The descriptor stays open, since host
+ * functions may be sending on it. */
 static void channel_break(tp__ipc_import *m) {
   (void)shutdown(m->fd, SHUT_RDWR);
 }
 
-/* Sends a request; rel_mu held, which orders it with the releases. */
+/* An exporter that did not answer in time, or answered out of step, may
+ * only be slow: the channel is not closed, since its closing would make
+ * the exporter give up this process's holds, and pointers imported before
+ * would then read memory it gives to others. From then on no request is
+ * sent (REQUESTS: the call fails with INVALID_VALUE, as the header says),
+ * and once a send could not go out in time, no release either (SENDS): the
+ * holds left then stay until the pool's destruction closes the channel. */
+enum { MUTE_NONE = 0, MUTE_REQUESTS = 1, MUTE_SENDS = 2 };
+static void channel_mute(tp__ipc_import *m, int how) {
+  int was = atomic_load(&m->mute);
+  while (was < how && !atomic_compare_exchange_weak(&m->mute, &was, how)) {
+  }
+}
+
+/* Sends a request or a release; rel_mu held, which orders them. */
 static tp_error_t request(tp__ipc_import *m, const tp__wire *q) {
+  int mute = atomic_load(&m->mute);
+  TP_RETURN_IF(mute == MUTE_SENDS ||
+                   (mute == MUTE_REQUESTS && q->op != TP_OP_RELEASE),
+               TP_ERROR_INVALID_VALUE);
   tp_error_t err = tp__wire_send(m->fd, q, -1, false, tp__ipc_deadline());
   if (err != TP_SUCCESS)
-    channel_break(m);
+    channel_mute(m, MUTE_SENDS);
   return err;
 }
 
@@ -146,8 +165,10 @@ static tp_error_t recv_reply(tp__ipc_import *m, uint16_t op, tp__wire *a,
                              int *fd) {
   tp__recv_result r =
       tp__wire_recv(m->fd, a, fd, NULL, NULL, tp__ipc_deadline());
-  if (r != TP_RECV_OK)
-    channel_break(m); /* gone, silent past the deadline, or lying */
+  if (r == TP_RECV_EOF || r == TP_RECV_ERROR)
+    channel_break(m); /* gone */
+  else if (r != TP_RECV_OK)
+    channel_mute(m, MUTE_REQUESTS); /* silent past the deadline, or lying */
   /* An exporter that went with requests unread resets the channel: gone,
    * as one that closed it (the header's INVALID_VALUE). */
   TP_RETURN_IF(r == TP_RECV_ERROR && errno == ECONNRESET,
@@ -159,7 +180,8 @@ static tp_error_t recv_reply(tp__ipc_import *m, uint16_t op, tp__wire *a,
     *fd = -1;
   }
   if (a->op != op)
-    channel_break(m); /* out of step: no later reply could be trusted */
+    channel_mute(m, MUTE_REQUESTS); /* out of step: no later reply could be
+                                       trusted */
   TP_RETURN_IF(a->op != op, TP_ERROR_INVALID_VALUE);
   return TP_SUCCESS;
 }
