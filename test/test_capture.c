@@ -680,11 +680,11 @@ static void test_wrong_thread(void) {
 }
 
 /* A relaxed capture ended by another thread while one thread allocates and
- * frees on its stream (a program's race, undefined in CUDA): each allocation lands in the capture or, once it
- * ended, on the stream, never an error (it once answered ILLEGAL_STATE or
- * STREAM_CAPTURE_INVALIDATED when the end came between its question and its
- * node); a free lands likewise, or is a graph allocation freed outside its
- * graph before any launch (INVALID_VALUE). */
+ * frees on its stream (a program's race, undefined in CUDA): each allocation
+ * lands in the capture or, once it ended, on the stream, never an error (it
+ * once answered ILLEGAL_STATE or STREAM_CAPTURE_INVALIDATED when the end came
+ * between its question and its node); a free lands likewise, or is a graph
+ * allocation freed outside its graph before any launch (INVALID_VALUE). */
 typedef struct end_race {
   tp_stream_t s;
   atomic_int stop;
