@@ -9,10 +9,10 @@
 // follow a VMM call.
 // Build and run on a GPU machine:
 //   nvcc -O2 -o vmm_stall bench/vmm_stall.cu -lcuda -lpthread && ./vmm_stall
-#include <atomic>
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <pthread.h>
+#include <atomic>
 #include <stdio.h>
 #include <time.h>
 

@@ -96,8 +96,8 @@ int main(int argc, char **argv) {
   fill<<<256, 256, 0, s>>>(p, n, 7);
   CHECK_CUDA(cudaGetLastError());
   unsigned back[4] = {0, 0, 0, 0};
-  CHECK_CUDA(
-      cudaMemcpyAsync(back, p + n - 4, sizeof back, cudaMemcpyDeviceToHost, s));
+  CHECK_CUDA(cudaMemcpyAsync(back, p + n - 4, sizeof back,
+                             cudaMemcpyDeviceToHost, s));
   CHECK_CUDA(cudaStreamSynchronize(s));
   CHECK(back[3] == 7 + (unsigned)(n - 1));
   uint64_t used = attr(pool, cudaMemPoolAttrUsedMemCurrent);
@@ -141,12 +141,13 @@ int main(int argc, char **argv) {
         cudaErrorMemoryAllocation);
   (void)cudaGetLastError();
   CHECK_CUDA(cudaStreamDestroy(s));
-  std::printf(
-      "test_preload_static (%s): mode %d, %llu allocations and %llu "
-      "calls answered through the driver's entry points, pool "
-      "reserved %llu MiB at its peak: %s\n",
-      off ? "off" : "cuda", mode, counter(C_MALLOC), counter(C_DRIVER),
-      (unsigned long long)(attr(pool, cudaMemPoolAttrReservedMemHigh) >> 20),
-      failures ? "FAILED" : "passed");
+  std::printf("test_preload_static (%s): mode %d, %llu allocations and %llu "
+              "calls answered through the driver's entry points, pool "
+              "reserved %llu MiB at its peak: %s\n",
+              off ? "off" : "cuda", mode, counter(C_MALLOC),
+              counter(C_DRIVER),
+              (unsigned long long)(attr(pool, cudaMemPoolAttrReservedMemHigh) >>
+                                   20),
+              failures ? "FAILED" : "passed");
   return failures ? 1 : 0;
 }
