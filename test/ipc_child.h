@@ -103,8 +103,11 @@ enum {
   CMD_FLOOD,      /* import the pool `size` times over, keeping every one;
                      reply: seed = imported, size = NOT_PERMITTED, offset =
                      any other answer */
+  CMD_CHECK,      /* whether `slot` still holds `size` bytes of `seed` */
   CMD_MAKE,       /* exporter mode: allocate `size` bytes of pattern `seed`;
                      reply: the pool's descriptor and the block's record */
+  CMD_DROP,       /* exporter mode: free block `slot` and wait */
+  CMD_USED,       /* exporter mode: reply: size = the pool's used bytes */
   CMD_EXIT,
   CMD_REPLY
 };
@@ -278,6 +281,10 @@ static inline tp_error_t serve_one(importer *im, ctl *c, int fd) {
       return TP_ERROR_ILLEGAL_ADDRESS; /* the contents differ */
     return TP_SUCCESS;
   }
+  case CMD_CHECK:
+    return holds(im->ptr[c->slot], c->size, c->seed, im->s)
+               ? TP_SUCCESS
+               : TP_ERROR_ILLEGAL_ADDRESS;
   case CMD_WRITE:
     fill((char *)im->ptr[c->slot] + c->offset, c->size, c->seed, im->s);
     return TP_SUCCESS;
@@ -410,9 +417,16 @@ static inline int exporter_main(int sock) {
         err = tp_pool_export_to_shareable_handle(&fd, pool, TP_HANDLE_POSIX_FD,
                                                  0);
       r.status = (int)err;
+    } else if (c.op == CMD_DROP && c.slot < nblocks && blocks[c.slot]) {
+      tp_error_t err = tp_free_async(blocks[c.slot], s);
+      blocks[c.slot] = NULL;
+      r.status = (int)(err == TP_SUCCESS ? tp_stream_synchronize(s) : err);
+    } else if (c.op == CMD_USED) {
+      r.size = pool ? attr_u64(pool, TP_POOL_ATTR_USED_MEM_CURRENT) : 0;
     } else if (c.op == CMD_EXIT) {
       for (int i = 0; i < nblocks; i++)
-        CHECK_OK(tp_free_async(blocks[i], s));
+        if (blocks[i])
+          CHECK_OK(tp_free_async(blocks[i], s));
       CHECK_OK(tp_stream_synchronize(s));
       if (pool)
         CHECK_OK(tp_pool_destroy(pool));

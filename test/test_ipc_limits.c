@@ -282,6 +282,65 @@ static void test_stopped_exporter(void) {
   close(fd);
 }
 
+/* The exporter's used bytes, once they equal `want` or after a second. */
+static uint64_t exporter_used(child *ex, uint64_t want) {
+  ctl q = {.op = CMD_USED}, r = {0};
+  double until = check_now_s() + 1.0;
+  do {
+    if (!CHECK_OK(ask_reply(ex, &q, -1, &r, NULL)) || r.size == want)
+      break;
+    usleep(10000);
+  } while (check_now_s() < until);
+  return r.size;
+}
+
+/* An exporter that was only slow keeps what an importer holds. The
+ * exporter frees a block the importer imported, then stops past the
+ * importer's bound, so that a second import times out. Running again, the
+ * exporter must still count the block as held (it once took the timeout's
+ * closed channel as the importer gone, released its holds, and gave the
+ * block's bytes to its next allocation while the importer still read
+ * them); the importer's own free still releases it. */
+static void test_slow_exporter_keeps_holds(void) {
+  child ex, im;
+  REQUIRE(spawn(&ex, "exporter", NULL) == 0);
+  ctl q = {.op = CMD_MAKE, .size = MiB, .seed = 71}, r;
+  int fd = -1;
+  CHECK_OK(ask_reply(&ex, &q, -1, &r, &fd));
+  if (!CHECK(fd >= 0)) {
+    child_finish(&ex);
+    return;
+  }
+  REQUIRE(spawn(&im, "importer", "TIDEPOOL_IPC_TIMEOUT_MS=300") == 0);
+  ctl pq = {.op = CMD_POOL, .loc_type = TP_LOCATION_DEVICE, .loc_id = 0};
+  CHECK_OK(ask(&im, &pq, fd));
+  ctl iq = {.op = CMD_IMPORT, .slot = 0, .seed = 71, .size = MiB, .rec = r.rec};
+  CHECK_OK(ask(&im, &iq, -1));
+  CHECK_OK(ask_slot(&ex, CMD_DROP, 0));
+  CHECK_EQ_U64(exporter_used(&ex, MiB), MiB);
+  int st = 0;
+  REQUIRE(kill(ex.pid, SIGSTOP) == 0);
+  REQUIRE(waitpid(ex.pid, &st, WUNTRACED) == ex.pid && WIFSTOPPED(st));
+  iq.slot = 1;
+  CHECK_ERR(ask(&im, &iq, -1), TP_ERROR_INVALID_VALUE);
+  REQUIRE(kill(ex.pid, SIGCONT) == 0);
+  CHECK_EQ_U64(exporter_used(&ex, 0), MiB);
+  ctl mq = {.op = CMD_MAKE, .size = MiB, .seed = 72}, mr;
+  int fd2 = -1;
+  CHECK_OK(ask_reply(&ex, &mq, -1, &mr, &fd2));
+  if (fd2 >= 0)
+    close(fd2);
+  ctl cq = {.op = CMD_CHECK, .slot = 0, .size = MiB, .seed = 71};
+  CHECK_OK(ask(&im, &cq, -1));
+  /* Requests stay refused; the release still goes out. */
+  CHECK_ERR(ask(&im, &iq, -1), TP_ERROR_INVALID_VALUE);
+  CHECK_OK(ask_slot(&im, CMD_FREE, 0));
+  CHECK_EQ_U64(exporter_used(&ex, MiB), MiB);
+  CHECK_EQ_INT(child_finish(&im), 0);
+  CHECK_EQ_INT(child_finish(&ex), 0);
+  close(fd);
+}
+
 int main(int argc, char **argv) {
   int rc = 0;
   if (ipc_child_main(argc, argv, &rc))
@@ -292,5 +351,6 @@ int main(int argc, char **argv) {
   RUN_TEST(test_channel_limits);
   RUN_TEST(test_channel_total);
   RUN_TEST(test_stopped_exporter);
+  RUN_TEST(test_slow_exporter_keeps_holds);
   return check_done();
 }
