@@ -522,7 +522,9 @@ TP_API tp_error_t tp_stream_wait_event(tp_stream_t stream, tp_event_t event,
  * unknown event or stream). tp_event_query returns NOT_READY while the
  * recorded work runs; an event never recorded has completed.
  * tp_event_synchronize also releases pool memory like a stream
- * synchronize. */
+ * synchronize. Once the work an event covers has faulted, both answer
+ * ILLEGAL_ADDRESS, as CUDA's do, until the stream's synchronize reports
+ * the fault (on cuda the driver's fault stays for the context's life). */
 TP_API tp_error_t tp_event_create(tp_event_t *event);
 TP_API tp_error_t tp_event_destroy(tp_event_t event);
 TP_API tp_error_t tp_event_record(tp_event_t event, tp_stream_t stream);

@@ -534,6 +534,32 @@ static void test_access(void) {
   CHECK_ERR(P->stream_synchronize(s0), TP_ERROR_ILLEGAL_ADDRESS);
   CHECK(p[4 * MiB - 16] == 0);
 
+  /* An event covering faulted work reports the fault, whether recorded
+   * before or after the work ran, and leaves it to the stream's
+   * synchronize; one recorded before the faulting op reports nothing. */
+  tp__pevent *before, *after;
+  CHECK_OK(P->event_create(1, &before));
+  CHECK_OK(P->event_create(1, &after));
+  atomic_bool gate = false;
+  CHECK_OK(P->launch_host_func(s1, hold_fn, &gate));
+  CHECK_OK(P->event_record(before, s1));
+  CHECK_OK(P->memcpy_async(s1, p, host, 16)); /* device 1 reads only */
+  CHECK_OK(P->event_record(after, s1));
+  CHECK_ERR(P->event_query(after), TP_ERROR_NOT_READY);
+  atomic_store(&gate, true);
+  CHECK_ERR(P->event_synchronize(after), TP_ERROR_ILLEGAL_ADDRESS);
+  CHECK_ERR(P->event_query(after), TP_ERROR_ILLEGAL_ADDRESS);
+  CHECK_OK(P->event_synchronize(before));
+  CHECK_OK(P->event_query(before));
+  CHECK_OK(P->event_record(after, s1)); /* the work has run by now */
+  CHECK_ERR(P->event_synchronize(after), TP_ERROR_ILLEGAL_ADDRESS);
+  CHECK_ERR(P->stream_synchronize(s1), TP_ERROR_ILLEGAL_ADDRESS);
+  CHECK_OK(P->event_synchronize(after)); /* reported, and cleared */
+  CHECK_OK(P->event_record(after, s1));
+  CHECK_OK(P->event_query(after));
+  CHECK_OK(P->event_destroy(before));
+  CHECK_OK(P->event_destroy(after));
+
   /* Revoked access; device_synchronize reports and clears the fault. */
   grant(res, 0, 4 * MiB, 0, TP_ACCESS_NONE);
   CHECK_OK(P->memset_async(s0, p, 1, 16));

@@ -873,6 +873,60 @@ static void stream_calls_refuse(tp_stream_t bad, tp_pool_t pool, void *live,
   CHECK_EQ_INT(atomic_load(&flag), 0);
 }
 
+/* CUDA's event calls report a fault of the work they wait for; on host a
+ * copy to an address the process does not have faults its stream. The
+ * event reports it without clearing it (the stream's synchronize does),
+ * and the pool's frees behind the fault complete all the same. */
+static void test_event_reports_fault(void) {
+  if (!check_on_host()) {
+    printf("   (host only: a fault on cuda ends the context)\n");
+    return;
+  }
+  tp_pool_t pool = new_pool(0, 0);
+  tp_stream_t s = new_stream(), t = new_stream();
+  tp_event_t before = NULL, after = NULL;
+  CHECK_OK(tp_event_create(&before));
+  CHECK_OK(tp_event_create(&after));
+  REQUIRE(pool && s && t && before && after);
+  uint64_t keep = UINT64_MAX;
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &keep));
+  void *x = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&x, 3 << 20, pool, s));
+  gate_t g;
+  REQUIRE_OK(hold_stream(s, &g));
+  CHECK_OK(tp_event_record(before, s));
+  static const char bytes[16] = "fault";
+  CHECK_OK(tp_memcpy_async((void *)(uintptr_t)4096, bytes, sizeof bytes, s));
+  CHECK_OK(tp_free_async(x, s));
+  CHECK_OK(tp_event_record(after, s));
+  CHECK_ERR(tp_event_query(after), TP_ERROR_NOT_READY);
+  release(&g);
+  CHECK_ERR(tp_event_synchronize(after), TP_ERROR_ILLEGAL_ADDRESS);
+  CHECK_ERR(tp_event_query(after), TP_ERROR_ILLEGAL_ADDRESS);
+  CHECK_OK(tp_event_synchronize(before));
+  CHECK_EQ_U64(used_of(pool), 0);
+  /* The free behind the fault completed: another stream that waits on the
+   * event takes its bytes without the pool growing. */
+  uint64_t reserved = reserved_of(pool);
+  CHECK_OK(tp_stream_wait_event(t, after, 0));
+  void *y = NULL;
+  CHECK_OK(tp_malloc_from_pool_async(&y, 3 << 20, pool, t));
+  CHECK_EQ_U64(reserved_of(pool), reserved);
+  CHECK_OK(tp_free_async(y, t));
+  CHECK_OK(tp_stream_synchronize(t));
+  CHECK_ERR(tp_stream_synchronize(s), TP_ERROR_ILLEGAL_ADDRESS);
+  CHECK_OK(tp_stream_synchronize(s)); /* reported once */
+  CHECK_OK(tp_event_query(after));
+  CHECK_OK(tp_event_synchronize(after));
+  CHECK_OK(tp_pool_trim_to(pool, 0));
+  CHECK_EQ_U64(reserved_of(pool), 0);
+  CHECK_OK(tp_event_destroy(before));
+  CHECK_OK(tp_event_destroy(after));
+  CHECK_OK(tp_stream_destroy(s));
+  CHECK_OK(tp_stream_destroy(t));
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
 static void test_dead_and_foreign_streams(void) {
   if (!check_on_host()) {
     printf("   (host only: on cuda a gone stream is the driver's to judge)\n");
@@ -2079,6 +2133,7 @@ int main(int argc, char **argv) {
       T(test_stream_destroyed_with_pending_free),
       T(test_memory_work_rejections),
       T(test_event_semantics),
+      T(test_event_reports_fault),
       T(test_current_pool_rules),
       T(test_access_checked_before_applied),
       T(test_device_synchronize_scope),

@@ -215,7 +215,7 @@ TP_API tp_error_t tp_event_create(tp_event_t *event) {
 static tp_error_t event_synchronize(tp__event *e) {
   tp__stream **v = NULL;
   size_t n = 0;
-  TP_FORWARD(tp__event_synchronize(e, &v, &n));
+  tp_error_t err = tp__event_synchronize(e, &v, &n);
   for (size_t i = 0; i < n; i++) {
     tp__pool_after_sync(v[i]);
     tp__stream_unref(v[i]);
@@ -223,7 +223,7 @@ static tp_error_t event_synchronize(tp__event *e) {
   free(v);
   if (n)
     tp__ipc_settle();
-  return TP_SUCCESS;
+  return err;
 }
 
 /* The calls below find the event inside the guard, so that one destroyed

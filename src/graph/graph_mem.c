@@ -145,7 +145,8 @@ static void collect(bool poll) {
   for (tp__gmem *gm = gmems; poll && gm; gm = gm->next_gm) {
     for (uint32_t i = 0; gm->npending && i < gm->nallocs; i++) {
       allocation *al = &gm->allocs[i];
-      if (al->free_ev && tp__platform->event_query(al->free_ev) == TP_SUCCESS) {
+      if (al->free_ev &&
+          tp__pevent_finished(tp__platform->event_query(al->free_ev))) {
         drop_free_ev(gm, al);
         changed = true;
       }

@@ -116,7 +116,10 @@ typedef struct tp__platform_ops {
 
   /* ---- events (also the core's free markers) ----------------------------
    * An event belongs to a device; it may be recorded on that device's
-   * streams. An event never recorded has completed. */
+   * streams. An event never recorded has completed. Query and synchronize
+   * answer ILLEGAL_ADDRESS once work the event covers has faulted, as
+   * CUDA's do: that work has finished all the same
+   * (tp__pevent_finished). */
   tp_error_t (*event_create)(int device, tp__pevent **ev);
   tp_error_t (*event_destroy)(tp__pevent *ev);
   tp_error_t (*event_record)(tp__pevent *ev, tp__pstream *ps);
@@ -282,5 +285,11 @@ tp_error_t tp__platform_init(void);
 /* Platform code reports its own failures through this: it keeps the code and
  * name for tp_get_last_platform_error and returns TP_ERROR_PLATFORM. */
 tp_error_t tp__platform_fail(int code, const char *name);
+
+/* Whether an event's query or synchronize answer says its work has
+ * finished: faulted work has. */
+static inline bool tp__pevent_finished(tp_error_t err) {
+  return err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS;
+}
 
 #endif /* TP_PLATFORM_H */

@@ -188,9 +188,10 @@ static tp_error_t event_settle(tp__event *e, tp__stream ***out, size_t *n) {
 }
 
 tp_error_t tp__event_synchronize(tp__event *e, tp__stream ***done, size_t *n) {
-  TP_FORWARD(tp__platform->event_synchronize(e->pe));
-  /* The wait succeeded; a list that could not be made only means the
-   * completion is learnt later, by polling. */
+  tp_error_t err = tp__platform->event_synchronize(e->pe);
+  TP_RETURN_IF(!tp__pevent_finished(err), err);
+  /* The work finished (a fault is still reported); a list that could not be
+   * made only means the completion is learnt later, by polling. */
   (void)event_settle(e, done, n);
-  return TP_SUCCESS;
+  return err;
 }

@@ -506,7 +506,7 @@ bool tp__stream_poll(const tp__tag *t) {
   tp__blspin_lock(&s->lock);
   /* One stream completes in order: the first marker not done ends the scan. */
   while (s->nmarkers &&
-         tp__platform->event_query(s->markers[0]->ev) == TP_SUCCESS) {
+         tp__pevent_finished(tp__platform->event_query(s->markers[0]->ev))) {
     tp__atomic_max(&s->seen_epoch, s->markers[0]->epoch);
     markers_trim(s);
   }
@@ -528,7 +528,11 @@ tp_error_t tp__stream_wait_host(const tp__tag *t) {
     m->refs++;
   tp__blspin_unlock(&s->lock);
   TP_RETURN_IF(!m, tp__stream_done(t) ? TP_SUCCESS : TP_ERROR_PLATFORM);
+  /* A fault is the stream's synchronize's to report: the free's work has
+   * finished all the same. */
   tp_error_t err = tp__platform->event_synchronize(m->ev);
+  if (tp__pevent_finished(err))
+    err = TP_SUCCESS;
   tp__blspin_lock(&s->lock);
   if (err == TP_SUCCESS)
     done_to(s, m->epoch);

@@ -330,8 +330,9 @@ typedef struct mstream {
   tp_stream_t h; /* NULL for the legacy streams */
   int device;
   bool legacy, blocking, live;
-  int tail;  /* the last item, or -1 */
-  int fault; /* 0: none, 1: an access fault is pending, 2: perhaps */
+  int tail;           /* the last item, or -1 */
+  int fault;          /* 0: none, 1: an access fault is pending, 2: perhaps */
+  uint32_t fault_gen; /* synchronizes that reported (cleared) its faults */
 } mstream;
 
 typedef struct mgate {
@@ -344,6 +345,10 @@ typedef struct mevent {
   bool live;
   int device;
   int item; /* the recorded position, or -1 */
+  /* The stream recorded on, its fault state then and its fault_gen: the
+   * event reports that fault until the stream's synchronize does. */
+  int stream, fault;
+  uint32_t fault_gen;
 } mevent;
 
 typedef struct mpool {
@@ -1471,6 +1476,7 @@ static void sync_stream(int s, const char *why) {
   mstream *m = &M.streams[s];
   expect_fault(err, m->fault, m->fault == 2, "tp_stream_synchronize");
   m->fault = 0;
+  m->fault_gen++;
   done_roots(roots, n, "tp_stream_synchronize");
 }
 
@@ -1527,7 +1533,7 @@ static void op_stream_create(reader *r) {
         dev);
   expect_ok(tp_stream_create(&h, flags), "tp_stream_create");
   int s = M.nstreams++;
-  M.streams[s] = (mstream){h, dev, false, !flags, true, -1, 0};
+  M.streams[s] = (mstream){h, dev, false, !flags, true, -1, 0, 0};
   logf_("  -> s%d", s);
 }
 
@@ -1590,10 +1596,27 @@ static void sync_device(int d, const char *why) {
   call_end();
   expect_fault(err, fault ? 1 : 0, maybe, "tp_device_synchronize");
   for (int s = 0; s < M.nstreams; s++)
-    if (M.streams[s].device == d)
+    if (M.streams[s].device == d) {
       M.streams[s].fault = 0;
+      M.streams[s].fault_gen++;
+    }
   M.dev_fault_maybe[d] = false;
   done_roots(roots, n, "tp_device_synchronize");
+}
+
+/* What an event's query or synchronize should say of faults: 1 when work
+ * before its record faulted and its stream has not reported it since
+ * (*maybe when that is uncertain: access changed under queued work, or the
+ * stream was destroyed). */
+static int event_fault(const mevent *m, bool *maybe) {
+  *maybe = false;
+  if (m->item < 0 || m->stream < 0 || !m->fault)
+    return 0;
+  const mstream *s = &M.streams[m->stream];
+  if (s->fault_gen != m->fault_gen)
+    return 0;
+  *maybe = m->fault == 2 || s->fault == 2 || !s->live;
+  return 1;
 }
 
 static void op_event(reader *r) {
@@ -1611,7 +1634,7 @@ static void op_event(reader *r) {
     tp_event_t h = NULL;
     logf_("tp_event_create() on device %d", dev);
     expect_ok(tp_event_create(&h), "tp_event_create");
-    M.events[M.nevents++] = (mevent){h, true, dev, -1};
+    M.events[M.nevents++] = (mevent){h, true, dev, -1, -1, 0, 0};
     return;
   }
   int e = live[k % n];
@@ -1629,6 +1652,9 @@ static void op_event(reader *r) {
     }
     expect_ok(err, "tp_event_record");
     m->item = item_new(s, -1, NULL, 0, false);
+    m->stream = s;
+    m->fault = M.streams[s].fault;
+    m->fault_gen = M.streams[s].fault_gen;
     return;
   }
   case 2: {
@@ -1643,9 +1669,12 @@ static void op_event(reader *r) {
     bool blk = item_blocked(m->item);
     logf_("tp_event_query(event %d)%s", e, blk ? " [held by a gate]" : "");
     tp_error_t err = tp_event_query(m->h);
+    bool maybe = false;
+    int must = event_fault(m, &maybe);
     if (m->item < 0) {
       expect_ok(err, "tp_event_query of an event never recorded");
-    } else if (err == TP_SUCCESS) {
+    } else if (err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS) {
+      expect_fault(err, must, maybe, "tp_event_query");
       done_roots(&m->item, 1, "tp_event_query");
     } else if (err != TP_ERROR_NOT_READY) {
       fail("tp_event_query returned %s", tp_error_name(err));
@@ -1659,7 +1688,9 @@ static void op_event(reader *r) {
     call_begin(CALL_NO_WAIT, "tp_event_synchronize");
     tp_error_t err = tp_event_synchronize(m->h);
     call_end();
-    expect_ok(err, "tp_event_synchronize");
+    bool maybe = false;
+    int must = event_fault(m, &maybe);
+    expect_fault(err, must, maybe, "tp_event_synchronize");
     if (m->item >= 0)
       done_roots(&m->item, 1, "tp_event_synchronize");
     return;
@@ -2876,7 +2907,7 @@ static void begin_input(void) {
   M.cur_dev = -1;
   use_device(0);
   for (int d = 0; d < NDEV; d++) {
-    M.streams[d] = (mstream){NULL, d, true, true, true, -1, 0};
+    M.streams[d] = (mstream){NULL, d, true, true, true, -1, 0, 0};
     tp_pool_props_t pr;
     memset(&pr, 0, sizeof pr);
     pr.alloc_type = TP_ALLOCATION_PINNED;

@@ -55,7 +55,10 @@ struct tp__pstream {
    * stream that ran everything has completed == submitted. */
   _Atomic uint64_t submitted;
   _Atomic uint64_t completed;
-  atomic_bool faulted;
+  /* The position of the first op that faulted since the stream's last
+   * synchronize, 0 when none: a synchronize reports it and clears it, an
+   * event recorded at or after it reports it and leaves it. */
+  _Atomic uint64_t fault_pos;
   /* The creator, the worker, events and deps each hold one. */
   _Atomic uint64_t refs;
   uint64_t uid;
@@ -245,6 +248,14 @@ static void unlink_stream(tp__pstream *s) {
   pthread_mutex_unlock(&dev->mu);
 }
 
+/* Notes a fault of the op the worker runs now, whose position is one past
+ * what has completed; an earlier fault not yet reported stays. */
+static void fault(tp__pstream *s) {
+  uint64_t none = 0;
+  uint64_t pos = atomic_load_explicit(&s->completed, memory_order_relaxed) + 1;
+  atomic_compare_exchange_strong(&s->fault_pos, &none, pos);
+}
+
 static void run(tp__pstream *s, op *o) {
   for (size_t i = 0; i < o->ndeps; i++)
     wait_pos(o->deps[i].s, o->deps[i].pos);
@@ -255,11 +266,11 @@ static void run(tp__pstream *s, op *o) {
   case OP_MEMCPY:
     if (!tp__host_mem_run(s->device, o->u.mem.dst, o->u.mem.src, o->u.mem.value,
                           o->u.mem.size))
-      atomic_store(&s->faulted, true);
+      fault(s);
     break;
   case OP_GRAPH:
     if (!tp__host_exec_run(o->u.exec))
-      atomic_store(&s->faulted, true);
+      fault(s);
     break;
   }
 }
@@ -487,8 +498,8 @@ tp_error_t tp__host_stream_synchronize(tp__pstream *ps) {
   for (size_t i = 0; i < o->ndeps; i++)
     wait_pos(o->deps[i].s, o->deps[i].pos);
   op_free(o);
-  return atomic_exchange(&ps->faulted, false) ? TP_ERROR_ILLEGAL_ADDRESS
-                                              : TP_SUCCESS;
+  return atomic_exchange(&ps->fault_pos, 0) ? TP_ERROR_ILLEGAL_ADDRESS
+                                            : TP_SUCCESS;
 }
 
 static tp_error_t ran_all(tp__pstream *ps) {
@@ -528,7 +539,7 @@ tp_error_t tp__host_device_synchronize(int device) {
   bool faulted = false;
   for (size_t i = 0; i < o->ndeps; i++) {
     wait_pos(o->deps[i].s, o->deps[i].pos);
-    faulted |= atomic_exchange(&o->deps[i].s->faulted, false);
+    faulted |= atomic_exchange(&o->deps[i].s->fault_pos, 0) != 0;
   }
   op_free(o);
   return faulted ? TP_ERROR_ILLEGAL_ADDRESS : TP_SUCCESS;
@@ -645,6 +656,16 @@ tp_error_t tp__host_event_destroy(tp__pevent *ev) {
   return TP_SUCCESS;
 }
 
+/* Whether work that an event covers faulted: an op of its stream at or
+ * before its position (CUDA's event calls report a fault of the work they
+ * wait for). An event recorded on completed work keeps its stream only
+ * while such a fault is unreported, so that it can report it. */
+static bool covers_fault(const tp__pstream *s, uint64_t pos) {
+  uint64_t f =
+      s ? atomic_load_explicit(&s->fault_pos, memory_order_acquire) : 0;
+  return f != 0 && f <= pos;
+}
+
 /* Records without waking the worker: the event is the stream's current
  * position. Only where the legacy semantics make the stream wait for other
  * work does a barrier op carry those waits into the position. */
@@ -661,7 +682,8 @@ tp_error_t tp__host_event_record(tp__pevent *ev, tp__pstream *ps) {
     TP_FORWARD(push(ps, o, &pos));
   }
   tp__pstream *s = NULL;
-  if (atomic_load_explicit(&ps->completed, memory_order_acquire) < pos) {
+  if (atomic_load_explicit(&ps->completed, memory_order_acquire) < pos ||
+      covers_fault(ps, pos)) {
     s = ps;
     ref(s);
   }
@@ -680,7 +702,10 @@ tp_error_t tp__host_event_query(tp__pevent *ev) {
   tp__spin_lock(&ev->lock);
   bool done = !ev->s || atomic_load_explicit(&ev->s->completed,
                                              memory_order_acquire) >= ev->pos;
+  bool faulted = done && covers_fault(ev->s, ev->pos);
   tp__spin_unlock(&ev->lock);
+  if (faulted)
+    return TP_ERROR_ILLEGAL_ADDRESS;
   return done ? TP_SUCCESS : TP_ERROR_NOT_READY;
 }
 
@@ -692,11 +717,13 @@ tp_error_t tp__host_event_synchronize(tp__pevent *ev) {
   if (s)
     ref(s);
   tp__spin_unlock(&ev->lock);
+  bool faulted = false;
   if (s) {
     wait_pos(s, pos);
+    faulted = covers_fault(s, pos);
     unref(s);
   }
-  return TP_SUCCESS;
+  return faulted ? TP_ERROR_ILLEGAL_ADDRESS : TP_SUCCESS;
 }
 
 /* ---- what host_capture.c needs of streams and events ---------------------
