@@ -197,6 +197,12 @@ TP_API tp_error_t tp_device_synchronize(void) {
       completed(v[i], epochs[i]);
     tp__stream_unref(v[i]);
   }
+  /* With no live stream listed, frees of destroyed streams (now known done
+   * through the ticket) must still be released. */
+  if (!n && (err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS)) {
+    tp__pool_after_sync(NULL);
+    tp__ipc_settle();
+  }
   free(epochs);
   free(v);
   return err;
@@ -218,7 +224,8 @@ static tp_error_t event_synchronize(tp__event *e) {
   tp_error_t err = tp__event_synchronize(e, &v, &n);
   for (size_t i = 0; i < n; i++) {
     tp__pool_after_sync(v[i]);
-    tp__stream_unref(v[i]);
+    if (v[i])
+      tp__stream_unref(v[i]);
   }
   free(v);
   if (n)

@@ -183,7 +183,13 @@ void tp__pool_peak_raise(tp__pool *p) {
  * ------------------------------------------------------------------
  */
 
+/* Releases free chunks while more than `keep` bytes stay reserved. As
+ * cudaMemPoolTrimTo and the release threshold ask, a pool that holds more
+ * than `keep` keeps at least that much: whole chunks, up to one more. */
 static tp_error_t settle_and_release(tp__pool *p, uint64_t keep) {
+  uint64_t gran = p->space.gran;
+  keep = keep > UINT64_MAX - (gran - 1) ? UINT64_MAX
+                                        : (keep + gran - 1) / gran * gran;
   tp__slabs_settle(&p->slabs, false, true);
   tp__heap_settle(&p->heap, false);
   tp_error_t err = tp__heap_release(&p->heap, keep);
@@ -199,7 +205,8 @@ void tp__pool_after_sync(tp__stream *s) {
     tp__pool *p = pools[i];
     tp__mutex_lock(&p->lock);
     if (!p->torn_down) {
-      tp__caches_drain_one(&p->caches, s);
+      if (s)
+        tp__caches_drain_one(&p->caches, s);
       /* Best effort: what stays reserved is released at a later try. */
       (void)settle_and_release(p, atomic_load(&p->release_threshold));
     }
@@ -215,11 +222,6 @@ tp_error_t tp__pool_trim(tp__pool *p, uint64_t keep) {
       p->ops->trim(p);
     return TP_SUCCESS;
   }
-  /* As cudaMemPoolTrimTo: a pool that holds more than `keep` keeps at
-   * least that much, in whole chunks (up to a chunk more). */
-  uint64_t gran = p->space.gran;
-  keep = keep > UINT64_MAX - (gran - 1) ? UINT64_MAX
-                                        : (keep + gran - 1) / gran * gran;
   tp__mutex_lock(&p->lock);
   tp_error_t err = TP_ERROR_INVALID_VALUE;
   if (!p->torn_down) {

@@ -149,7 +149,8 @@ tp_error_t tp__pool_get_access(tp__pool *p, const tp_location_t *loc,
 tp_error_t tp__pool_set_access(tp__pool *p, const tp_access_desc_t *list,
                                size_t n);
 /* After `s` synchronised: its frees become reusable by all and each pool
- * falls to its release threshold. */
+ * falls to its release threshold. NULL: a synchronize that covered no
+ * live stream (a device's, with only destroyed ones behind it). */
 void tp__pool_after_sync(tp__stream *s);
 /* Gives every cached block of the stream back to its pool, and frees the
  * stream's caches (before the stream goes). */

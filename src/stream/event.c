@@ -165,7 +165,9 @@ tp_error_t tp__event_query(tp__event *e) {
   return tp__platform->event_query(e->pe);
 }
 
-/* Once an event completed, every free its clock covers has completed. */
+/* Once an event completed, every free its clock covers has completed. A
+ * stream destroyed since is noted by uid, for its frees' tags, and stands
+ * in the list as NULL: the pools still settle and release. */
 static tp_error_t event_settle(tp__event *e, tp__stream ***out, size_t *n) {
   tp__clock c = {0};
   *out = NULL;
@@ -176,9 +178,10 @@ static tp_error_t event_settle(tp__event *e, tp__stream ***out, size_t *n) {
     if (c.v[i].key & TP_CLOCK_LEGACY)
       continue;
     tp__stream *s = tp__stream_find_uid(c.v[i].key);
-    if (!s)
-      continue;
-    tp__stream_mark_done(s, c.v[i].value);
+    if (s)
+      tp__stream_mark_done(s, c.v[i].value);
+    else
+      tp__stream_note_dead_done(c.v[i].key, c.v[i].value);
     v[(*n)++] = s;
   }
   tp__clock_free(&c);

@@ -639,12 +639,55 @@ void tp__device_sync_done(int device, uint64_t ticket) {
   tp__atomic_max(&syncs_done[device], ticket);
 }
 
-bool tp__stream_dead_synced(tp__stream *s) {
-  if (atomic_load_explicit(&syncs_done[s->device], memory_order_acquire) <=
-      atomic_load_explicit(&s->dead_syncs, memory_order_acquire))
-    return false;
-  tp__stream_mark_done(s, atomic_load(&s->epoch));
-  return true;
+/* Completions that event synchronizes showed for streams destroyed since,
+ * by uid. A small ring: an entry overwritten only means that those frees
+ * are learnt complete later, at a device synchronize. Under dead_lock. */
+#define DEAD_DONE 64
+static tp__spin dead_lock = {0, TP_RANK_DEAD_DONE};
+static struct { uint64_t uid, epoch; } dead_done[DEAD_DONE];
+static uint32_t dead_next;
+static _Atomic uint32_t dead_noted; /* 0: the ring is empty */
+
+void tp__stream_note_dead_done(uint64_t uid, uint64_t epoch) {
+  tp__spin_lock(&dead_lock);
+  uint32_t i = 0;
+  while (i < DEAD_DONE && dead_done[i].uid != uid)
+    i++;
+  if (i == DEAD_DONE) {
+    i = dead_next;
+    dead_next = (dead_next + 1) % DEAD_DONE;
+    dead_done[i].uid = uid;
+    dead_done[i].epoch = 0;
+  }
+  if (dead_done[i].epoch < epoch)
+    dead_done[i].epoch = epoch;
+  atomic_store_explicit(&dead_noted, 1, memory_order_release);
+  tp__spin_unlock(&dead_lock);
+}
+
+static uint64_t dead_done_of(uint64_t uid) {
+  if (!atomic_load_explicit(&dead_noted, memory_order_acquire))
+    return 0;
+  uint64_t epoch = 0;
+  tp__spin_lock(&dead_lock);
+  for (uint32_t i = 0; i < DEAD_DONE; i++)
+    if (dead_done[i].uid == uid)
+      epoch = dead_done[i].epoch;
+  tp__spin_unlock(&dead_lock);
+  return epoch;
+}
+
+bool tp__stream_dead_done(const tp__tag *t) {
+  tp__stream *s = t->stream;
+  if (atomic_load_explicit(&syncs_done[s->device], memory_order_acquire) >
+      atomic_load_explicit(&s->dead_syncs, memory_order_acquire)) {
+    tp__stream_mark_done(s, atomic_load(&s->epoch));
+    return true;
+  }
+  uint64_t epoch = dead_done_of(s->uid);
+  if (epoch)
+    tp__stream_mark_done(s, epoch);
+  return tp__stream_done(t);
 }
 
 tp_error_t tp__stream_release(tp__stream *s) {

@@ -160,9 +160,15 @@ uint64_t tp__stream_advance(tp__stream *s);
  * (tp__stream_dead_synced). */
 uint64_t tp__device_sync_begin(int device);
 void tp__device_sync_done(int device, uint64_t ticket);
-/* A destroyed stream's frees are known complete: a device synchronize begun
- * after the destroy has returned. Marks the stream done then. */
-bool tp__stream_dead_synced(tp__stream *s);
+/* Whether the free of tag `t`, on a destroyed stream, is known complete: a
+ * device synchronize begun after the destroy has returned, or an event
+ * synchronize covered it (tp__stream_note_dead_done). Marks the stream done
+ * as far as that shows. */
+bool tp__stream_dead_done(const tp__tag *t);
+/* An event synchronize showed frees up to `epoch` of the stream `uid`
+ * complete, but found no live stream of that uid: kept for the tags of
+ * the destroyed stream. */
+void tp__stream_note_dead_done(uint64_t uid, uint64_t epoch);
 /* Whether the tagged free is known complete: done, or found so by polling
  * its stream's markers where `poll` (the opportunistic policy, which may
  * take what completed unseen). A destroyed stream is no longer asked by any
@@ -172,7 +178,7 @@ bool tp__stream_dead_synced(tp__stream *s);
 static inline bool tp__stream_settles(const tp__tag *t, bool poll) {
   return tp__stream_done(t) || (poll && tp__stream_poll(t)) ||
          (atomic_load_explicit(&t->stream->destroyed, memory_order_acquire) &&
-          tp__stream_dead_synced(t->stream));
+          tp__stream_dead_done(t));
 }
 /* Drops a tag and the reference it holds on its stream. */
 static inline void tp__tag_clear(tp__tag *t) {
@@ -224,7 +230,7 @@ bool tp__event_recorded(const tp__event *e);
 /* Waits for the event, then marks done the work its clock covers on each
  * stream; those streams are returned with a reference each (the caller
  * unrefs them and frees the array), so that the layers above can settle
- * what completed. */
+ * what completed; NULL stands for a stream destroyed since. */
 tp_error_t tp__event_synchronize(tp__event *e, tp__stream ***done, size_t *n);
 
 /* The fast path of tp__stream_get: the two handles the thread resolved

@@ -61,8 +61,21 @@ static void test_release_threshold(void) {
     sync_by(kind, s, ev);
     uint64_t r = reserved_of(pool);
     CHECK(r <= round_up(t, chunk));
-    CHECK(r > 0);
+    CHECK(r >= t);
     CHECK_EQ_U64(used_of(pool), 0);
+    CHECK_OK(tp_pool_trim_to(pool, 0));
+    CHECK_EQ_U64(reserved_of(pool), 0);
+
+    /* "Hold onto" the threshold: a pool that had more keeps at least the
+     * threshold, even where it is no multiple of a chunk. */
+    step("threshold 3 MiB + 5, 64 MiB freed, %s synchronize", sync_names[kind]);
+    const uint64_t odd = 3 * MiB + 5;
+    set_u64(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, odd);
+    churn(pool, 4, 16 * MiB, s);
+    sync_by(kind, s, ev);
+    r = reserved_of(pool);
+    CHECK(r >= odd);
+    CHECK(r <= round_up(odd, chunk));
     CHECK_OK(tp_pool_trim_to(pool, 0));
     CHECK_EQ_U64(reserved_of(pool), 0);
 
@@ -85,6 +98,55 @@ static void test_release_threshold(void) {
   CHECK_OK(tp_pool_destroy(pool));
   CHECK_OK(tp_event_destroy(ev));
   stream_done(s);
+}
+
+/* A synchronize that covers the frees of a stream destroyed since still
+ * releases them and makes them reusable by every stream: a device's with
+ * no live stream left, and an event's recorded before the destroy. All
+ * reuse policies off, so that only the synchronize can make the bytes
+ * reusable. */
+static void test_sync_after_stream_destroyed(void) {
+  tp_pool_t probe = device_pool(0);
+  REQUIRE(probe);
+  uint64_t chunk = chunk_of(probe);
+  CHECK_OK(tp_pool_destroy(probe));
+  tp_pool_t pool = device_pool(2 * chunk);
+  REQUIRE(pool);
+  set_u64(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, 0);
+  set_int(pool, TP_POOL_ATTR_OOM_WAIT, 0);
+  set_policies(pool, 0, 0, 0);
+
+  step("device synchronize after the stream that freed was destroyed");
+  tp_stream_t s = stream_new(TP_STREAM_NON_BLOCKING);
+  REQUIRE(s);
+  void *x = NULL, *y = NULL, *z = NULL;
+  CHECK_OK(tp_malloc_from_pool_async(&x, 2 * chunk, pool, s));
+  CHECK_OK(tp_free_async(x, s));
+  CHECK_OK(tp_stream_destroy(s));
+  CHECK_OK(tp_device_synchronize());
+  CHECK_EQ_U64(reserved_of(pool), 0);
+
+  step("event synchronize covering a destroyed stream's free");
+  tp_stream_t a = stream_new(TP_STREAM_NON_BLOCKING);
+  tp_stream_t b = stream_new(TP_STREAM_NON_BLOCKING);
+  tp_event_t ev = event_new();
+  REQUIRE(a && b && ev);
+  CHECK_OK(tp_malloc_from_pool_async(&x, chunk, pool, a));
+  CHECK_OK(tp_malloc_from_pool_async(&y, chunk, pool, a));
+  CHECK_OK(tp_free_async(x, a));
+  CHECK_OK(tp_event_record(ev, a));
+  CHECK_OK(tp_stream_destroy(a));
+  CHECK_OK(tp_event_synchronize(ev));
+  CHECK_EQ_U64(reserved_of(pool), chunk);
+  CHECK_OK(tp_malloc_from_pool_async(&z, chunk, pool, b));
+  CHECK(reserved_of(pool) <= 2 * chunk);
+  CHECK_OK(tp_free_async(y, b));
+  CHECK_OK(tp_free_async(z, b));
+  stream_done(b);
+  CHECK_OK(tp_event_destroy(ev));
+  check_context(NULL);
+  CHECK_EQ_U64(reserved_of(pool), 0);
+  CHECK_OK(tp_pool_destroy(pool));
 }
 
 /* ========================================================================
@@ -240,6 +302,7 @@ static void test_statistics(void) {
 int main(int argc, char **argv) {
   static const conformance_test_t tests[] = {
       CONFORMANCE_TEST(test_release_threshold),
+      CONFORMANCE_TEST(test_sync_after_stream_destroyed),
       CONFORMANCE_TEST(test_trim_to),
       CONFORMANCE_TEST(test_statistics),
   };

@@ -2853,12 +2853,16 @@ static void op_quiesce(const char *why) {
     mpool *m = &M.pools[p];
     if (!m->live || m->imported)
       continue;
-    /* A synchronize brings reserved memory down to the threshold, or to
-     * what live allocations keep. */
+    /* A synchronize brings reserved memory down to the threshold (whole
+     * chunks holding at least that much), or to what live allocations
+     * keep. */
     uint64_t res =
         attr_u64(p, TP_POOL_ATTR_RESERVED_MEM_CURRENT, "RESERVED_MEM_CURRENT");
     uint64_t keep = kept_bytes(p);
-    uint64_t bound = keep > m->threshold ? keep : m->threshold;
+    uint64_t held = m->threshold > UINT64_MAX - m->chunk
+                        ? UINT64_MAX
+                        : (m->threshold + m->chunk - 1) / m->chunk * m->chunk;
+    uint64_t bound = keep > held ? keep : held;
     if (res > bound)
       fail("pool %d reserves %" PRIu64 " bytes after a synchronize with "
            "everything complete; its release threshold is %" PRIu64
