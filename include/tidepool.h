@@ -4,16 +4,21 @@
  * stream-ordered allocator (a one-to-one rename of cudaMallocAsync and the
  * cudaMemPool* family) and the small stream runtime that the host platform
  * needs. Every function may be called from any thread unless its comment
- * says otherwise, and every function returns a tp_error_t.
+ * says otherwise, and every function returns a tp_error_t. As with CUDA, a
+ * child made by fork() must not use tidepool once the parent has: the
+ * child has none of the parent's threads (the host platform's stream
+ * workers among them), so a wait on the parent's work may never end; exec
+ * first, or fork before the first call.
  *
  * Where tidepool deliberately answers differently from the CUDA driver:
  *  - freeing a pointer that no tidepool pool gave out is
  *    TP_ERROR_INVALID_VALUE (the driver silently accepts pointers it owns
  *    through other allocators);
  *  - reserved-memory figures grow in platform chunks (2 MiB), not in the
- *    driver's 32 MiB steps. What is kept is the rule: reserved falls to the
- *    release threshold at a synchronize, and "used" counts the bytes asked
- *    for, not the bytes handed out. */
+ *    driver's 32 MiB steps. What is kept is the rule: at a synchronize,
+ *    reserved falls to the release threshold, holding onto at least the
+ *    threshold (whole chunks, up to one more) where it held more, and
+ *    "used" counts the bytes asked for, not the bytes handed out. */
 #ifndef TIDEPOOL_H
 #define TIDEPOOL_H
 

@@ -753,6 +753,103 @@ static void test_end_races_allocation(void) {
   CHECK_OK(tp_stream_destroy(r.s));
 }
 
+/* Calls on a stream whose captures other threads end, invalidate or
+ * destroy meanwhile answer from the stream's state: success, a capture
+ * invalidated, or INVALID_VALUE once the stream is gone; never the
+ * capture layer's ILLEGAL_STATE (which tp_event_record, tp_malloc_async and
+ * tp_free_async once leaked when the end came between their question and
+ * their node, and their stream's next capture was invalidated or the
+ * stream destroyed). */
+typedef struct end_calls {
+  _Atomic(tp_stream_t) s;
+  tp_event_t ev;
+  atomic_int stop;
+  atomic_long bad, calls;
+  atomic_int first_bad;
+} end_calls_t;
+
+static void end_calls_note(end_calls_t *r, tp_error_t err) {
+  atomic_fetch_add(&r->calls, 1);
+  if (err == TP_SUCCESS || err == TP_ERROR_INVALID_VALUE ||
+      err == TP_ERROR_STREAM_CAPTURE_INVALIDATED)
+    return;
+  atomic_fetch_add(&r->bad, 1);
+  atomic_store(&r->first_bad, err);
+}
+
+static void *end_calls_main(void *arg) {
+  end_calls_t *r = arg;
+  while (!atomic_load(&r->stop)) {
+    tp_stream_t s = atomic_load(&r->s);
+    if (!s)
+      continue;
+    void *p = NULL;
+    tp_error_t err = tp_malloc_async(&p, 3000, s);
+    end_calls_note(r, err);
+    if (err == TP_SUCCESS) {
+      err = tp_free_async(p, s);
+      end_calls_note(r, err);
+      if (err != TP_SUCCESS)
+        (void)tp_free_async(p, NULL); /* outside its graph, or refused */
+    }
+    end_calls_note(r, tp_event_record(r->ev, s));
+  }
+  return NULL;
+}
+
+static void test_end_races_calls(void) {
+  if (!check_on_host()) {
+    printf("   (host only: the driver does not survive these races)\n");
+    return;
+  }
+  end_calls_t r;
+  memset(&r, 0, sizeof r);
+  REQUIRE_OK(tp_event_create(&r.ev));
+  pthread_t t[3];
+  for (int i = 0; i < 3; i++)
+    REQUIRE(pthread_create(&t[i], NULL, end_calls_main, &r) == 0);
+  unsigned seed = 12345;
+  for (int round = 0; round < 300; round++) {
+    tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING);
+    atomic_store(&r.s, s);
+    for (int k = 0; k < 3 && s; k++) {
+      seed = seed * 1103515245u + 12345u;
+      if (tp_stream_begin_capture(s, TP_CAPTURE_MODE_RELAXED) != TP_SUCCESS)
+        continue;
+      check_sleep_us((long)((seed >> 8) % 100));
+      tp_graph_t g = NULL;
+      switch ((seed >> 20) % 3) {
+      case 0: /* destroyed while it captures */
+        atomic_store(&r.s, NULL);
+        CHECK_ERR(tp_stream_destroy(s), TP_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        s = NULL;
+        break;
+      case 1: /* invalidated, then ended */
+        CHECK_ERR(tp_stream_query(s), TP_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        CHECK_ERR(tp_stream_end_capture(s, &g),
+                  TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+        break;
+      default:
+        if (CHECK_OK(tp_stream_end_capture(s, &g)) && g)
+          CHECK_OK(tp_graph_destroy(g));
+      }
+    }
+    atomic_store(&r.s, NULL);
+    if (s)
+      CHECK_OK(tp_stream_destroy(s));
+  }
+  atomic_store(&r.stop, 1);
+  for (int i = 0; i < 3; i++)
+    pthread_join(t[i], NULL);
+  printf("   %ld calls\n", atomic_load(&r.calls));
+  if (atomic_load(&r.bad))
+    CHECK_FAIL("%ld of %ld calls answered out of place (last: %s)",
+               atomic_load(&r.bad), atomic_load(&r.calls),
+               tp_error_name((tp_error_t)atomic_load(&r.first_bad)));
+  CHECK_OK(tp_device_synchronize());
+  CHECK_OK(tp_event_destroy(r.ev));
+}
+
 /* Bad handles and arguments: clear errors, nothing changed. */
 static void test_bad_input(void) {
   tp_stream_t s1 = new_stream(TP_STREAM_NON_BLOCKING);
@@ -1501,6 +1598,7 @@ int main(void) {
   RUN_TEST(test_forbidden_during_capture);
   RUN_TEST(test_wrong_thread);
   RUN_TEST(test_end_races_allocation);
+  RUN_TEST(test_end_races_calls);
   RUN_TEST(test_bad_input);
   RUN_TEST(test_accounts);
   RUN_TEST(test_capturing_stream_destroyed);

@@ -260,32 +260,42 @@ static tp_error_t kind_of(tp_pool_t pool, tp__gmem_kind *kind) {
   return TP_SUCCESS;
 }
 
-/* Whether capture `id` of the stream, which refused work, has ended
- * meanwhile (another thread may end a relaxed capture at any time): the
- * stream then captures no more, or captures anew. */
-static bool capture_moved_on(tp__stream *s, uint64_t id) {
+/* Capture work of a call failed with `*err` in capture `id` of the stream.
+ * Another thread may end a relaxed capture at any time, and the capture
+ * layer then refuses (ILLEGAL_STATE: the stream is no member any more).
+ * True when the stream has moved on (it captures no more, or captures
+ * anew) and the call should ask again; otherwise `*err` becomes the answer
+ * the stream's state gives: its capture invalidated, or the stream gone
+ * (INVALID_VALUE, as for a call racing tp_stream_destroy). */
+#define CAPTURE_TRIES 8
+static bool capture_retry(tp__stream *s, uint64_t id, tp_error_t *err) {
+  if (*err != TP_ERROR_ILLEGAL_STATE &&
+      *err != TP_ERROR_STREAM_CAPTURE_INVALIDATED)
+    return false;
   tp_capture_status_t status;
   uint64_t now = 0;
-  return tp__platform->capture_status(s->ps, &status, &now) == TP_SUCCESS &&
-         (status == TP_CAPTURE_STATUS_NONE ||
-          (status == TP_CAPTURE_STATUS_ACTIVE && now != id));
+  if (tp__platform->capture_status(s->ps, &status, &now) != TP_SUCCESS) {
+    *err = TP_ERROR_INVALID_VALUE;
+    return false;
+  }
+  if (status == TP_CAPTURE_STATUS_NONE ||
+      (status == TP_CAPTURE_STATUS_ACTIVE && now != id))
+    return true;
+  if (status == TP_CAPTURE_STATUS_INVALIDATED)
+    *err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
+  return false;
 }
 
 static tp_error_t graph_malloc(void **ptr, size_t size, tp_pool_t pool,
                                tp__stream *s, uint64_t *id);
 
-/* A capture ended by another thread between the question and the node
- * leaves the allocation to the stream's next state: asked again, at most
- * twice. */
 tp_error_t tp__graph_malloc(void **ptr, size_t size, tp_pool_t pool,
                             tp__stream *s) {
-  for (int tries = 0;; tries++) {
+  for (int tries = 1;; tries++) {
     uint64_t id = 0;
     tp_error_t err = graph_malloc(ptr, size, pool, s, &id);
-    if (tries == 2 ||
-        (err != TP_ERROR_ILLEGAL_STATE &&
-         err != TP_ERROR_STREAM_CAPTURE_INVALIDATED) ||
-        !capture_moved_on(s, id))
+    if (err == TP_SUCCESS || tries == CAPTURE_TRIES ||
+        !capture_retry(s, id, &err))
       return err;
   }
 }
@@ -321,29 +331,25 @@ static tp_error_t graph_malloc(void **ptr, size_t size, tp_pool_t pool,
 }
 
 bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err) {
-  tp_capture_status_t status;
-  uint64_t id = 0;
-  *err = status_of(s, &status, &id);
-  if (*err != TP_SUCCESS)
-    return true;
-  if (status == TP_CAPTURE_STATUS_INVALIDATED) {
-    *err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
-    return true;
-  }
-  if (status == TP_CAPTURE_STATUS_ACTIVE) {
-    *err = tp__gmem_free_captured(s->ps, id, ptr);
-    /* Its capture ended by another thread meanwhile: the free is the
-     * stream's next state's. */
-    if (*err == TP_SUCCESS || !capture_moved_on(s, id))
+  for (int tries = 1;; tries++) {
+    tp_capture_status_t status;
+    uint64_t id = 0;
+    *err = status_of(s, &status, &id);
+    if (*err != TP_SUCCESS)
       return true;
-    *err = TP_SUCCESS;
-    if (tp__registry_find((uintptr_t)ptr))
-      return false;
-    bool claimed = false;
-    *err = tp__gmem_free(s->ps, s->device, ptr, &claimed);
-    return claimed;
+    if (status == TP_CAPTURE_STATUS_INVALIDATED) {
+      *err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
+      return true;
+    }
+    if (status == TP_CAPTURE_STATUS_NONE)
+      break;
+    *err = tp__gmem_free_captured(s->ps, id, ptr);
+    if (*err == TP_SUCCESS || tries == CAPTURE_TRIES ||
+        !capture_retry(s, id, err))
+      return true;
   }
   /* Not capturing: the graph's only where no pool holds the address. */
+  *err = TP_SUCCESS;
   if (tp__registry_find((uintptr_t)ptr))
     return false;
   settle_running();
@@ -353,34 +359,39 @@ bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err) {
 }
 
 bool tp__graph_on_record(tp_event_t event, tp__stream *s, tp_error_t *err) {
-  tp_capture_status_t status;
-  *err = status_of(s, &status, NULL);
-  if (*err != TP_SUCCESS)
-    return true;
-  if (status == TP_CAPTURE_STATUS_INVALIDATED) {
-    *err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
-    return true;
-  }
-  if (status == TP_CAPTURE_STATUS_NONE) {
-    /* Recorded outside any capture again: the core's event holds it. */
-    if (atomic_load(&shadows_any)) {
-      pthread_mutex_lock(&shadows_lock);
-      shadow *sh = shadow_find(event);
-      if (sh)
-        sh->captured = false;
-      pthread_mutex_unlock(&shadows_lock);
+  for (int tries = 1;; tries++) {
+    tp_capture_status_t status;
+    uint64_t id = 0;
+    *err = status_of(s, &status, &id);
+    if (*err != TP_SUCCESS)
+      return true;
+    if (status == TP_CAPTURE_STATUS_INVALIDATED) {
+      *err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
+      return true;
     }
-    return false;
+    if (status == TP_CAPTURE_STATUS_NONE)
+      break;
+    pthread_mutex_lock(&shadows_lock);
+    shadow *sh = NULL;
+    *err = shadow_for(event, s->device, &sh);
+    if (*err == TP_SUCCESS)
+      *err = tp__platform->capture_event_record(sh->pe, s->ps);
+    if (*err == TP_SUCCESS)
+      sh->captured = true;
+    pthread_mutex_unlock(&shadows_lock);
+    if (*err == TP_SUCCESS || tries == CAPTURE_TRIES ||
+        !capture_retry(s, id, err))
+      return true;
   }
-  pthread_mutex_lock(&shadows_lock);
-  shadow *sh = NULL;
-  *err = shadow_for(event, s->device, &sh);
-  if (*err == TP_SUCCESS)
-    *err = tp__platform->capture_event_record(sh->pe, s->ps);
-  if (*err == TP_SUCCESS)
-    sh->captured = true;
-  pthread_mutex_unlock(&shadows_lock);
-  return true;
+  /* Recorded outside any capture again: the core's event holds it. */
+  if (atomic_load(&shadows_any)) {
+    pthread_mutex_lock(&shadows_lock);
+    shadow *sh = shadow_find(event);
+    if (sh)
+      sh->captured = false;
+    pthread_mutex_unlock(&shadows_lock);
+  }
+  return false;
 }
 
 bool tp__graph_on_wait(tp__stream *s, tp_event_t event, tp__event *e,
