@@ -205,10 +205,17 @@ void tp__pool_after_sync(tp__stream *s) {
     tp__pool *p = pools[i];
     tp__mutex_lock(&p->lock);
     if (!p->torn_down) {
-      if (s)
+      /* Where the pool holds more than its threshold, every stream's cache
+       * goes back, so that blocks other streams freed and that are known
+       * complete (queried, say) are released too; otherwise only the
+       * synchronized stream's, which the other streams may now take. */
+      uint64_t threshold = atomic_load(&p->release_threshold);
+      if (atomic_load(&p->space.reserved) > threshold)
+        tp__caches_drain_all(&p->caches);
+      else if (s)
         tp__caches_drain_one(&p->caches, s);
       /* Best effort: what stays reserved is released at a later try. */
-      (void)settle_and_release(p, atomic_load(&p->release_threshold));
+      (void)settle_and_release(p, threshold);
     }
     tp__mutex_unlock(&p->lock);
   }

@@ -149,6 +149,33 @@ static void test_sync_after_stream_destroyed(void) {
   CHECK_OK(tp_pool_destroy(pool));
 }
 
+/* A synchronize of one stream releases what another stream freed once that
+ * free is known complete (here by a query of its stream), not only what it
+ * freed itself: reserved falls to the threshold at any synchronize. */
+static void test_sync_releases_others_frees(void) {
+  tp_pool_t pool = device_pool(0);
+  tp_stream_t a = stream_new(TP_STREAM_NON_BLOCKING);
+  tp_stream_t b = stream_new(TP_STREAM_NON_BLOCKING);
+  REQUIRE(pool && a && b);
+  set_u64(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, 0);
+  void *x = NULL, *y = NULL;
+  CHECK_OK(tp_malloc_from_pool_async(&x, 8 * MiB, pool, a));
+  CHECK_OK(tp_malloc_from_pool_async(&y, 1000, pool, a));
+  CHECK_OK(tp_free_async(x, a));
+  CHECK_OK(tp_free_async(y, a));
+  double until = check_now_s() + 10;
+  tp_error_t q;
+  while ((q = tp_stream_query(a)) == TP_ERROR_NOT_READY &&
+         check_now_s() < until)
+    check_sleep_us(100);
+  CHECK_OK(q);
+  CHECK_OK(tp_stream_synchronize(b));
+  CHECK_EQ_U64(reserved_of(pool), 0);
+  stream_done(a);
+  stream_done(b);
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
 /* ========================================================================
  * trim_to
  * ======================================================================== */
@@ -303,6 +330,7 @@ int main(int argc, char **argv) {
   static const conformance_test_t tests[] = {
       CONFORMANCE_TEST(test_release_threshold),
       CONFORMANCE_TEST(test_sync_after_stream_destroyed),
+      CONFORMANCE_TEST(test_sync_releases_others_frees),
       CONFORMANCE_TEST(test_trim_to),
       CONFORMANCE_TEST(test_statistics),
   };
