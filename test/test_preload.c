@@ -187,6 +187,10 @@ static void test_errors(void) {
   /* The default pool cannot be destroyed. */
   CHECK_RC(cudaMemPoolDestroy(pool), cudaErrorInvalidValue);
   CHECK_RC(cudaGetLastError(), cudaErrorInvalidValue);
+  CHECK_RC(
+      cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrUsedMemCurrent, NULL),
+      cudaErrorInvalidValue);
+  CHECK_RC(cudaGetLastError(), cudaErrorInvalidValue);
 
   /* A pointer nobody gave out goes to the runtime, which refuses it. */
   unsigned long long forwarded = counter(C_FORWARDED);
@@ -762,6 +766,11 @@ static void test_off(void) {
     CHECK_RC(cudaFreeAsync(p, NULL), cudaSuccess);
     CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
   }
+  /* The runtime answers a NULL value, also through the interposer. */
+  CHECK_RC(
+      cudaDeviceGetGraphMemAttribute(0, cudaGraphMemAttrUsedMemCurrent, NULL),
+      cudaErrorInvalidValue);
+  (void)cudaGetLastError();
   for (int i = C_MALLOC; i <= C_DRIVER; i++)
     CHECK_EQ_U64(counter(i), 0);
 }

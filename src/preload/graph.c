@@ -251,19 +251,24 @@ TP_PL_EXPORT cudaError_t cudaDeviceGraphMemTrim(int device) {
 
 TP_PL_EXPORT cudaError_t cudaDeviceGetGraphMemAttribute(
     int device, enum cudaGraphMemAttributeType attr, void *value) {
+  /* The runtime answers a NULL value itself (CUDA's INVALID_VALUE), also
+   * when tidepool stays out: the sum below needs a place of its own. */
+  if (!value)
+    return tp__pl_host_requested()
+               ? tp__pl_fail(TP_ERROR_INVALID_VALUE)
+               : REAL(cudaDeviceGetGraphMemAttribute, (device, attr, NULL));
   uint64_t theirs = 0;
   cudaError_t r = tp__pl_host_requested() ? cudaSuccess
                                           : REAL(cudaDeviceGetGraphMemAttribute,
                                                  (device, attr, &theirs));
   if (r != cudaSuccess || !graph_mem_ours()) {
-    if (r == cudaSuccess && value)
+    if (r == cudaSuccess)
       *(uint64_t *)value = theirs;
     return r;
   }
   uint64_t ours = 0;
-  tp_error_t err = value ? tp_device_get_graph_mem_attribute(
-                               device, (tp_graph_mem_attr_t)attr, &ours)
-                         : TP_ERROR_INVALID_VALUE;
+  tp_error_t err = tp_device_get_graph_mem_attribute(
+      device, (tp_graph_mem_attr_t)attr, &ours);
   if (err == TP_SUCCESS)
     *(uint64_t *)value = theirs + ours;
   return tp__pl_fail(err);

@@ -358,6 +358,19 @@ STUB_API cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
   CALL(cuGraphExecDestroy, ((CUgraphExec)e));
 }
 
+/* The stand-in driver has no graph memory: every figure is 0, and a NULL
+ * value is refused, as CUDA documents. */
+STUB_API cudaError_t cudaDeviceGetGraphMemAttribute(
+    int device, enum cudaGraphMemAttributeType attr, void *value) {
+  count(__func__);
+  (void)device;
+  (void)attr;
+  if (!value)
+    return fail(cudaErrorInvalidValue);
+  *(uint64_t *)value = 0;
+  return cudaSuccess;
+}
+
 STUB_API cudaError_t cudaStreamIsCapturing(cudaStream_t s,
                                            enum cudaStreamCaptureStatus *st) {
   CONTEXT_OR_FAIL();
