@@ -397,6 +397,11 @@ static void test_errors(void) {
   CHECK_RC(cu.default_pool(&pool, (CUdevice)-5), CUDA_ERROR_INVALID_DEVICE);
   CHECK_RC(cu.default_pool(NULL, dev0), CUDA_ERROR_INVALID_VALUE);
   REQUIRE_RC(cu.default_pool(&pool, dev0), CUDA_SUCCESS);
+  /* The get and set forms answer INVALID_VALUE for a device that does not
+   * exist, as the runtime's do (cudaDeviceGetMemPool of device 99). */
+  CUmemoryPool cur = NULL;
+  CHECK_RC(cu.get_pool(&cur, (CUdevice)12345), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(cu.set_pool((CUdevice)12345, pool), CUDA_ERROR_INVALID_VALUE);
   uint64_t v = 0;
   CHECK_RC(cu.pool_get_attr(pool, (CUmemPool_attribute)0x77, &v),
            CUDA_ERROR_INVALID_VALUE);
