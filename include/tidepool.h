@@ -5,10 +5,10 @@
  * cudaMemPool* family) and the small stream runtime that the host platform
  * needs. Every function may be called from any thread unless its comment
  * says otherwise, and every function returns a tp_error_t. As with CUDA, a
- * child made by fork() must not use tidepool once the parent has: the
- * child has none of the parent's threads (the host platform's stream
- * workers among them), so a wait on the parent's work may never end; exec
- * first, or fork before the first call.
+ * child made by fork() cannot use tidepool once the parent has: it has
+ * none of the parent's threads (the host platform's stream workers among
+ * them) and, on cuda, no usable context, so every call there answers
+ * TP_ERROR_NOT_PERMITTED. Exec first, or fork before the first call.
  *
  * Where tidepool deliberately answers differently from the CUDA driver:
  *  - freeing a pointer that no tidepool pool gave out is

@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdbool.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -871,6 +872,61 @@ static void stream_calls_refuse(tp_stream_t bad, tp_pool_t pool, void *live,
   CHECK_ERR(tp_stream_destroy(bad), TP_ERROR_INVALID_VALUE);
   check_sleep_ms(20);
   CHECK_EQ_INT(atomic_load(&flag), 0);
+}
+
+/* A child made by fork() after the parent used the library, while a
+ * stream of the parent is busy, gets an answer from every call
+ * (NOT_PERMITTED, as the header says) instead of hanging on work that no
+ * thread of the child will ever run. */
+static void test_fork_child_refused(void) {
+  tp_pool_t pool = new_pool(0, 0);
+  tp_stream_t s = new_stream();
+  REQUIRE(pool && s);
+  void *x = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&x, 4096, pool, s));
+  gate_t g;
+  REQUIRE_OK(hold_stream(s, &g));
+  CHECK_OK(tp_free_async(x, s));
+  fflush(stdout);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    alarm(20);
+    int bad = 0;
+    void *y = NULL;
+    tp_stream_t t = NULL;
+    tp_event_t ev = NULL;
+    bad += tp_malloc_async(&y, 4096, s) != TP_ERROR_NOT_PERMITTED;
+    bad +=
+        tp_malloc_from_pool_async(&y, 4096, pool, s) != TP_ERROR_NOT_PERMITTED;
+    bad += tp_free_async(x, s) != TP_ERROR_NOT_PERMITTED;
+    bad += tp_stream_synchronize(s) != TP_ERROR_NOT_PERMITTED;
+    bad += tp_device_synchronize() != TP_ERROR_NOT_PERMITTED;
+    bad += tp_stream_create(&t, 0) != TP_ERROR_NOT_PERMITTED;
+    bad += tp_event_create(&ev) != TP_ERROR_NOT_PERMITTED;
+    bad += tp_pool_trim_to(pool, 0) != TP_ERROR_NOT_PERMITTED;
+    bad += tp_pool_destroy(pool) != TP_ERROR_NOT_PERMITTED;
+    _exit(bad ? 10 + bad : 0);
+  }
+  int status = 0;
+  double until = check_now_s() + 30;
+  pid_t got = 0;
+  while ((got = waitpid(pid, &status, WNOHANG)) == 0 && check_now_s() < until)
+    check_sleep_ms(10);
+  if (got == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    CHECK_FAIL("the forked child hung");
+  } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    CHECK_FAIL("the forked child: %s %d (10 + calls answered otherwise)",
+               WIFEXITED(status) ? "exit" : "signal",
+               WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+  }
+  release(&g);
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_EQ_U64(used_of(pool), 0);
+  CHECK_OK(tp_stream_destroy(s));
+  CHECK_OK(tp_pool_destroy(pool));
 }
 
 /* CUDA's event calls report a fault of the work they wait for; on host a
@@ -2134,6 +2190,7 @@ int main(int argc, char **argv) {
       T(test_memory_work_rejections),
       T(test_event_semantics),
       T(test_event_reports_fault),
+      T(test_fork_child_refused),
       T(test_current_pool_rules),
       T(test_access_checked_before_applied),
       T(test_device_synchronize_scope),

@@ -13,7 +13,22 @@ static tp_error_t init_err = TP_ERROR_NO_DEVICE;
 static int ndevices;
 TP_TLS bool tp__api_ready;
 
+/* A child made by fork() has none of the parent's threads (the host
+ * platform's stream workers, say) and, on cuda, no usable context: from
+ * then on every call there answers NOT_PERMITTED (CUDA's runtime answers
+ * an initialization error) instead of waiting for work that will never
+ * run. The forking thread is the child's only one, so clearing its ready
+ * flag sends every entry point to the slow path below. */
+static void forked_child(void) {
+  init_err = TP_ERROR_NOT_PERMITTED;
+  tp__api_ready = false;
+}
+
 static void init_once(void) {
+  if (pthread_atfork(NULL, NULL, forked_child) != 0) {
+    init_err = TP_ERROR_OUT_OF_MEMORY;
+    return;
+  }
   init_err = tp__platform_init();
   if (init_err == TP_SUCCESS)
     init_err = tp__streams_init();
