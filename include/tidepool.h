@@ -268,9 +268,10 @@ TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
 
 /* Frees `ptr` in stream order: the bytes may be reused by work ordered after
  * this call on `stream`, and by other streams as the pool's reuse policies
- * allow. NULL succeeds and does nothing. A pointer imported from another
- * process gives its hold back once `stream` reaches the free; an exported
- * allocation that importers still hold is reused only after they free it.
+ * allow. NULL on a known stream succeeds and does nothing. A pointer
+ * imported from another process gives its hold back once `stream` reaches
+ * the free; an exported allocation that importers still hold is reused only
+ * after they free it.
  * Errors: INVALID_VALUE (a pointer no tidepool pool gave out, an interior
  * pointer, a pointer already freed, unknown stream). A rejected free changes
  * nothing. */
@@ -827,7 +828,8 @@ TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream);
 
 /* Frees `ptr` in stream order on `stream`, the stream it was allocated on
  * (PyTorch remembers it). `size` is unused. NULL is ignored; a pointer that
- * tidepool did not give out is reported on stderr and otherwise ignored. */
+ * tidepool did not give out is reported on stderr and otherwise ignored (a
+ * TIDEPOOL_TORCH_TRACE being recorded still shows the request). */
 TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream);
 
 /* The current pool's statistics of `device`: out[0] reserved bytes,
@@ -849,10 +851,10 @@ TP_API tp_error_t tp_torch_reset_peaks(int device);
 TP_API tp_error_t tp_torch_timing(uint64_t out[4]);
 
 /* Waits for all work on `device` (tp_device_synchronize), then releases the
- * current pool's free memory until at most `keep` bytes stay reserved
- * (tidepool_torch.trim(); torch.cuda.empty_cache() reaches it with keep 0
- * through tp_torch_empty_cache). Errors: INVALID_DEVICE, ILLEGAL_ADDRESS,
- * PLATFORM. */
+ * current pool's free memory as tp_pool_trim_to does: a pool that held more
+ * than `keep` keeps at least `keep`, in whole chunks (tidepool_torch.trim();
+ * torch.cuda.empty_cache() reaches it with keep 0 through
+ * tp_torch_empty_cache). Errors: INVALID_DEVICE, ILLEGAL_ADDRESS, PLATFORM. */
 TP_API tp_error_t tp_torch_trim(int device, size_t keep);
 
 /* The hooks that integrations/pytorch installs on its CUDAPluggableAllocator

@@ -27,7 +27,7 @@
 static atomic_int check_failures_;
 
 /* A label printed with every failure of the calling thread, such as the row
- * of driver-answers.txt being checked; NULL for none. */
+ * of conformance/driver_answers.txt being checked; NULL for none. */
 static _Thread_local const char *check_context_;
 
 static inline void check_context(const char *label) {

@@ -179,7 +179,7 @@ static void test_pools_per_device(void) {
   CHECK_EQ_INT(id, 1);
   CHECK_EQ_INT(type, TP_LOCATION_DEVICE);
   /* A pool of one device cannot be the other's current pool: the driver's
-   * answer, INVALID_VALUE (test_conformance keeps its reference rows). */
+   * answer, INVALID_VALUE (conformance_reference keeps its reference rows). */
   CHECK_ERR(tp_device_set_mem_pool(1, pool0), TP_ERROR_INVALID_VALUE);
   CHECK_ERR(tp_device_set_mem_pool(0, d1), TP_ERROR_INVALID_VALUE);
   tp_location_t dev1 = {TP_LOCATION_DEVICE, 1, 0};

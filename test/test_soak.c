@@ -218,7 +218,7 @@ static tp_pool_t slot_read(uint64_t *gen) {
   return p;
 }
 
-/* One call on `pool` of generation `gen`. `dead_before`: its destroy had
+/* One call on `pool` of generation `gen`. `dead`: its destroy had
  * returned before the call began, so only INVALID_VALUE may come back. */
 static void pool_call(worker *w, tp_stream_t s, tp_pool_t pool, uint64_t gen,
                       bool dead) {

@@ -270,7 +270,8 @@ def reset_peaks(device=None):
 
 def trim(device=None, keep=0):
     """Waits for the device's work, then gives free memory back to the GPU
-    until at most `keep` bytes stay reserved. torch.cuda.empty_cache() does
+    as cudaMemPoolTrimTo does: a pool that held more than `keep` bytes keeps
+    at least `keep`, in whole chunks. torch.cuda.empty_cache() does
     the same with keep 0 on every device, where install() could set its
     hook."""
     lib = _load()

@@ -9,8 +9,8 @@ import sys
 from . import replay_path, traces
 
 # tidepool-replay's options that take a value as the next argument.
-_VALUE_OPTIONS = {"--platform", "--threshold", "--lag", "--plot", "--perfetto",
-                  "--against"}
+_VALUE_OPTIONS = {"--platform", "--threshold", "--growth-slack", "--lag",
+                  "--plot", "--perfetto", "--against"}
 
 
 def _names_a_trace(args):

@@ -157,7 +157,7 @@ uint64_t tp__stream_advance(tp__stream *s);
 /* Device synchronize bookkeeping: tp_device_synchronize takes a ticket
  * before it waits and reports it once the device's work completed, so that
  * the frees of a stream destroyed before the ticket count as known complete
- * (tp__stream_dead_synced). */
+ * (tp__stream_dead_done). */
 uint64_t tp__device_sync_begin(int device);
 void tp__device_sync_done(int device, uint64_t ticket);
 /* Whether the free of tag `t`, on a destroyed stream, is known complete: a

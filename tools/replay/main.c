@@ -23,7 +23,7 @@ static void usage(FILE *f) {
       "adaptor CSV, gzip'd or not; the format is told by the content.\n\n"
       "  --platform host|cuda  the platform (default: TIDEPOOL_PLATFORM, or\n"
       "                        cuda where a GPU is usable, else host)\n"
-      "  --threshold BYTES     the pool's release threshold (K/M/G suffixes;\n"
+      "  --threshold BYTES     the pool's release threshold (K/M/G/T;\n"
       "                        'max' keeps everything; default max)\n"
       "  --growth-slack PPM    how far above its peak in use the pool may\n"
       "                        grow by making chunks rather than moving\n"
@@ -80,6 +80,11 @@ static int parse_bytes(const char *s, uint64_t *out) {
   case 'G':
   case 'g':
     shift = 30;
+    end++;
+    break;
+  case 'T':
+  case 't':
+    shift = 40;
     end++;
     break;
   default: break;

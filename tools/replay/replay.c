@@ -60,7 +60,7 @@ static void alloc_failed(const trace *t, const trace_op *op, tp_error_t e,
              where, (unsigned long long)op->size, op->stream, tp_error_name(e),
              (double)attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT) /
                  1048576.0,
-             memory ? memory : "(unset: 4G)");
+             memory ? memory : "(unset)");
   else if (e == TP_ERROR_OUT_OF_MEMORY)
     snprintf(err, errlen,
              "%s: allocating %llu bytes on stream %u: %s: the pool holds "
