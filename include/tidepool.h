@@ -404,10 +404,13 @@ TP_API tp_error_t tp_device_get_attribute(int *value, tp_device_attr_t attr,
  *
  * Limits. Every wait of an importer on its exporter ends: the answer to a
  * pool import, to a pointer import (and each chunk it maps), and room to
- * send a request or a release, each within 30 s (TIDEPOOL_IPC_TIMEOUT_MS
- * sets another bound, in milliseconds, for the whole process). An exporter
- * that does not answer in time is taken as gone: the call fails with
- * INVALID_VALUE, and so does every later import through that pool. An
+ * send a request, each within 30 s (TIDEPOOL_IPC_TIMEOUT_MS sets another
+ * bound, in milliseconds, for the whole process); a release never waits.
+ * An exporter that does not answer in time: the call fails with
+ * INVALID_VALUE, and so does every later import through that pool, but the
+ * exporter may only be slow, so it keeps what this process holds: releases
+ * it had no room for go, in order, once it reads again, and a hold that a
+ * late answer made for a pointer this process never got goes back. An
  * exporting process serves at most 64 importing channels (one per pool
  * import) per importing process and pool, 1024 over all its pools, and
  * never so many that fewer than 64 of its descriptors stay free

@@ -341,6 +341,93 @@ static void test_slow_exporter_keeps_holds(void) {
   close(fd);
 }
 
+/* A pointer import that timed out against a stopped exporter gave this
+ * process no pointer, so the hold the exporter records once it serves the
+ * request late must go back by itself: the exporter's blocks, freed,
+ * return to it (they stayed held until the importer's pool went). */
+static void test_timed_out_import_holds_nothing(void) {
+  child ex, im;
+  REQUIRE(spawn(&ex, "exporter", NULL) == 0);
+  ctl q0 = {.op = CMD_MAKE, .size = MiB, .seed = 81}, r0;
+  ctl q1 = {.op = CMD_MAKE, .size = 2 * MiB, .seed = 82}, r1;
+  int fd = -1, fd1 = -1;
+  CHECK_OK(ask_reply(&ex, &q0, -1, &r0, &fd));
+  CHECK_OK(ask_reply(&ex, &q1, -1, &r1, &fd1));
+  if (fd1 >= 0)
+    close(fd1);
+  if (!CHECK(fd >= 0)) {
+    child_finish(&ex);
+    return;
+  }
+  REQUIRE(spawn(&im, "importer", "TIDEPOOL_IPC_TIMEOUT_MS=300") == 0);
+  ctl pq = {.op = CMD_POOL, .loc_type = TP_LOCATION_DEVICE, .loc_id = 0};
+  CHECK_OK(ask(&im, &pq, fd));
+  int st = 0;
+  REQUIRE(kill(ex.pid, SIGSTOP) == 0);
+  REQUIRE(waitpid(ex.pid, &st, WUNTRACED) == ex.pid && WIFSTOPPED(st));
+  ctl iq = {.op = CMD_IMPORT, .slot = 0, .size = 2 * MiB, .rec = r1.rec};
+  CHECK_ERR(ask(&im, &iq, -1), TP_ERROR_INVALID_VALUE);
+  REQUIRE(kill(ex.pid, SIGCONT) == 0);
+  CHECK_OK(ask_slot(&ex, CMD_DROP, 0));
+  CHECK_OK(ask_slot(&ex, CMD_DROP, 1));
+  CHECK_EQ_U64(exporter_used(&ex, 0), 0);
+  CHECK_EQ_INT(child_finish(&im), 0);
+  CHECK_EQ_INT(child_finish(&ex), 0);
+  close(fd);
+}
+
+/* Releases the exporter has no room for while it is stopped (more frees
+ * than its socket queues) wait, and go once it reads again, with no
+ * further call of this process: the frees never waited on the exporter,
+ * and none is lost (they were, all of them after the first that could not
+ * go out in time). */
+static void test_releases_wait_for_stopped_exporter(void) {
+  enum { NB = 16, NI = 256 };
+  child ex;
+  REQUIRE(spawn(&ex, "exporter", NULL) == 0);
+  ctl r[NB];
+  int fd = -1;
+  for (int i = 0; i < NB; i++) {
+    ctl q = {.op = CMD_MAKE, .size = 64 * KiB, .seed = 90 + (uint64_t)i};
+    int f = -1;
+    CHECK_OK(ask_reply(&ex, &q, -1, &r[i], &f));
+    if (fd < 0)
+      fd = f;
+    else if (f >= 0)
+      close(f);
+  }
+  tp_stream_t s = NULL;
+  tp_pool_t pool = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_pool_import_from_shareable_handle(&pool, (void *)(uintptr_t)fd,
+                                                  TP_HANDLE_POSIX_FD, 0));
+  close(fd);
+  static void *p[NB][NI];
+  for (int i = 0; i < NB; i++)
+    for (int k = 0; k < NI; k++)
+      REQUIRE_OK(tp_pool_import_pointer(&p[i][k], pool, &r[i].rec));
+  for (int i = 0; i < NB; i++)
+    CHECK_OK(ask_slot(&ex, CMD_DROP, i));
+  CHECK_EQ_U64(exporter_used(&ex, NB * 64 * KiB), NB * 64 * KiB);
+  int st = 0;
+  REQUIRE(kill(ex.pid, SIGSTOP) == 0);
+  REQUIRE(waitpid(ex.pid, &st, WUNTRACED) == ex.pid && WIFSTOPPED(st));
+  for (int i = 0; i < NB; i++)
+    for (int k = 0; k < NI; k++)
+      CHECK_OK(tp_free_async(p[i][k], s));
+  double t0 = check_now_s();
+  CHECK_OK(tp_stream_synchronize(s));
+  double took = check_now_s() - t0;
+  printf("   %d frees done %.3f s after the synchronize began\n", NB * NI,
+         took);
+  CHECK(took < 10.0); /* no release waited 30 s for the stopped exporter */
+  REQUIRE(kill(ex.pid, SIGCONT) == 0);
+  CHECK_EQ_U64(exporter_used(&ex, 0), 0);
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(s));
+  CHECK_EQ_INT(child_finish(&ex), 0);
+}
+
 int main(int argc, char **argv) {
   int rc = 0;
   if (ipc_child_main(argc, argv, &rc))
@@ -352,5 +439,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_channel_total);
   RUN_TEST(test_stopped_exporter);
   RUN_TEST(test_slow_exporter_keeps_holds);
+  RUN_TEST(test_timed_out_import_holds_nothing);
+  RUN_TEST(test_releases_wait_for_stopped_exporter);
   return check_done();
 }

@@ -9,10 +9,12 @@
  * channel and guards the chunk table, the imported pointers and the
  * mappings; rel_mu guards the releases in flight (`done`, `pending`) and
  * orders every send on the channel; importers_lock guards the list of
- * imported pools. Order: importers_lock, mu, rel_mu; mu before the pool's
- * lock. Host functions on streams take rel_mu only, for moments. */
+ * imported pools; mender_lock the mender thread's state. Order:
+ * importers_lock, mu, rel_mu, mender_lock; mu before the pool's lock. Host
+ * functions on streams take rel_mu only, for moments. */
 #include <errno.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ipc/ipc.h"
@@ -39,9 +41,9 @@ typedef struct slot {
 
 struct tp__ipc_import {
   int fd; /* the private channel; shut down once the exporter is gone */
-  /* How far the channel is still used (MUTE_*, channel_mute), under rel_mu
-   * for sends and mu for receives. */
-  _Atomic int mute;
+  /* Set once a request went unanswered in time (channel_mute): no request
+   * is sent any more. */
+  _Atomic bool muted;
   uint64_t pid, serial, gran, va_size;
   tp__pres *res;
   uintptr_t base;
@@ -72,6 +74,15 @@ struct tp__ipc_import {
                  for every pending one is made when its free is issued */
   uint32_t ndone, capdone;
   uint32_t pending; /* host functions queued and not yet run */
+  /* Releases the exporter had no room for (it stopped reading): sent in
+   * order, before anything else, once it reads again; it keeps the holds
+   * meanwhile. Under rel_mu. */
+  uint64_t *unsent;
+  uint32_t nunsent, capunsent;
+  /* A reply that did not come in time may still come; one of an import
+   * then tells of a hold that no pointer of this process stands for, to be
+   * given back (drain_late). Under mu. */
+  bool reply_owed;
 };
 
 /* Every imported pool, for the settling after a synchronize. */
@@ -103,6 +114,7 @@ static void import_free_state(tp__ipc_import *m) {
   free(m->stale);
   free(m->ptrs);
   free(m->done);
+  free(m->unsent);
   pthread_mutex_destroy(&m->mu);
   pthread_mutex_destroy(&m->rel_mu);
   pthread_cond_destroy(&m->rel_cv);
@@ -138,25 +150,55 @@ static void channel_break(tp__ipc_import *m) {
  * only be slow: the channel is not closed, since its closing would make
  * the exporter give up this process's holds, and pointers imported before
  * would then read memory it gives to others. From then on no request is
- * sent (REQUESTS: the call fails with INVALID_VALUE, as the header says),
- * and once a send could not go out in time, no release either (SENDS): the
- * holds left then stay until the pool's destruction closes the channel. */
-enum { MUTE_NONE = 0, MUTE_REQUESTS = 1, MUTE_SENDS = 2 };
-static void channel_mute(tp__ipc_import *m, int how) {
-  int was = atomic_load(&m->mute);
-  while (was < how && !atomic_compare_exchange_weak(&m->mute, &was, how)) {
+ * sent (the call fails with INVALID_VALUE, as the header says); releases
+ * still go, and a late reply is read when it comes (drain_late). */
+static void channel_mute(tp__ipc_import *m) {
+  atomic_store(&m->muted, true);
+}
+
+static void mender_wake(void);
+
+/* Sends the releases that had to wait, in order, without waiting for room:
+ * what does not go out now stays for the next try. rel_mu held. */
+static void flush_unsent(tp__ipc_import *m) {
+  uint32_t sent = 0;
+  while (sent < m->nunsent) {
+    tp__wire q = tp__wire_make(TP_OP_RELEASE);
+    q.offset = m->unsent[sent];
+    if (tp__wire_send(m->fd, &q, -1, false, 0) != TP_SUCCESS)
+      break;
+    sent++;
+  }
+  memmove(m->unsent, m->unsent + sent, (m->nunsent - sent) * sizeof *m->unsent);
+  m->nunsent -= sent;
+}
+
+/* Gives the exporter back one hold, after those still waiting, and never
+ * waits for room: a host function on a stream sends it, and an exporter
+ * that stopped reading must not stall that stream. Where even the list has
+ * no room (memory short), the hold stays until the channel closes. rel_mu
+ * held. */
+static void send_release(tp__ipc_import *m, uint64_t offset) {
+  flush_unsent(m);
+  if (m->nunsent == 0) {
+    tp__wire q = tp__wire_make(TP_OP_RELEASE);
+    q.offset = offset;
+    if (tp__wire_send(m->fd, &q, -1, false, 0) == TP_SUCCESS)
+      return;
+  }
+  if (TP_ARRAY_ROOM(m->unsent, m->nunsent, m->capunsent)) {
+    m->unsent[m->nunsent++] = offset;
+    mender_wake();
   }
 }
 
-/* Sends a request or a release; rel_mu held, which orders them. */
+/* Sends a request, after the releases issued before it; rel_mu held. */
 static tp_error_t request(tp__ipc_import *m, const tp__wire *q) {
-  int mute = atomic_load(&m->mute);
-  TP_RETURN_IF(mute == MUTE_SENDS ||
-                   (mute == MUTE_REQUESTS && q->op != TP_OP_RELEASE),
-               TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(atomic_load(&m->muted), TP_ERROR_INVALID_VALUE);
+  flush_unsent(m);
   tp_error_t err = tp__wire_send(m->fd, q, -1, false, tp__ipc_deadline());
   if (err != TP_SUCCESS)
-    channel_mute(m, MUTE_SENDS);
+    channel_mute(m);
   return err;
 }
 
@@ -165,10 +207,14 @@ static tp_error_t recv_reply(tp__ipc_import *m, uint16_t op, tp__wire *a,
                              int *fd) {
   tp__recv_result r =
       tp__wire_recv(m->fd, a, fd, NULL, NULL, tp__ipc_deadline());
-  if (r == TP_RECV_EOF || r == TP_RECV_ERROR)
+  if (r == TP_RECV_EOF || r == TP_RECV_ERROR) {
     channel_break(m); /* gone */
-  else if (r != TP_RECV_OK)
-    channel_mute(m, MUTE_REQUESTS); /* silent past the deadline, or lying */
+  } else if (r != TP_RECV_OK) {
+    channel_mute(m); /* silent past the deadline, or lying */
+    m->reply_owed = r == TP_RECV_AGAIN;
+    if (m->reply_owed)
+      mender_wake();
+  }
   /* An exporter that went with requests unread resets the channel: gone,
    * as one that closed it (the header's INVALID_VALUE). */
   TP_RETURN_IF(r == TP_RECV_ERROR && errno == ECONNRESET,
@@ -180,10 +226,31 @@ static tp_error_t recv_reply(tp__ipc_import *m, uint16_t op, tp__wire *a,
     *fd = -1;
   }
   if (a->op != op)
-    channel_mute(m, MUTE_REQUESTS); /* out of step: no later reply could be
-                                       trusted */
+    channel_mute(m); /* out of step: no later reply could be trusted */
   TP_RETURN_IF(a->op != op, TP_ERROR_INVALID_VALUE);
   return TP_SUCCESS;
+}
+
+/* Reads the reply that did not come in time, if it has come now: one of an
+ * import made a hold that no pointer here stands for, and it goes back.
+ * mu held. */
+static void drain_late(tp__ipc_import *m) {
+  if (!m->reply_owed)
+    return;
+  tp__wire a;
+  int fd = -1;
+  tp__recv_result r = tp__wire_recv(m->fd, &a, &fd, NULL, NULL, 0);
+  if (fd >= 0)
+    close(fd);
+  if (r == TP_RECV_AGAIN)
+    return;
+  m->reply_owed = false;
+  if (r == TP_RECV_OK && a.op == TP_OP_IMPORTED &&
+      tp__wire_status(a.status, false) == TP_SUCCESS) {
+    pthread_mutex_lock(&m->rel_mu);
+    send_release(m, a.offset);
+    pthread_mutex_unlock(&m->rel_mu);
+  }
 }
 
 /* ---- mappings ----------------------------------------------------------- */
@@ -293,11 +360,7 @@ static void release_run(tp__ipc_import *m, uint64_t offset, uint64_t size) {
    * state after this release also sees the release (import_pointer). The
    * room was made by the free. */
   m->done[m->ndone++] = (span){offset, size};
-  tp__wire q = tp__wire_make(TP_OP_RELEASE);
-  q.offset = offset;
-  /* An exporter that is gone, or does not read in time, holds nothing any
-   * more once the channel is shut: the failure is no matter. */
-  (void)request(m, &q);
+  send_release(m, offset);
   if (--m->pending == 0)
     pthread_cond_broadcast(&m->rel_cv);
   pthread_mutex_unlock(&m->rel_mu);
@@ -427,6 +490,7 @@ tp_error_t tp__ipc_import_pointer(tp__pool *p,
    * exporter without a gap since it was mapped: its mapping is good. A
    * chunk whose count falls to zero is unmapped before the reply is read,
    * and mapped afresh if this import needs it. */
+  drain_late(m);
   pthread_mutex_lock(&m->rel_mu);
   count_released(m);
   tp_error_t err = request(m, &q);
@@ -459,9 +523,7 @@ tp_error_t tp__ipc_import_pointer(tp__pool *p,
   if (err != TP_SUCCESS && held) {
     /* Give back the hold the exporter recorded. */
     pthread_mutex_lock(&m->rel_mu);
-    tp__wire rel = tp__wire_make(TP_OP_RELEASE);
-    rel.offset = r.offset;
-    (void)request(m, &rel);
+    send_release(m, r.offset);
     pthread_mutex_unlock(&m->rel_mu);
   }
   if (err == TP_SUCCESS) {
@@ -524,10 +586,13 @@ static tp_error_t import_free(tp__pool *p, uintptr_t addr, tp__stream *s,
 /* ---- settling, access, destruction ----------------------------------------
  */
 
-/* Unmaps what no import uses any more; mu held. */
+/* Unmaps what no import uses any more, reads a late reply, and sends the
+ * releases that had to wait; mu held. */
 static void import_settle(tp__pool *p) {
+  drain_late(p->imp);
   pthread_mutex_lock(&p->imp->rel_mu);
   count_released(p->imp);
+  flush_unsent(p->imp);
   pthread_mutex_unlock(&p->imp->rel_mu);
   drop_stale(p);
 }
@@ -537,6 +602,71 @@ static void import_trim(tp__pool *p) {
   if (!p->imp->dead)
     import_settle(p);
   pthread_mutex_unlock(&p->imp->mu);
+}
+
+/* ---- the mender -----------------------------------------------------------
+ * An exporter that stopped reading and reads again gets the releases that
+ * waited, and a late reply is read, even where this process makes no
+ * further call: a thread of its own tries every 10 ms while any is left. */
+
+static pthread_mutex_t mender_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool mender_running;
+static uint64_t mender_wakes; /* under mender_lock */
+
+/* One importer's turn; true while something is left. */
+static bool mend_one(tp__pool *p) {
+  tp__ipc_import *m = p->imp;
+  if (pthread_mutex_trylock(&m->mu) != 0)
+    return true;
+  if (!m->dead)
+    drain_late(m);
+  pthread_mutex_lock(&m->rel_mu);
+  flush_unsent(m);
+  bool left = m->nunsent > 0 || (m->reply_owed && !m->dead);
+  pthread_mutex_unlock(&m->rel_mu);
+  pthread_mutex_unlock(&m->mu);
+  return left;
+}
+
+/* Ends once a pass found nothing left and nothing woke it meanwhile. */
+static void *mender_main(void *arg) {
+  (void)arg;
+  for (;;) {
+    struct timespec pause = {0, 10 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    pthread_mutex_lock(&mender_lock);
+    uint64_t seen = mender_wakes;
+    pthread_mutex_unlock(&mender_lock);
+    bool left = false;
+    pthread_mutex_lock(&importers_lock);
+    for (uint32_t i = 0; i < nimporters; i++)
+      left |= mend_one(importers[i]);
+    pthread_mutex_unlock(&importers_lock);
+    pthread_mutex_lock(&mender_lock);
+    bool done = !left && mender_wakes == seen;
+    if (done)
+      mender_running = false;
+    pthread_mutex_unlock(&mender_lock);
+    if (done)
+      return NULL;
+  }
+}
+
+/* Where the thread cannot be made, what waits goes at the next settle (a
+ * synchronize) or when the pool's destruction closes the channel. */
+static void mender_wake(void) {
+  pthread_mutex_lock(&mender_lock);
+  mender_wakes++;
+  if (!mender_running) {
+    pthread_attr_t attr;
+    pthread_t t;
+    if (pthread_attr_init(&attr) == 0) {
+      (void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+      mender_running = pthread_create(&t, &attr, mender_main, NULL) == 0;
+      pthread_attr_destroy(&attr);
+    }
+  }
+  pthread_mutex_unlock(&mender_lock);
 }
 
 void tp__ipc_settle(void) {
