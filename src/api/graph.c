@@ -354,7 +354,7 @@ bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err) {
     return false;
   settle_running();
   bool claimed = false;
-  *err = tp__gmem_free(s->ps, s->device, ptr, &claimed);
+  *err = tp__gmem_free(s->ps, s->device, ptr, &claimed, begun_here);
   return claimed;
 }
 
