@@ -539,6 +539,98 @@ static void test_capture_hooks(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* A tensor of the pool freed while a capture PyTorch announced runs on its
+ * stream cannot join the graph, and PyTorch never frees again: the free is
+ * kept and made when the last announced capture ends (it was refused, and
+ * the memory lost for good). */
+static void test_capture_deferred_free(void) {
+  tp_torch_announce_captures();
+  tp_stream_t s;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  uint64_t before[4], after[4];
+  stats(0, before);
+  void *pre = tp_torch_alloc((ssize_t)(2 * MiB), 0, s);
+  REQUIRE(pre != NULL);
+  tp_torch_capture_begin();
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  tp_torch_free(pre, (ssize_t)(2 * MiB), 0, s);
+  tp_graph_t g = NULL;
+  CHECK_OK(tp_stream_end_capture(s, &g)); /* the capture went on */
+  stats(0, after);
+  CHECK_EQ_U64(after[2], before[2] + 2 * MiB); /* not freed yet */
+  tp_torch_capture_end();
+  if (g)
+    CHECK_OK(tp_graph_destroy(g));
+  CHECK_OK(tp_stream_synchronize(s));
+  stats(0, after);
+  CHECK_EQ_U64(after[2], before[2]);
+  CHECK_OK(tp_stream_destroy(s));
+}
+
+/* A record of memory that is no live allocation (its tensor freed) is
+ * dropped: it once stayed, and made the free of the next tensor given that
+ * address wait for the recorded stream. */
+static void test_record_stream_stale(void) {
+  tp_stream_t a, b;
+  REQUIRE_OK(tp_stream_create(&a, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_stream_create(&b, TP_STREAM_NON_BLOCKING));
+  const size_t n = 3 * MiB;
+  void *p = tp_torch_alloc((ssize_t)n, 0, a);
+  REQUIRE(p != NULL);
+  tp_torch_free(p, (ssize_t)n, 0, a);
+  tp_torch_record_stream(p, b); /* too late: p is gone */
+  void *q = tp_torch_alloc((ssize_t)n, 0, a);
+  REQUIRE(q != NULL);
+  gate_t gate;
+  REQUIRE_OK(hold_stream(b, &gate));
+  tp_torch_free(q, (ssize_t)n, 0, a);
+  CHECK_OK(tp_stream_synchronize(a)); /* would wait for b if q were p */
+  release(&gate);
+  CHECK_OK(tp_stream_synchronize(b));
+  CHECK_OK(tp_stream_destroy(a));
+  CHECK_OK(tp_stream_destroy(b));
+}
+
+/* A record on a stream of another device queues a wait: the free returns
+ * at once, and the freeing stream waits for the recorded one (the free
+ * once waited on the host, for the recorded stream's work). Needs two
+ * devices (TIDEPOOL_HOST_DEVICES=2). */
+static void test_record_stream_other_device(void) {
+  int count = 0;
+  REQUIRE_OK(tp_get_device_count(&count));
+  if (count < 2) {
+    printf("   (one device: nothing to test)\n");
+    return;
+  }
+  tp_stream_t a, b1;
+  REQUIRE_OK(tp_set_device(1));
+  REQUIRE_OK(tp_stream_create(&b1, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_set_device(0));
+  REQUIRE_OK(tp_stream_create(&a, TP_STREAM_NON_BLOCKING));
+  void *p = tp_torch_alloc((ssize_t)MiB, 0, a);
+  REQUIRE(p != NULL);
+  tp_torch_record_stream(p, b1);
+  gate_t gate;
+  REQUIRE_OK(hold_stream(b1, &gate));
+  double t0 = check_now_s();
+  tp_torch_free(p, (ssize_t)MiB, 0, a);
+  double took = check_now_s() - t0;
+  int dev = -1;
+  CHECK_OK(tp_get_device(&dev));
+  CHECK_EQ_INT(dev, 0);
+  /* The free did not wait for b1 (it would wait until the gate opens,
+   * which only this thread does). */
+  CHECK_ERR(tp_stream_query(a), TP_ERROR_NOT_READY);
+  release(&gate);
+  CHECK_OK(tp_stream_synchronize(a));
+  printf("   the free returned after %.3f s\n", took);
+  CHECK_OK(tp_stream_destroy(a));
+  REQUIRE_OK(tp_set_device(1));
+  CHECK_OK(tp_stream_synchronize(b1));
+  CHECK_OK(tp_stream_destroy(b1));
+  REQUIRE_OK(tp_set_device(0));
+}
+
 int main(void) {
   RUN_TEST(test_config);
   /* What the entry points will read at their first call. */
@@ -566,5 +658,8 @@ int main(void) {
   RUN_TEST(test_record_stream_threads);
   RUN_TEST(test_empty_cache);
   RUN_TEST(test_capture_hooks);
+  RUN_TEST(test_capture_deferred_free);
+  RUN_TEST(test_record_stream_stale);
+  RUN_TEST(test_record_stream_other_device);
   return check_done();
 }

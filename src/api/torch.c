@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "api/api.h"
+#include "common/guard.h"
 
 /* ---- configuration -------------------------------------------------------
  */
@@ -405,6 +406,20 @@ static recorded *records_find(void *ptr) {
   return NULL;
 }
 
+/* What `ptr` is to the pools: 1 a live allocation, -1 pool memory that is
+ * no allocation now (freed, or inside one), 0 memory no pool holds (a
+ * graph's, another allocator's) or of an imported pool. */
+static int pool_live(void *ptr) {
+  tp__guard_enter();
+  tp__pool *p = tp__registry_find((uintptr_t)ptr);
+  size_t live = 0;
+  int r = !p || p->imported                                 ? 0
+          : tp__pool_live_size(p, ptr, &live) == TP_SUCCESS ? 1
+                                                            : -1;
+  tp__guard_exit();
+  return r;
+}
+
 /* Takes out `ptr`'s recorded streams (NULL when none); record_lock held. */
 static void **records_take(void *ptr, uint32_t *n) {
   recorded *r = records_find(ptr);
@@ -430,6 +445,19 @@ static int capture_side(void *stream) {
   if (err == TP_ERROR_STREAM_CAPTURE_IMPLICIT)
     return -1;
   return err == TP_SUCCESS && status != TP_CAPTURE_STATUS_NONE;
+}
+
+/* The device of a stream PyTorch names (NULL: the legacy stream of the
+ * device current here), or `fallback` where it cannot be told. */
+static int stream_device(void *stream, int fallback) {
+  if (!stream)
+    return fallback;
+  tp__guard_enter();
+  tp__stream *s = NULL;
+  int d = tp__stream_get((tp_stream_t)stream, &s) == TP_SUCCESS ? s->device
+                                                                : fallback;
+  tp__guard_exit();
+  return d;
 }
 
 /* Makes `stream` wait for the work queued so far on each stream recorded
@@ -458,18 +486,25 @@ static tp_error_t wait_recorded(void *ptr, void *stream) {
     int other = capture_side(streams[i]);
     if (side < 0 || other != side)
       continue;
+    /* The event is made on the recorded stream's device, whose context
+     * records it; the freeing stream may wait on it from any device. */
     tp_event_t e = NULL;
-    err = tp_event_create(&e);
+    int here = tp__current_device(), there = stream_device(streams[i], here);
+    if (there != here)
+      err = tp_set_device(there);
+    if (err == TP_SUCCESS)
+      err = tp_event_create(&e);
     if (err == TP_SUCCESS)
       err = tp_event_record(e, (tp_stream_t)streams[i]);
+    if (there != here && tp_set_device(here) != TP_SUCCESS)
+      tp__set_current_device(here);
     if (err == TP_SUCCESS)
       err = tp_stream_wait_event((tp_stream_t)stream, e, 0);
     if (e)
       (void)tp_event_destroy(e);
-    /* An order that cannot be queued (a stream of another device, whose
-     * event this device's context cannot record) is replaced, outside a
-     * capture, by waiting for the recorded stream's work here, and failing
-     * that for the device's: the memory is neither reused early nor lost. */
+    /* An order that cannot be queued is replaced, outside a capture, by
+     * waiting for the recorded stream's work here, and failing that for the
+     * device's: the memory is neither reused early nor lost. */
     if (err != TP_SUCCESS && side == 0)
       err = tp_stream_synchronize((tp_stream_t)streams[i]);
     if (err != TP_SUCCESS && side == 0)
@@ -510,14 +545,16 @@ TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream) {
   return ptr;
 }
 
-TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream) {
-  if (!ptr)
-    return;
+static bool defer_free(void *ptr, ssize_t size, int device, void *stream);
+
+/* `traced`: the request is in the trace already (a deferred free). */
+static void torch_free(void *ptr, ssize_t size, int device, void *stream,
+                       bool traced) {
   int saved;
   bool timed_call = timing_on();
   uint64_t t0 = TP_UNLIKELY(timed_call) ? now_ns() : 0;
   tp_error_t err = enter(device, &saved);
-  if (err == TP_SUCCESS && TP_UNLIKELY(trace_file != NULL))
+  if (err == TP_SUCCESS && !traced && TP_UNLIKELY(trace_file != NULL))
     trace("free_requested", ptr, size, stream);
   if (err == TP_SUCCESS) {
     /* The records go with the pointer even where the wait fails: the free
@@ -527,12 +564,19 @@ TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream) {
     err = wait_recorded(ptr, stream);
     if (err == TP_SUCCESS)
       err = tp__free_async_as(ptr, (tp_stream_t)stream, uncaptured());
+    if (err == TP_ERROR_INVALID_VALUE && defer_free(ptr, size, device, stream))
+      err = TP_SUCCESS;
     leave(saved);
   }
   if (TP_UNLIKELY(timed_call))
     timed_add(2, t0);
   if (err != TP_SUCCESS)
     report("tp_torch_free", err, size, device);
+}
+
+TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream) {
+  if (ptr)
+    torch_free(ptr, size, device, stream, false);
 }
 
 TP_API tp_error_t tp_torch_stats(int device, uint64_t out[4]) {
@@ -590,7 +634,10 @@ TP_API tp_error_t tp_torch_trim(int device, size_t keep) {
 }
 
 TP_API void tp_torch_record_stream(void *ptr, void *stream) {
-  if (!ptr)
+  /* A record of pool memory that is no live allocation (freed already)
+   * would wait in the list and attach to the next tensor given that
+   * address. */
+  if (!ptr || pool_live(ptr) < 0)
     return;
   pthread_mutex_lock(&record_lock);
   recorded *r = records_find(ptr);
@@ -623,6 +670,51 @@ TP_API void tp_torch_empty_cache(void) {
   }
 }
 
+/* ---- frees deferred past a capture ------------------------------------------
+ * A free PyTorch makes, during a capture it announced, of a live pool
+ * allocation (a tensor made before the capture) cannot join the graph, and
+ * PyTorch never frees again: it is kept here and made on its stream once
+ * the last announced capture has ended, as PyTorch's own
+ * backend:cudaMallocAsync does. Where the list has no room, the free is
+ * refused as before (reported). */
+typedef struct deferred {
+  void *ptr;
+  ssize_t size;
+  int device;
+  void *stream;
+} deferred;
+static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
+static deferred *deferreds;
+static uint32_t ndeferred, capdeferred;
+
+static bool defer_free(void *ptr, ssize_t size, int device, void *stream) {
+  if (!atomic_load_explicit(&announced, memory_order_acquire) ||
+      !atomic_load_explicit(&torch_captures, memory_order_acquire) ||
+      pool_live(ptr) != 1)
+    return false;
+  pthread_mutex_lock(&deferred_lock);
+  bool kept = true;
+  for (uint32_t i = 0; i < ndeferred && kept; i++)
+    kept = deferreds[i].ptr != ptr; /* freed twice: refused */
+  kept = kept && TP_ARRAY_ROOM(deferreds, ndeferred, capdeferred);
+  if (kept)
+    deferreds[ndeferred++] = (deferred){ptr, size, device, stream};
+  pthread_mutex_unlock(&deferred_lock);
+  return kept;
+}
+
+static void deferred_run(void) {
+  pthread_mutex_lock(&deferred_lock);
+  deferred *v = deferreds;
+  uint32_t n = ndeferred;
+  deferreds = NULL;
+  ndeferred = capdeferred = 0;
+  pthread_mutex_unlock(&deferred_lock);
+  for (uint32_t i = 0; i < n; i++)
+    torch_free(v[i].ptr, v[i].size, v[i].device, v[i].stream, true);
+  free(v);
+}
+
 TP_API void tp_torch_capture_begin(void) {
   atomic_fetch_add_explicit(&torch_captures, 1, memory_order_acq_rel);
 }
@@ -633,6 +725,8 @@ TP_API void tp_torch_capture_end(void) {
                                                      memory_order_acq_rel,
                                                      memory_order_relaxed)) {
   }
+  if (n == 1)
+    deferred_run();
 }
 
 TP_API void tp_torch_announce_captures(void) {
