@@ -82,7 +82,7 @@ void tp__torch_read_config(tp__torch_config *cfg);
 #define TP_TORCH_GROWTH_SLACK 25000u
 
 /* Writes out what TIDEPOOL_TORCH_TRACE has recorded so far (a no-op when it
- * is not set), for tests that read the file back while the process runs. */
+ * is not set): before a failure is reported, which may end the program. */
 void tp__torch_trace_flush(void);
 
 #endif /* TP_API_H */

@@ -219,8 +219,23 @@ static void done_update(int id, void *stream, int64_t op) {
   d->n++;
 }
 
+/* A write that failed (a full disk, say) ends the recording, reported
+ * once, rather than leave a file that silently lacks operations; trace_lock
+ * held. */
+static void trace_broken(void) {
+  fprintf(stderr,
+          "tidepool: TIDEPOOL_TORCH_TRACE: writing failed; the recording "
+          "stops here\n");
+  (void)fclose(trace_file);
+  trace_file = NULL;
+}
+
 static void trace(const char *action, void *ptr, ssize_t size, void *stream) {
   pthread_mutex_lock(&trace_lock);
+  if (!trace_file) {
+    pthread_mutex_unlock(&trace_lock);
+    return;
+  }
   int id = 0;
   if (stream) {
     while (id < trace_nstreams && trace_streams[id] != stream)
@@ -241,13 +256,15 @@ static void trace(const char *action, void *ptr, ssize_t size, void *stream) {
     fprintf(trace_file, "%s,%llu,%lld,%d\n", action,
             (unsigned long long)(uintptr_t)ptr, (long long)size, id);
   }
+  if (ferror(trace_file))
+    trace_broken();
   pthread_mutex_unlock(&trace_lock);
 }
 
 void tp__torch_trace_flush(void) {
   pthread_mutex_lock(&trace_lock);
-  if (trace_file)
-    fflush(trace_file);
+  if (trace_file && (fflush(trace_file) != 0 || ferror(trace_file)))
+    trace_broken();
   pthread_mutex_unlock(&trace_lock);
 }
 
@@ -263,6 +280,8 @@ static _Atomic uint64_t timed[4]; /* alloc ns, allocs, free ns, frees */
 static void read_config_once(void) {
   tp__torch_read_config(&config);
   const char *t = getenv("TIDEPOOL_TORCH_TIMING");
+  if (t && *t && strcmp(t, "0") != 0 && strcmp(t, "1") != 0)
+    tp__env_warn("TIDEPOOL_TORCH_TIMING", "0 or 1");
   atomic_store_explicit(&timing, t && strcmp(t, "1") == 0,
                         memory_order_relaxed);
   trace_open();
@@ -355,6 +374,10 @@ static void report(const char *what, tp_error_t err, ssize_t size, int device) {
   unsigned n = atomic_fetch_add_explicit(&reports, 1, memory_order_relaxed);
   if (n >= TORCH_REPORTS)
     return;
+  /* A failure often ends the program soon after (a failed allocation
+   * becomes an illegal address in PyTorch, and then an abort): the trace
+   * so far goes to the file now, not at an exit that may never come. */
+  tp__torch_trace_flush();
   char bytes[48] = "";
   if (size)
     snprintf(bytes, sizeof bytes, " of %lld bytes", (long long)size);

@@ -560,13 +560,9 @@ static tp_error_t import_free(tp__pool *p, uintptr_t addr, tp__stream *s,
     return known ? TP_ERROR_OUT_OF_MEMORY : TP_ERROR_INVALID_VALUE;
   }
   uint64_t size = m->ptrs[i].size;
-  if (--m->ptrs[i].count == 0) {
-    memmove(&m->ptrs[i], &m->ptrs[i + 1], (m->nptrs - i - 1) * sizeof *m->ptrs);
-    m->nptrs--;
-  }
-  atomic_fetch_sub(&p->caches.base, (int64_t)size);
   /* The hold goes when the stream reaches the free, not before: work
-   * queued ahead of it may still use the memory. */
+   * queued ahead of it may still use the memory. No other thread sees the
+   * tables before mu is let go, so they change once the free stands. */
   release_job *j = malloc(sizeof *j);
   tp_error_t err = TP_ERROR_OUT_OF_MEMORY;
   if (j) {
@@ -574,11 +570,27 @@ static tp_error_t import_free(tp__pool *p, uintptr_t addr, tp__stream *s,
     err = tp__platform->launch_host_func(s->ps, release_fn, j);
   }
   if (err != TP_SUCCESS) {
-    /* No host function: wait for the stream here instead. */
+    /* No host function: wait for the stream here instead; where even
+     * that fails, the free is refused and nothing changes. */
     free(j);
-    (void)tp__platform->stream_synchronize(s->ps);
-    release_run(m, offset, size);
+    err = tp__platform->stream_synchronize(s->ps);
+    if (tp__pevent_finished(err)) {
+      release_run(m, offset, size);
+      err = TP_SUCCESS;
+    } else {
+      pthread_mutex_lock(&m->rel_mu);
+      if (--m->pending == 0)
+        pthread_cond_broadcast(&m->rel_cv);
+      pthread_mutex_unlock(&m->rel_mu);
+      pthread_mutex_unlock(&m->mu);
+      return err;
+    }
   }
+  if (--m->ptrs[i].count == 0) {
+    memmove(&m->ptrs[i], &m->ptrs[i + 1], (m->nptrs - i - 1) * sizeof *m->ptrs);
+    m->nptrs--;
+  }
+  atomic_fetch_sub(&p->caches.base, (int64_t)size);
   pthread_mutex_unlock(&m->mu);
   return TP_SUCCESS;
 }

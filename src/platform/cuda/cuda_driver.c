@@ -113,12 +113,18 @@ static tp_error_t load(void) {
     if (cuda_requested())
       fprintf(stderr, "tidepool: libcuda has no cuGetProcAddress_v2; a "
                       "driver for CUDA 12.0 or newer is needed\n");
+    (void)dlclose(lib);
     return TP_ERROR_NO_DEVICE;
   }
   PFN_cuGetProcAddress_v12000 get_proc;
   TP_CU_SET_FN(get_proc, sym);
-  if (!fetch_entry_points(get_proc))
+  /* Unusable before cuInit: let go. After it the driver's threads may run
+   * in the library, which then stays (the process falls back to host). */
+  if (!fetch_entry_points(get_proc)) {
+    memset(&tp__cu, 0, sizeof tp__cu);
+    (void)dlclose(lib);
     return TP_ERROR_NO_DEVICE;
+  }
 
   CUresult r = tp__cu.cuInit(0);
   if (r != CUDA_SUCCESS) {
