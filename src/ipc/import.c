@@ -169,6 +169,8 @@ static void flush_unsent(tp__ipc_import *m) {
       break;
     sent++;
   }
+  if (!sent)
+    return;
   memmove(m->unsent, m->unsent + sent, (m->nunsent - sent) * sizeof *m->unsent);
   m->nunsent -= sent;
 }
