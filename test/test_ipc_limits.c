@@ -235,6 +235,39 @@ static void test_channel_total(void) {
   CHECK(setrlimit(RLIMIT_NOFILE, &old) == 0);
 }
 
+/* Starts an exporter child with one block of `size` bytes of pattern
+ * `seed`: its record in *r, the pool's descriptor in *fd. False (the child
+ * finished) when no descriptor came. */
+static bool exporter_with_block(child *ex, size_t size, uint64_t seed, ctl *r,
+                                int *fd) {
+  REQUIRE_EXIT(spawn(ex, "exporter", NULL) == 0);
+  ctl q = {.op = CMD_MAKE, .size = size, .seed = seed};
+  *fd = -1;
+  CHECK_OK(ask_reply(ex, &q, -1, r, fd));
+  if (CHECK(*fd >= 0))
+    return true;
+  child_finish(ex);
+  return false;
+}
+
+/* Starts an importer child whose waits end after `timeout_ms`, and makes it
+ * import the pool behind `fd`. */
+static void importer_of(child *im, int fd, int timeout_ms) {
+  char env[64];
+  snprintf(env, sizeof env, "TIDEPOOL_IPC_TIMEOUT_MS=%d", timeout_ms);
+  REQUIRE_EXIT(spawn(im, "importer", env) == 0);
+  ctl pq = {.op = CMD_POOL, .loc_type = TP_LOCATION_DEVICE, .loc_id = 0};
+  CHECK_OK(ask(im, &pq, fd));
+}
+
+/* Stops a child for sure before the caller goes on: a signal takes a
+ * moment. */
+static void stop(child *c) {
+  int st = 0;
+  REQUIRE_EXIT(kill(c->pid, SIGSTOP) == 0);
+  REQUIRE_EXIT(waitpid(c->pid, &st, WUNTRACED) == c->pid && WIFSTOPPED(st));
+}
+
 /* Every wait on an exporter ends: with the exporter stopped (SIGSTOP), an
  * importer's pool import and pointer import fail within its bound
  * (TIDEPOOL_IPC_TIMEOUT_MS, 500 ms here) instead of hanging, later imports
@@ -242,23 +275,15 @@ static void test_channel_total(void) {
  * exporter runs again. */
 static void test_stopped_exporter(void) {
   child ex, im;
-  REQUIRE(spawn(&ex, "exporter", NULL) == 0);
-  ctl q = {.op = CMD_MAKE, .size = MiB, .seed = 61}, r;
-  int fd = -1;
-  CHECK_OK(ask_reply(&ex, &q, -1, &r, &fd));
-  if (!CHECK(fd >= 0)) {
-    child_finish(&ex);
+  ctl r;
+  int fd;
+  if (!exporter_with_block(&ex, MiB, 61, &r, &fd))
     return;
-  }
-  REQUIRE(spawn(&im, "importer", "TIDEPOOL_IPC_TIMEOUT_MS=500") == 0);
+  importer_of(&im, fd, 500);
   ctl pq = {.op = CMD_POOL, .loc_type = TP_LOCATION_DEVICE, .loc_id = 0};
-  CHECK_OK(ask(&im, &pq, fd));
   ctl iq = {.op = CMD_IMPORT, .slot = 0, .seed = 61, .size = MiB, .rec = r.rec};
   CHECK_OK(ask(&im, &iq, -1));
-  /* Stopped for sure before the importer asks: a signal takes a moment. */
-  int st = 0;
-  REQUIRE(kill(ex.pid, SIGSTOP) == 0);
-  REQUIRE(waitpid(ex.pid, &st, WUNTRACED) == ex.pid && WIFSTOPPED(st));
+  stop(&ex);
   double t0 = check_now_s();
   CHECK_ERR(ask(&im, &pq, fd), TP_ERROR_INVALID_VALUE);
   double pool_s = check_now_s() - t0;
@@ -303,24 +328,16 @@ static uint64_t exporter_used(child *ex, uint64_t want) {
  * them); the importer's own free still releases it. */
 static void test_slow_exporter_keeps_holds(void) {
   child ex, im;
-  REQUIRE(spawn(&ex, "exporter", NULL) == 0);
-  ctl q = {.op = CMD_MAKE, .size = MiB, .seed = 71}, r;
-  int fd = -1;
-  CHECK_OK(ask_reply(&ex, &q, -1, &r, &fd));
-  if (!CHECK(fd >= 0)) {
-    child_finish(&ex);
+  ctl r;
+  int fd;
+  if (!exporter_with_block(&ex, MiB, 71, &r, &fd))
     return;
-  }
-  REQUIRE(spawn(&im, "importer", "TIDEPOOL_IPC_TIMEOUT_MS=300") == 0);
-  ctl pq = {.op = CMD_POOL, .loc_type = TP_LOCATION_DEVICE, .loc_id = 0};
-  CHECK_OK(ask(&im, &pq, fd));
+  importer_of(&im, fd, 300);
   ctl iq = {.op = CMD_IMPORT, .slot = 0, .seed = 71, .size = MiB, .rec = r.rec};
   CHECK_OK(ask(&im, &iq, -1));
   CHECK_OK(ask_slot(&ex, CMD_DROP, 0));
   CHECK_EQ_U64(exporter_used(&ex, MiB), MiB);
-  int st = 0;
-  REQUIRE(kill(ex.pid, SIGSTOP) == 0);
-  REQUIRE(waitpid(ex.pid, &st, WUNTRACED) == ex.pid && WIFSTOPPED(st));
+  stop(&ex);
   iq.slot = 1;
   CHECK_ERR(ask(&im, &iq, -1), TP_ERROR_INVALID_VALUE);
   REQUIRE(kill(ex.pid, SIGCONT) == 0);
@@ -347,24 +364,16 @@ static void test_slow_exporter_keeps_holds(void) {
  * return to it (they stayed held until the importer's pool went). */
 static void test_timed_out_import_holds_nothing(void) {
   child ex, im;
-  REQUIRE(spawn(&ex, "exporter", NULL) == 0);
-  ctl q0 = {.op = CMD_MAKE, .size = MiB, .seed = 81}, r0;
-  ctl q1 = {.op = CMD_MAKE, .size = 2 * MiB, .seed = 82}, r1;
-  int fd = -1, fd1 = -1;
-  CHECK_OK(ask_reply(&ex, &q0, -1, &r0, &fd));
+  ctl r0, r1;
+  int fd, fd1 = -1;
+  if (!exporter_with_block(&ex, MiB, 81, &r0, &fd))
+    return;
+  ctl q1 = {.op = CMD_MAKE, .size = 2 * MiB, .seed = 82};
   CHECK_OK(ask_reply(&ex, &q1, -1, &r1, &fd1));
   if (fd1 >= 0)
     close(fd1);
-  if (!CHECK(fd >= 0)) {
-    child_finish(&ex);
-    return;
-  }
-  REQUIRE(spawn(&im, "importer", "TIDEPOOL_IPC_TIMEOUT_MS=300") == 0);
-  ctl pq = {.op = CMD_POOL, .loc_type = TP_LOCATION_DEVICE, .loc_id = 0};
-  CHECK_OK(ask(&im, &pq, fd));
-  int st = 0;
-  REQUIRE(kill(ex.pid, SIGSTOP) == 0);
-  REQUIRE(waitpid(ex.pid, &st, WUNTRACED) == ex.pid && WIFSTOPPED(st));
+  importer_of(&im, fd, 300);
+  stop(&ex);
   ctl iq = {.op = CMD_IMPORT, .slot = 0, .size = 2 * MiB, .rec = r1.rec};
   CHECK_ERR(ask(&im, &iq, -1), TP_ERROR_INVALID_VALUE);
   REQUIRE(kill(ex.pid, SIGCONT) == 0);
@@ -409,9 +418,7 @@ static void test_releases_wait_for_stopped_exporter(void) {
   for (int i = 0; i < NB; i++)
     CHECK_OK(ask_slot(&ex, CMD_DROP, i));
   CHECK_EQ_U64(exporter_used(&ex, NB * 64 * KiB), NB * 64 * KiB);
-  int st = 0;
-  REQUIRE(kill(ex.pid, SIGSTOP) == 0);
-  REQUIRE(waitpid(ex.pid, &st, WUNTRACED) == ex.pid && WIFSTOPPED(st));
+  stop(&ex);
   for (int i = 0; i < NB; i++)
     for (int k = 0; k < NI; k++)
       CHECK_OK(tp_free_async(p[i][k], s));

@@ -330,18 +330,27 @@ static tp_error_t graph_malloc(void **ptr, size_t size, tp_pool_t pool,
   return tp__gmem_malloc(s->ps, id, &kind, size, mark, ptr);
 }
 
+/* Where a call on the stream goes now: 1 into capture *id, 0 outside any
+ * capture, -1 nowhere (*err says why: the stream's state cannot be read,
+ * or its capture was invalidated). */
+static int capture_now(tp__stream *s, uint64_t *id, tp_error_t *err) {
+  tp_capture_status_t status;
+  *id = 0;
+  *err = status_of(s, &status, id);
+  if (*err == TP_SUCCESS && status == TP_CAPTURE_STATUS_INVALIDATED)
+    *err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
+  if (*err != TP_SUCCESS)
+    return -1;
+  return status != TP_CAPTURE_STATUS_NONE;
+}
+
 bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err) {
   for (int tries = 1;; tries++) {
-    tp_capture_status_t status;
     uint64_t id = 0;
-    *err = status_of(s, &status, &id);
-    if (*err != TP_SUCCESS)
+    int now = capture_now(s, &id, err);
+    if (now < 0)
       return true;
-    if (status == TP_CAPTURE_STATUS_INVALIDATED) {
-      *err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
-      return true;
-    }
-    if (status == TP_CAPTURE_STATUS_NONE)
+    if (now == 0)
       break;
     *err = tp__gmem_free_captured(s->ps, id, ptr);
     if (*err == TP_SUCCESS || tries == CAPTURE_TRIES ||
@@ -360,16 +369,11 @@ bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err) {
 
 bool tp__graph_on_record(tp_event_t event, tp__stream *s, tp_error_t *err) {
   for (int tries = 1;; tries++) {
-    tp_capture_status_t status;
     uint64_t id = 0;
-    *err = status_of(s, &status, &id);
-    if (*err != TP_SUCCESS)
+    int now = capture_now(s, &id, err);
+    if (now < 0)
       return true;
-    if (status == TP_CAPTURE_STATUS_INVALIDATED) {
-      *err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
-      return true;
-    }
-    if (status == TP_CAPTURE_STATUS_NONE)
+    if (now == 0)
       break;
     pthread_mutex_lock(&shadows_lock);
     shadow *sh = NULL;
