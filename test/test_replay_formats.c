@@ -319,6 +319,30 @@ static void test_damaged(void) {
   check_context(NULL);
 }
 
+/* A trace with more streams than the replay runs (one platform stream, on
+ * host a thread, for each) is refused at the line of the first one too
+ * many: a small file once made 65,534 threads. */
+static void test_too_many_streams(void) {
+  char path[] = "/tmp/tp_streams_XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  FILE *f = fdopen(fd, "w");
+  REQUIRE(f != NULL);
+  fprintf(f, "Thread,Time,Action,Pointer,Size,Stream\n");
+  for (int i = 0; i < TRACE_MAX_STREAMS + 5; i++)
+    fprintf(f, "1,0.0,allocate,0x%x,512,0x%x\n", 0x10000 + i * 0x1000,
+            0x100 + i);
+  fclose(f);
+  trace t;
+  char err[600] = "", want[64];
+  CHECK_EQ_INT(trace_load(&t, path, err, sizeof err), -1);
+  snprintf(want, sizeof want, ":%d: more than %d streams",
+           TRACE_MAX_STREAMS + 1, TRACE_MAX_STREAMS - 1);
+  if (!strstr(err, want))
+    CHECK_FAIL("message '%s' lacks '%s'", err, want);
+  unlink(path);
+}
+
 int main(void) {
   RUN_TEST(test_pickle_ints);
   RUN_TEST(test_pickle_memo);
@@ -329,5 +353,6 @@ int main(void) {
   RUN_TEST(test_rmm);
   RUN_TEST(test_rmm_gzip);
   RUN_TEST(test_damaged);
+  RUN_TEST(test_too_many_streams);
   return check_done();
 }

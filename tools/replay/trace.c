@@ -127,7 +127,7 @@ int tb_stream(trace_builder *b, uint64_t raw, uint16_t *out) {
       *out = i;
       return 0;
     }
-  if (n == UINT16_MAX)
+  if (n == TRACE_MAX_STREAMS)
     return -1;
   uint64_t *r = realloc(b->raw_streams, (n + 1u) * sizeof *r);
   if (!r)
@@ -264,9 +264,9 @@ static int csv_line(csv_ctx *c, const char *line, uint32_t lineno, char *err,
   } else if (*s != '\0') {
     return trace_failf(err, len, "more than four fields");
   }
-  if (stream > UINT16_MAX - 1)
-    return trace_failf(err, len, "stream %llu is out of range",
-                       (unsigned long long)stream);
+  if (stream >= TRACE_MAX_STREAMS)
+    return trace_failf(err, len, "stream %llu is out of range (0 to %d)",
+                       (unsigned long long)stream, TRACE_MAX_STREAMS - 1);
   trace *t = c->b.t;
   if (with_done && !unknown_done && done > t->nops)
     return trace_failf(err, len,

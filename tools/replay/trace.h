@@ -18,6 +18,10 @@ typedef enum trace_action {
 
 /* The name of an operation that refers to no allocation of the trace. */
 #define TRACE_NO_NAME UINT32_MAX
+/* Streams a trace may use: the replay runs one platform stream (on host, a
+ * thread) for each, and real traces use a few (PyTorch's recording numbers
+ * at most 65). A file with more is refused, naming its line. */
+#define TRACE_MAX_STREAMS 1024
 
 typedef struct trace_op {
   uint32_t name;   /* dense id of the allocation, or TRACE_NO_NAME */

@@ -24,7 +24,7 @@ typedef struct trace_builder {
 int tb_init(trace_builder *b, trace *t);
 void tb_fini(trace_builder *b);
 /* The dense number of a raw stream value: 0 for 0 (the default stream),
- * then 1, 2, ... in order of first use. -1 past 65535 streams. */
+ * then 1, 2, ... in order of first use. -1 past TRACE_MAX_STREAMS. */
 int tb_stream(trace_builder *b, uint64_t raw, uint16_t *out);
 /* Appends one operation; -1 with a reason in why (out of memory, too many
  * allocations). */

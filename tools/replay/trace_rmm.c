@@ -88,7 +88,7 @@ static int rmm_each(void *ctx, const char *line, uint32_t lineno, char *err,
   /* cudaStreamLegacy (1) is the default stream as well. */
   uint16_t id;
   if (tb_stream(b, stream == 1 ? 0 : stream, &id) != 0)
-    return trace_failf(err, len, "more than 65535 streams");
+    return trace_failf(err, len, "more than %d streams", TRACE_MAX_STREAMS - 1);
   return tb_add(b, a, ptr, size, id, lineno, err, len);
 }
 

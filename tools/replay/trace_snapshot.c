@@ -112,7 +112,7 @@ static int entry(trace_builder *b, user_reserved *u, const pk_value *e,
     return -1;
   uint16_t id;
   if (tb_stream(b, (uint64_t)stream, &id) != 0)
-    return trace_failf(why, len, "more than 65535 streams");
+    return trace_failf(why, len, "more than %d streams", TRACE_MAX_STREAMS - 1);
   return tb_add(b, (trace_action)kinds[kind].kind, (uint64_t)addr,
                 (uint64_t)size, id, index, why, len);
 }
