@@ -850,29 +850,6 @@ static void test_end_races_calls(void) {
   CHECK_OK(tp_event_destroy(r.ev));
 }
 
-/* An allocation of a capture still under way is no memory yet outside it:
- * a free of it on a stream that does not capture is refused and changes
- * nothing, in both ways of mapping graph memory (cuda's, at capture, once
- * took it as the output of a graph whose capture the application ended
- * with the driver). */
-static void test_free_outside_running_capture(void) {
-  tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING);
-  tp_stream_t o = new_stream(TP_STREAM_NON_BLOCKING);
-  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_RELAXED));
-  void *a = NULL;
-  CHECK_OK(tp_malloc_async(&a, MiB, s));
-  CHECK_OK(tp_memset_async(a, 1, MiB, s));
-  CHECK_ERR(tp_free_async(a, o), TP_ERROR_INVALID_VALUE);
-  CHECK_OK(tp_stream_synchronize(o));
-  CHECK_OK(tp_free_async(a, s)); /* still the capture's to free */
-  tp_graph_t g = NULL;
-  REQUIRE_OK(tp_stream_end_capture(s, &g));
-  CHECK_ERR(tp_free_async(a, o), TP_ERROR_INVALID_VALUE);
-  CHECK_OK(tp_graph_destroy(g));
-  CHECK_OK(tp_stream_destroy(s));
-  CHECK_OK(tp_stream_destroy(o));
-}
-
 /* Bad handles and arguments: clear errors, nothing changed. */
 static void test_bad_input(void) {
   tp_stream_t s1 = new_stream(TP_STREAM_NON_BLOCKING);
@@ -1622,7 +1599,6 @@ int main(void) {
   RUN_TEST(test_wrong_thread);
   RUN_TEST(test_end_races_allocation);
   RUN_TEST(test_end_races_calls);
-  RUN_TEST(test_free_outside_running_capture);
   RUN_TEST(test_bad_input);
   RUN_TEST(test_accounts);
   RUN_TEST(test_capturing_stream_destroyed);

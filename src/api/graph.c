@@ -345,16 +345,17 @@ static int capture_now(tp__stream *s, uint64_t *id, tp_error_t *err) {
 }
 
 bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err) {
-  for (int tries = 1;; tries++) {
-    uint64_t id = 0;
-    int now = capture_now(s, &id, err);
-    if (now < 0)
-      return true;
-    if (now == 0)
-      break;
+  uint64_t id = 0;
+  int now = capture_now(s, &id, err);
+  if (now < 0)
+    return true;
+  /* A capture ended by another thread meanwhile leaves the free to the
+   * stream outside capture, even where it captures anew: booked in a new
+   * capture, the free of the old one's allocation would keep that
+   * allocation until the new graph launched, which it may never do. */
+  if (now > 0) {
     *err = tp__gmem_free_captured(s->ps, id, ptr);
-    if (*err == TP_SUCCESS || tries == CAPTURE_TRIES ||
-        !capture_retry(s, id, err))
+    if (*err == TP_SUCCESS || !capture_retry(s, id, err))
       return true;
   }
   /* Not capturing: the graph's only where no pool holds the address. */
@@ -363,7 +364,7 @@ bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err) {
     return false;
   settle_running();
   bool claimed = false;
-  *err = tp__gmem_free(s->ps, s->device, ptr, &claimed, begun_here);
+  *err = tp__gmem_free(s->ps, s->device, ptr, &claimed);
   return claimed;
 }
 

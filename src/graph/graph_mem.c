@@ -280,8 +280,8 @@ static void set_live(tp__gmem *gm, allocation *al, bool live) {
     gm->nlive--;
 }
 
-tp_error_t tp__gmem_free(tp__pstream *ps, int device, void *ptr, bool *claimed,
-                         bool (*running)(uint64_t capture_id)) {
+tp_error_t tp__gmem_free(tp__pstream *ps, int device, void *ptr,
+                         bool *claimed) {
   *claimed = false;
   if (TP_LIKELY(!tp__gspace_in_arenas((uintptr_t)ptr)))
     return TP_SUCCESS;
@@ -300,8 +300,7 @@ tp_error_t tp__gmem_free(tp__pstream *ps, int device, void *ptr, bool *claimed,
      * freed once, as the application frees a graph's outputs. */
     bool unseen = al && !al->live && !al->freed_in_graph &&
                   !al->seg->gm->sealed && !al->seg->gm->seen &&
-                  !al->freed_unseen && tp__platform->graph_maps_at_capture() &&
-                  !(running && running(al->seg->gm->capture_id));
+                  !al->freed_unseen && tp__platform->graph_maps_at_capture();
     if (unseen)
       al->freed_unseen = true;
     if (al && (al->live || unseen)) {

@@ -67,11 +67,8 @@ tp_error_t tp__gmem_free_captured(tp__pstream *ps, uint64_t capture_id,
 /* A free outside capture on ps: *claimed when `ptr` is a graph allocation,
  * which must then be live (INVALID_VALUE otherwise). A pointer outside
  * every arena is told apart without a lock, in a few loads: the cost every
- * free outside capture pays. `running` (or NULL) says whether a capture is
- * known to be still under way: an allocation of one is not yet memory
- * anyone could free. */
-tp_error_t tp__gmem_free(tp__pstream *ps, int device, void *ptr, bool *claimed,
-                         bool (*running)(uint64_t capture_id));
+ * free outside capture pays. */
+tp_error_t tp__gmem_free(tp__pstream *ps, int device, void *ptr, bool *claimed);
 
 /* The graph memory of a capture, or NULL when it allocated and freed
  * nothing. Valid while the capture's graph lives. */
