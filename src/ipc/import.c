@@ -158,17 +158,19 @@ static void channel_mute(tp__ipc_import *m) {
 
 static void mender_wake(void);
 
+/* Sends one release if the channel has room now, without waiting. */
+static bool release_now(tp__ipc_import *m, uint64_t offset) {
+  tp__wire q = tp__wire_make(TP_OP_RELEASE);
+  q.offset = offset;
+  return tp__wire_send(m->fd, &q, -1, false, 0) == TP_SUCCESS;
+}
+
 /* Sends the releases that had to wait, in order, without waiting for room:
  * what does not go out now stays for the next try. rel_mu held. */
 static void flush_unsent(tp__ipc_import *m) {
   uint32_t sent = 0;
-  while (sent < m->nunsent) {
-    tp__wire q = tp__wire_make(TP_OP_RELEASE);
-    q.offset = m->unsent[sent];
-    if (tp__wire_send(m->fd, &q, -1, false, 0) != TP_SUCCESS)
-      break;
+  while (sent < m->nunsent && release_now(m, m->unsent[sent]))
     sent++;
-  }
   if (!sent)
     return;
   memmove(m->unsent, m->unsent + sent, (m->nunsent - sent) * sizeof *m->unsent);
@@ -182,12 +184,8 @@ static void flush_unsent(tp__ipc_import *m) {
  * held. */
 static void send_release(tp__ipc_import *m, uint64_t offset) {
   flush_unsent(m);
-  if (m->nunsent == 0) {
-    tp__wire q = tp__wire_make(TP_OP_RELEASE);
-    q.offset = offset;
-    if (tp__wire_send(m->fd, &q, -1, false, 0) == TP_SUCCESS)
-      return;
-  }
+  if (m->nunsent == 0 && release_now(m, offset))
+    return;
   if (TP_ARRAY_ROOM(m->unsent, m->nunsent, m->capunsent)) {
     m->unsent[m->nunsent++] = offset;
     mender_wake();
@@ -353,6 +351,12 @@ static bool stale_reserve(tp__ipc_import *m) {
   return true;
 }
 
+/* A free's host function ran, or will never run; rel_mu held. */
+static void pending_done(tp__ipc_import *m) {
+  if (--m->pending == 0)
+    pthread_cond_broadcast(&m->rel_cv);
+}
+
 /* Gives one hold back: reports the release for the chunks' counts, then
  * tells the exporter. Runs as a host function on the freeing stream once
  * the stream reaches the free, or inline where none could be queued. */
@@ -363,8 +367,7 @@ static void release_run(tp__ipc_import *m, uint64_t offset, uint64_t size) {
    * room was made by the free. */
   m->done[m->ndone++] = (span){offset, size};
   send_release(m, offset);
-  if (--m->pending == 0)
-    pthread_cond_broadcast(&m->rel_cv);
+  pending_done(m);
   pthread_mutex_unlock(&m->rel_mu);
 }
 
@@ -581,8 +584,7 @@ static tp_error_t import_free(tp__pool *p, uintptr_t addr, tp__stream *s,
       err = TP_SUCCESS;
     } else {
       pthread_mutex_lock(&m->rel_mu);
-      if (--m->pending == 0)
-        pthread_cond_broadcast(&m->rel_cv);
+      pending_done(m);
       pthread_mutex_unlock(&m->rel_mu);
       pthread_mutex_unlock(&m->mu);
       return err;

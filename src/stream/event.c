@@ -166,24 +166,30 @@ tp_error_t tp__event_query(tp__event *e) {
 }
 
 /* Once an event completed, every free its clock covers has completed. A
- * stream destroyed since is noted by uid, for its frees' tags, and stands
- * in the list as NULL: the pools still settle and release. */
+ * stream destroyed since is noted by uid, for its frees' tags; where no
+ * live stream is listed, one NULL stands for them all, so that the pools
+ * still settle and release (each listed stream makes them settle). */
 static tp_error_t event_settle(tp__event *e, tp__stream ***out, size_t *n) {
   tp__clock c = {0};
   *out = NULL;
   *n = 0;
   TP_RETURN_IF(!event_clock_copy(e, &c), TP_ERROR_OUT_OF_MEMORY);
   tp__stream **v = malloc((c.n ? c.n : 1) * sizeof *v);
+  bool dead = false;
   for (uint32_t i = 0; v && i < c.n; i++) {
     if (c.v[i].key & TP_CLOCK_LEGACY)
       continue;
     tp__stream *s = tp__stream_find_uid(c.v[i].key);
-    if (s)
+    if (s) {
       tp__stream_mark_done(s, c.v[i].value);
-    else
+      v[(*n)++] = s;
+    } else {
       tp__stream_note_dead_done(c.v[i].key, c.v[i].value);
-    v[(*n)++] = s;
+      dead = true;
+    }
   }
+  if (v && dead && !*n)
+    v[(*n)++] = NULL;
   tp__clock_free(&c);
   TP_RETURN_IF(!v, TP_ERROR_OUT_OF_MEMORY);
   *out = v;

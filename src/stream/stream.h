@@ -230,7 +230,8 @@ bool tp__event_recorded(const tp__event *e);
 /* Waits for the event, then marks done the work its clock covers on each
  * stream; those streams are returned with a reference each (the caller
  * unrefs them and frees the array), so that the layers above can settle
- * what completed; NULL stands for a stream destroyed since. */
+ * what completed; one NULL, where no live stream is listed, stands for
+ * streams destroyed since. */
 tp_error_t tp__event_synchronize(tp__event *e, tp__stream ***done, size_t *n);
 
 /* The fast path of tp__stream_get: the two handles the thread resolved
