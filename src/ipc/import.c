@@ -3,105 +3,13 @@
  * pointers need them and unmaps them once no import uses them; its frees
  * give the exporter's holds back in stream order. Every wait on the
  * exporter ends at a deadline (wire.h), and everything the exporter says is
- * bounded before it is used.
- *
- * Locking: tp__ipc_import.mu serialises requests and replies on the
- * channel and guards the chunk table, the imported pointers and the
- * mappings; rel_mu guards the releases in flight (`done`, `pending`) and
- * orders every send on the channel; importers_lock guards the list of
- * imported pools; mender_lock the mender thread's state. Order:
- * importers_lock, mu, rel_mu, mender_lock; mu before the pool's lock. Host
- * functions on streams take rel_mu only, for moments. */
+ * bounded before it is used. The channel, the state's locks and the list
+ * of imported pools are channel.h's. */
 #include <errno.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "ipc/ipc.h"
-#include "ipc/wire.h"
-
-typedef struct imported {
-  uint64_t offset, size;
-  uint32_t count; /* imports of it not yet freed */
-} imported;
-
-typedef struct span {
-  uint64_t offset, size;
-} span;
-
-/* What this process keeps of one chunk of the exporter's range. Slots come
- * in pages, allocated when a chunk of the page is first mapped, so that the
- * table costs what is mapped, not what the exporter's range could hold. */
-typedef struct slot {
-  tp__phys phys; /* mapped here, or 0 */
-  uint32_t refs; /* imports not yet released that lie in the chunk */
-} slot;
-#define SLOT_PAGE_SHIFT 9
-#define SLOT_PAGE ((size_t)1 << SLOT_PAGE_SHIFT)
-
-struct tp__ipc_import {
-  int fd; /* the private channel; shut down once the exporter is gone */
-  /* Set once a request went unanswered in time (channel_mute): no request
-   * is sent any more. */
-  _Atomic bool muted;
-  uint64_t pid, serial, gran, va_size;
-  tp__pres *res;
-  uintptr_t base;
-  size_t nchunks;
-  bool host_pool;  /* host memory: the host's access comes with it */
-  bool registered; /* in the registry, so that frees find the pool */
-  /* The pool was destroyed: every call that still finds the state (it
-   * reached the pool just before) refuses; under mu. The state itself goes
-   * once no thread can reach the pool (import_fini). */
-  bool dead;
-  /* Requests and replies, the tables below and the mappings. Taken before
-   * the pool lock. */
-  pthread_mutex_t mu;
-  slot **pages; /* nchunks / SLOT_PAGE of them, rounded up; NULL: none mapped */
-  size_t npages;
-  size_t nheld;  /* chunks with a count */
-  size_t *stale; /* chunks whose count fell to 0, to unmap; room for nheld */
-  size_t nstale, capstale;
-  imported *ptrs; /* sorted by offset */
-  uint32_t nptrs, capptrs;
-  /* Frees in flight: a host function queued on the freeing stream reports
-   * each here when the stream reaches it. Held only for moments, never
-   * across a driver call, since those functions run on the platform's own
-   * threads. */
-  pthread_mutex_t rel_mu;
-  pthread_cond_t rel_cv;
-  span *done; /* released, not yet taken out of the chunks' counts; room
-                 for every pending one is made when its free is issued */
-  uint32_t ndone, capdone;
-  uint32_t pending; /* host functions queued and not yet run */
-  /* Releases the exporter had no room for (it stopped reading): sent in
-   * order, before anything else, once it reads again; it keeps the holds
-   * meanwhile. Under rel_mu. */
-  uint64_t *unsent;
-  uint32_t nunsent, capunsent;
-  /* A reply that did not come in time may still come; one of an import
-   * then tells of a hold that no pointer of this process stands for, to be
-   * given back (drain_late). Under mu. */
-  bool reply_owed;
-};
-
-/* Every imported pool, for the settling after a synchronize. */
-static pthread_mutex_t importers_lock = PTHREAD_MUTEX_INITIALIZER;
-static tp__pool **importers;
-static uint32_t nimporters, capimporters;
-static _Atomic uint32_t importers_count;
-
-static void importers_remove(tp__pool *p) {
-  pthread_mutex_lock(&importers_lock);
-  for (uint32_t i = 0; i < nimporters; i++) {
-    if (importers[i] == p) {
-      importers[i] = importers[--nimporters];
-      atomic_store(&importers_count, nimporters);
-      break;
-    }
-  }
-  pthread_mutex_unlock(&importers_lock);
-}
+#include "ipc/channel.h"
 
 static void import_free_state(tp__ipc_import *m) {
   if (m->res)
@@ -135,122 +43,6 @@ static slot *slot_make(tp__ipc_import *m, size_t c) {
   if (!*page)
     *page = calloc(SLOT_PAGE, sizeof **page);
   return *page ? &(*page)[c & (SLOT_PAGE - 1)] : NULL;
-}
-
-/* ---- the channel -------------------------------------------------------- */
-
-/* The exporter is gone (the channel closed or failed): every later send
- * and receive fails at once. The descriptor stays open, since host
- * functions may be sending on it. */
-static void channel_break(tp__ipc_import *m) {
-  (void)shutdown(m->fd, SHUT_RDWR);
-}
-
-/* An exporter that did not answer in time, or answered out of step, may
- * only be slow: the channel is not closed, since its closing would make
- * the exporter give up this process's holds, and pointers imported before
- * would then read memory it gives to others. From then on no request is
- * sent (the call fails with INVALID_VALUE, as the header says); releases
- * still go, and a late reply is read when it comes (drain_late). */
-static void channel_mute(tp__ipc_import *m) {
-  atomic_store(&m->muted, true);
-}
-
-static void mender_wake(void);
-
-/* Sends one release if the channel has room now, without waiting. */
-static bool release_now(tp__ipc_import *m, uint64_t offset) {
-  tp__wire q = tp__wire_make(TP_OP_RELEASE);
-  q.offset = offset;
-  return tp__wire_send(m->fd, &q, -1, false, 0) == TP_SUCCESS;
-}
-
-/* Sends the releases that had to wait, in order, without waiting for room:
- * what does not go out now stays for the next try. rel_mu held. */
-static void flush_unsent(tp__ipc_import *m) {
-  uint32_t sent = 0;
-  while (sent < m->nunsent && release_now(m, m->unsent[sent]))
-    sent++;
-  if (!sent)
-    return;
-  memmove(m->unsent, m->unsent + sent, (m->nunsent - sent) * sizeof *m->unsent);
-  m->nunsent -= sent;
-}
-
-/* Gives the exporter back one hold, after those still waiting, and never
- * waits for room: a host function on a stream sends it, and an exporter
- * that stopped reading must not stall that stream. Where even the list has
- * no room (memory short), the hold stays until the channel closes. rel_mu
- * held. */
-static void send_release(tp__ipc_import *m, uint64_t offset) {
-  flush_unsent(m);
-  if (m->nunsent == 0 && release_now(m, offset))
-    return;
-  if (TP_ARRAY_ROOM(m->unsent, m->nunsent, m->capunsent)) {
-    m->unsent[m->nunsent++] = offset;
-    mender_wake();
-  }
-}
-
-/* Sends a request, after the releases issued before it; rel_mu held. */
-static tp_error_t request(tp__ipc_import *m, const tp__wire *q) {
-  TP_RETURN_IF(atomic_load(&m->muted), TP_ERROR_INVALID_VALUE);
-  flush_unsent(m);
-  tp_error_t err = tp__wire_send(m->fd, q, -1, false, tp__ipc_deadline());
-  if (err != TP_SUCCESS)
-    channel_mute(m);
-  return err;
-}
-
-/* Waits for the reply to a request; mu held. */
-static tp_error_t recv_reply(tp__ipc_import *m, uint16_t op, tp__wire *a,
-                             int *fd) {
-  tp__recv_result r =
-      tp__wire_recv(m->fd, a, fd, NULL, NULL, tp__ipc_deadline());
-  if (r == TP_RECV_EOF || r == TP_RECV_ERROR) {
-    channel_break(m); /* gone */
-  } else if (r != TP_RECV_OK) {
-    channel_mute(m); /* silent past the deadline, or lying */
-    m->reply_owed = r == TP_RECV_AGAIN;
-    if (m->reply_owed)
-      mender_wake();
-  }
-  /* An exporter that went with requests unread resets the channel: gone,
-   * as one that closed it (the header's INVALID_VALUE). */
-  TP_RETURN_IF(r == TP_RECV_ERROR && errno == ECONNRESET,
-               TP_ERROR_INVALID_VALUE);
-  TP_RETURN_IF(r == TP_RECV_ERROR, tp__platform_fail(errno, "recvmsg"));
-  TP_RETURN_IF(r != TP_RECV_OK, TP_ERROR_INVALID_VALUE);
-  if (a->op != op && *fd >= 0) {
-    close(*fd);
-    *fd = -1;
-  }
-  if (a->op != op)
-    channel_mute(m); /* out of step: no later reply could be trusted */
-  TP_RETURN_IF(a->op != op, TP_ERROR_INVALID_VALUE);
-  return TP_SUCCESS;
-}
-
-/* Reads the reply that did not come in time, if it has come now: one of an
- * import made a hold that no pointer here stands for, and it goes back.
- * mu held. */
-static void drain_late(tp__ipc_import *m) {
-  if (!m->reply_owed)
-    return;
-  tp__wire a;
-  int fd = -1;
-  tp__recv_result r = tp__wire_recv(m->fd, &a, &fd, NULL, NULL, 0);
-  if (fd >= 0)
-    close(fd);
-  if (r == TP_RECV_AGAIN)
-    return;
-  m->reply_owed = false;
-  if (r == TP_RECV_OK && a.op == TP_OP_IMPORTED &&
-      tp__wire_status(a.status, false) == TP_SUCCESS) {
-    pthread_mutex_lock(&m->rel_mu);
-    send_release(m, a.offset);
-    pthread_mutex_unlock(&m->rel_mu);
-  }
 }
 
 /* ---- mappings ----------------------------------------------------------- */
@@ -366,7 +158,7 @@ static void release_run(tp__ipc_import *m, uint64_t offset, uint64_t size) {
    * state after this release also sees the release (import_pointer). The
    * room was made by the free. */
   m->done[m->ndone++] = (span){offset, size};
-  send_release(m, offset);
+  tp__chan_release(m, offset);
   pending_done(m);
   pthread_mutex_unlock(&m->rel_mu);
 }
@@ -405,11 +197,11 @@ static tp_error_t map_one(tp__pool *p, size_t c) {
   tp__wire q = tp__wire_make(TP_OP_CHUNK), a;
   q.offset = c;
   pthread_mutex_lock(&m->rel_mu);
-  tp_error_t err = request(m, &q);
+  tp_error_t err = tp__chan_request(m, &q);
   pthread_mutex_unlock(&m->rel_mu);
   TP_FORWARD(err);
   int fd = -1;
-  TP_FORWARD(recv_reply(m, TP_OP_CHUNK_INFO, &a, &fd));
+  TP_FORWARD(tp__chan_reply(m, TP_OP_CHUNK_INFO, &a, &fd));
   /* Where the chunk lies in the exporter's backing: a chunk's place, and
    * the exporter holds no more chunks than a quarter of its range (its
    * size limit), so a place past the range is a lie. */
@@ -495,15 +287,15 @@ tp_error_t tp__ipc_import_pointer(tp__pool *p,
    * exporter without a gap since it was mapped: its mapping is good. A
    * chunk whose count falls to zero is unmapped before the reply is read,
    * and mapped afresh if this import needs it. */
-  drain_late(m);
+  tp__chan_drain_late(m);
   pthread_mutex_lock(&m->rel_mu);
   count_released(m);
-  tp_error_t err = request(m, &q);
+  tp_error_t err = tp__chan_request(m, &q);
   pthread_mutex_unlock(&m->rel_mu);
   drop_stale(p);
   int fd = -1;
   if (err == TP_SUCCESS)
-    err = recv_reply(m, TP_OP_IMPORTED, &a, &fd);
+    err = tp__chan_reply(m, TP_OP_IMPORTED, &a, &fd);
   if (fd >= 0)
     close(fd);
   if (err == TP_SUCCESS)
@@ -528,7 +320,7 @@ tp_error_t tp__ipc_import_pointer(tp__pool *p,
   if (err != TP_SUCCESS && held) {
     /* Give back the hold the exporter recorded. */
     pthread_mutex_lock(&m->rel_mu);
-    send_release(m, r.offset);
+    tp__chan_release(m, r.offset);
     pthread_mutex_unlock(&m->rel_mu);
   }
   if (err == TP_SUCCESS) {
@@ -605,10 +397,10 @@ static tp_error_t import_free(tp__pool *p, uintptr_t addr, tp__stream *s,
 /* Unmaps what no import uses any more, reads a late reply, and sends the
  * releases that had to wait; mu held. */
 static void import_settle(tp__pool *p) {
-  drain_late(p->imp);
+  tp__chan_drain_late(p->imp);
   pthread_mutex_lock(&p->imp->rel_mu);
   count_released(p->imp);
-  flush_unsent(p->imp);
+  tp__chan_flush(p->imp);
   pthread_mutex_unlock(&p->imp->rel_mu);
   drop_stale(p);
 }
@@ -620,84 +412,8 @@ static void import_trim(tp__pool *p) {
   pthread_mutex_unlock(&p->imp->mu);
 }
 
-/* ---- the mender -----------------------------------------------------------
- * An exporter that stopped reading and reads again gets the releases that
- * waited, and a late reply is read, even where this process makes no
- * further call: a thread of its own tries every 10 ms while any is left. */
-
-static pthread_mutex_t mender_lock = PTHREAD_MUTEX_INITIALIZER;
-static bool mender_running;
-static uint64_t mender_wakes; /* under mender_lock */
-
-/* One importer's turn; true while something is left. */
-static bool mend_one(tp__pool *p) {
-  tp__ipc_import *m = p->imp;
-  if (pthread_mutex_trylock(&m->mu) != 0)
-    return true;
-  if (!m->dead)
-    drain_late(m);
-  pthread_mutex_lock(&m->rel_mu);
-  flush_unsent(m);
-  bool left = m->nunsent > 0 || (m->reply_owed && !m->dead);
-  pthread_mutex_unlock(&m->rel_mu);
-  pthread_mutex_unlock(&m->mu);
-  return left;
-}
-
-/* Ends once a pass found nothing left and nothing woke it meanwhile. */
-static void *mender_main(void *arg) {
-  (void)arg;
-  for (;;) {
-    struct timespec pause = {0, 10 * 1000 * 1000};
-    nanosleep(&pause, NULL);
-    pthread_mutex_lock(&mender_lock);
-    uint64_t seen = mender_wakes;
-    pthread_mutex_unlock(&mender_lock);
-    bool left = false;
-    pthread_mutex_lock(&importers_lock);
-    for (uint32_t i = 0; i < nimporters; i++)
-      left |= mend_one(importers[i]);
-    pthread_mutex_unlock(&importers_lock);
-    pthread_mutex_lock(&mender_lock);
-    bool done = !left && mender_wakes == seen;
-    if (done)
-      mender_running = false;
-    pthread_mutex_unlock(&mender_lock);
-    if (done)
-      return NULL;
-  }
-}
-
-/* Where the thread cannot be made, what waits goes at the next settle (a
- * synchronize) or when the pool's destruction closes the channel. */
-static void mender_wake(void) {
-  pthread_mutex_lock(&mender_lock);
-  mender_wakes++;
-  if (!mender_running) {
-    pthread_attr_t attr;
-    pthread_t t;
-    if (pthread_attr_init(&attr) == 0) {
-      (void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-      mender_running = pthread_create(&t, &attr, mender_main, NULL) == 0;
-      pthread_attr_destroy(&attr);
-    }
-  }
-  pthread_mutex_unlock(&mender_lock);
-}
-
 void tp__ipc_settle(void) {
-  if (!atomic_load_explicit(&importers_count, memory_order_relaxed))
-    return;
-  pthread_mutex_lock(&importers_lock);
-  for (uint32_t i = 0; i < nimporters; i++) {
-    tp__ipc_import *m = importers[i]->imp;
-    /* A pool busy with an import settles at its next call instead. */
-    if (pthread_mutex_trylock(&m->mu) != 0)
-      continue;
-    import_settle(importers[i]);
-    pthread_mutex_unlock(&m->mu);
-  }
-  pthread_mutex_unlock(&importers_lock);
+  tp__importers_settle(import_settle);
 }
 
 static tp_error_t import_set_access(tp__pool *p, const tp_access_desc_t *list,
@@ -724,7 +440,7 @@ static void import_destroy(tp__pool *p) {
   tp__ipc_import *m = p->imp;
   if (!m)
     return;
-  importers_remove(p);
+  tp__importers_remove(p);
   pthread_mutex_lock(&m->mu);
   m->dead = true;
   /* Frees still queued on streams report to this state: wait for them. */
@@ -744,7 +460,7 @@ static void import_destroy(tp__pool *p) {
   }
   /* The exporter sees the channel close and lets go of what this process
    * still held; the range goes too, as no call maps into it any more. */
-  channel_break(m);
+  tp__chan_break(m);
   if (m->res)
     (void)tp__platform->unreserve(m->res);
   m->res = NULL;
@@ -942,14 +658,8 @@ tp_error_t tp__ipc_import_pool(int fd, tp_pool_t *out) {
   /* In the registry, so that tp_free_async finds the pool. */
   err = tp__registry_add(p->space.base, p->space.va_size, p);
   m->registered = err == TP_SUCCESS;
-  pthread_mutex_lock(&importers_lock);
-  if (err == TP_SUCCESS && !TP_ARRAY_ROOM(importers, nimporters, capimporters))
-    err = TP_ERROR_OUT_OF_MEMORY;
-  if (err == TP_SUCCESS) {
-    importers[nimporters++] = p;
-    atomic_store(&importers_count, nimporters);
-  }
-  pthread_mutex_unlock(&importers_lock);
+  if (err == TP_SUCCESS)
+    err = tp__importers_add(p);
   if (err != TP_SUCCESS) {
     (void)tp__pool_destroy(p);
     return err;

@@ -1,15 +1,19 @@
 /* Sharing pools between processes: what the core (src/pool/) and the API
- * (src/api/ipc.c) call of src/ipc/. The room has three files:
+ * (src/api/ipc.c) call of src/ipc/. The room has four files:
  *   wire.c    the protocol and its transport (wire.h, private to the room);
  *   export.c  the exporting side: which exported blocks importers hold, and
  *             the pool's service thread that answers them;
+ *   channel.c the importing side's channel to its exporter (channel.h,
+ *             private to the room): requests, replies and releases, the
+ *             list of imported pools and the mender thread;
  *   import.c  the importing side: a range of this process that maps the
  *             exporter's chunks as imported pointers need them, and gives
  *             its holds back in stream order.
  *
  * Locks, in the order they are taken (never the reverse):
  *   exporter:  tp__ipc_export.lock  ->  the pool's lock, a stream's spin lock
- *   importer:  importers_lock  ->  tp__ipc_import.mu  ->  .rel_mu
+ *   importer:  the importers' list  ->  tp__ipc_import.mu  ->  .rel_mu
+ *              ->  the mender's state
  *              tp__ipc_import.mu  ->  the pool's lock
  * No driver call is made under rel_mu or a stream's spin lock. */
 #ifndef TP_IPC_H

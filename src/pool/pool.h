@@ -10,7 +10,7 @@
 #include "pool/reuse.h"
 
 typedef struct tp__ipc_export tp__ipc_export; /* ipc/export.c */
-typedef struct tp__ipc_import tp__ipc_import; /* ipc/import.c */
+typedef struct tp__ipc_import tp__ipc_import; /* ipc/channel.h */
 
 /* What a pool shared between processes does beyond an ordinary one. The
  * room that shares it (src/ipc/) sets the table when it makes a pool
