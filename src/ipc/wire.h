@@ -36,8 +36,8 @@
  * until the last hold goes), so the chunks under it are neither moved nor
  * released. The importer maps a chunk only while it holds a block in it,
  * and orders its requests so that it never trusts a mapping across a gap
- * in its holds (see import.c and channel.c). Chunks that no importer maps are the
- * exporter's to trim as it likes.
+ * in its holds (see import.c and channel.c). Chunks that no importer maps are
+ * the exporter's to trim as it likes.
  *
  * Neither side trusts the other's numbers: every size, index, status and
  * location read from the wire is checked against the limits below before it
