@@ -34,6 +34,9 @@ static void test_same_process(void) {
   CHECK(holds(a, 1 * MiB, 8, s));
   CHECK_EQ_U64(attr_u64(imported, TP_POOL_ATTR_USED_MEM_CURRENT), 3 * MiB);
   CHECK_EQ_U64(attr_u64(imported, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 4 * MiB);
+  /* The importer's mappings count as its chunk maps, as a pool's own do. */
+  CHECK_EQ_U64(attr_u64(imported, TP_POOL_ATTR_CHUNK_MAPS), 2);
+  CHECK_EQ_U64(attr_u64(imported, TP_POOL_ATTR_CHUNK_UNMAPS), 0);
   CHECK_ERR(tp_pool_export_pointer(&rec, b), TP_ERROR_INVALID_VALUE);
   CHECK_ERR(tp_free_async((char *)b + 512, s), TP_ERROR_INVALID_VALUE);
 
@@ -54,6 +57,8 @@ static void test_same_process(void) {
   CHECK_OK(tp_stream_synchronize(s));
   CHECK_OK(tp_pool_trim_to(imported, 0));
   CHECK_EQ_U64(attr_u64(imported, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);
+  CHECK_EQ_U64(attr_u64(imported, TP_POOL_ATTR_CHUNK_MAPS), 2);
+  CHECK_EQ_U64(attr_u64(imported, TP_POOL_ATTR_CHUNK_UNMAPS), 2);
   CHECK_OK(tp_pool_destroy(imported));
   CHECK_OK(tp_pool_trim_to(pool, 0));
   CHECK_EQ_U64(attr_u64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);

@@ -62,9 +62,13 @@ static tp_error_t import_access(tp__pool *p, size_t offset, size_t size) {
            : TP_SUCCESS;
 }
 
+/* One chunk mapped (`delta` > 0) or unmapped: the reserved bytes and the
+ * pool's map and unmap counts, as the core keeps them for its own chunks. */
 static void reserved_move(tp__pool *p, int64_t delta) {
   uint64_t r =
       atomic_fetch_add(&p->space.reserved, (uint64_t)delta) + (uint64_t)delta;
+  atomic_fetch_add_explicit(delta > 0 ? &p->space.maps : &p->space.unmaps, 1,
+                            memory_order_relaxed);
   if (delta > 0)
     tp__atomic_max(&p->space.reserved_high, r);
 }
