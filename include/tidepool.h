@@ -870,7 +870,10 @@ TP_API tp_error_t tp_torch_trim(int device, size_t keep);
  * is also used by the work queued on `stream`. Its tp_torch_free makes the
  * freeing stream wait for the work queued on each recorded stream until
  * then (an event), so that the memory is reused only after it, wherever the
- * next allocation runs. NULL is ignored. */
+ * next allocation runs. A NULL `ptr` is ignored. A NULL `stream`, the
+ * legacy default stream's handle on every device, names the legacy stream
+ * of the device that tp_torch_free is given (the allocation's, as PyTorch
+ * frees), whichever device is current where the record is made. */
 TP_API void tp_torch_record_stream(void *ptr, void *stream);
 
 /* torch.cuda.empty_cache(): tp_torch_trim(device, 0) on every device that

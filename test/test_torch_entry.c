@@ -631,6 +631,54 @@ static void test_record_stream_other_device(void) {
   REQUIRE_OK(tp_set_device(0));
 }
 
+/* A record of the legacy stream (NULL, a handle every device shares) names
+ * the legacy stream of the allocation's device, not the one of the device
+ * current on the recording thread. Needs two devices. */
+static void test_record_stream_legacy_other_device(void) {
+  int count = 0;
+  REQUIRE_OK(tp_get_device_count(&count));
+  if (count < 2) {
+    printf("   (one device: nothing to test)\n");
+    return;
+  }
+  tp_stream_t a1;
+  REQUIRE_OK(tp_set_device(1));
+  REQUIRE_OK(tp_stream_create(&a1, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_set_device(0));
+  gate_t gate;
+
+  /* Device 1's legacy stream held: the free of a tensor of device 1 waits
+   * for it, though device 0 is current where the record is made. */
+  void *p = tp_torch_alloc((ssize_t)MiB, 1, a1);
+  REQUIRE(p != NULL);
+  tp_torch_record_stream(p, NULL);
+  REQUIRE_OK(tp_set_device(1));
+  REQUIRE_OK(hold_stream(NULL, &gate));
+  REQUIRE_OK(tp_set_device(0));
+  tp_torch_free(p, (ssize_t)MiB, 1, a1);
+  check_sleep_ms(20);
+  CHECK_ERR(tp_stream_query(a1), TP_ERROR_NOT_READY);
+  release(&gate);
+  CHECK_OK(tp_stream_synchronize(a1));
+
+  /* Device 0's legacy stream held: the same free waits for nothing. */
+  p = tp_torch_alloc((ssize_t)MiB, 1, a1);
+  REQUIRE(p != NULL);
+  tp_torch_record_stream(p, NULL);
+  REQUIRE_OK(hold_stream(NULL, &gate));
+  tp_torch_free(p, (ssize_t)MiB, 1, a1);
+  double until = check_now_s() + 5;
+  while (tp_stream_query(a1) == TP_ERROR_NOT_READY && check_now_s() < until)
+    check_sleep_ms(1);
+  CHECK_OK(tp_stream_query(a1));
+  release(&gate);
+  CHECK_OK(tp_stream_synchronize(NULL));
+  int dev = -1;
+  CHECK_OK(tp_get_device(&dev));
+  CHECK_EQ_INT(dev, 0);
+  CHECK_OK(tp_stream_destroy(a1));
+}
+
 int main(void) {
   RUN_TEST(test_config);
   /* What the entry points will read at their first call. */
@@ -661,5 +709,6 @@ int main(void) {
   RUN_TEST(test_capture_deferred_free);
   RUN_TEST(test_record_stream_stale);
   RUN_TEST(test_record_stream_other_device);
+  RUN_TEST(test_record_stream_legacy_other_device);
   return check_done();
 }
