@@ -4,6 +4,7 @@
  * and threads. Runs on whatever platform is chosen (host in CI). */
 #include <pthread.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "api/api.h"
@@ -331,6 +332,75 @@ static void test_trace_recorded(void) {
   CHECK(allocs >= 16 && frees >= 16);
   CHECK_EQ_INT(on_stream, 32);
   remove(trace_path);
+}
+
+/* The lines of a trace after its header, or -1 where the file is not one
+ * header followed by well-formed lines (a second header, a line cut or
+ * run into another, bytes that are no text). */
+static int trace_lines(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return -1;
+  char line[256];
+  int n = 0;
+  bool ok = fgets(line, sizeof line, f) &&
+            strcmp(line, "action,addr,size,stream\n") == 0;
+  while (ok && fgets(line, sizeof line, f)) {
+    char action[32], end = 0;
+    unsigned long long addr;
+    long long size;
+    int stream;
+    ok =
+        sscanf(line, "%31[a-z_],%llu,%lld,%d%c", action, &addr, &size, &stream,
+               &end) == 5 &&
+        end == '\n' &&
+        (strcmp(action, "alloc") == 0 || strcmp(action, "free_requested") == 0);
+    n++;
+  }
+  fclose(f);
+  return ok ? n : -1;
+}
+
+/* Waits for a child, which must exit with 0. */
+static void child_done(pid_t pid) {
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* A child made by fork() (a DataLoader worker) while trace lines wait in
+ * the buffer leaves the trace alone: neither a refused call there (whose
+ * report flushes the trace) nor the child's exit (which flushes every
+ * stream) writes the parent's lines a second time. */
+static void test_trace_fork(void) {
+  tp__torch_trace_flush();
+  int before = trace_lines(trace_path);
+  REQUIRE(before > 0);
+  void *p = tp_torch_alloc(4096, 0, NULL);
+  REQUIRE(p != NULL);
+  void *q = tp_torch_alloc(8192, 0, NULL);
+  REQUIRE(q != NULL);
+  tp_torch_free(q, 8192, 0, NULL);
+  fflush(stdout);
+  fflush(stderr);
+  /* One child frees an inherited tensor, refused, and leaves as Python's
+   * workers do (_exit); the other leaves through exit(). */
+  for (int how = 0; how < 2; how++) {
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      alarm(20);
+      tp_torch_free(p, 4096, 0, NULL);
+      if (how == 0)
+        _exit(0);
+      exit(0);
+    }
+    child_done(pid);
+  }
+  tp_torch_free(p, 4096, 0, NULL);
+  tp__torch_trace_flush();
+  CHECK_EQ_INT(trace_lines(trace_path), before + 4);
+  CHECK_OK(tp_stream_synchronize(NULL));
 }
 
 /* The process's first call counts too: the configuration is read before a
@@ -700,6 +770,7 @@ int main(void) {
   RUN_TEST(test_errors);
   RUN_TEST(test_devices);
   RUN_TEST(test_threads);
+  RUN_TEST(test_trace_fork);
   RUN_TEST(test_trace_recorded);
   RUN_TEST(test_timing);
   RUN_TEST(test_record_stream);

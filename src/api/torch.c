@@ -110,6 +110,40 @@ typedef struct spare_event {
 static spare_event *spares; /* events seen complete, for reuse */
 static uint32_t nspare, capspare;
 
+/* A write that failed (a full disk, say) ends the recording, reported
+ * once, rather than leave a file that silently lacks operations; trace_lock
+ * held. */
+static void trace_broken(void) {
+  fprintf(stderr,
+          "tidepool: TIDEPOOL_TORCH_TRACE: writing failed; the recording "
+          "stops here\n");
+  (void)fclose(trace_file);
+  trace_file = NULL;
+}
+
+/* fork() (a DataLoader worker, say) copies the FILE's buffer into the
+ * child, whose exit, or whose refused calls (report flushes), would write
+ * the parent's buffered lines into the shared file a second time. So the
+ * buffer is written out before the fork, with trace_lock held so that no
+ * line is half made, and the child closes its copy, empty then, and
+ * records nothing: it may make no call (NOT_PERMITTED) anyway. */
+static void trace_prepare(void) {
+  pthread_mutex_lock(&trace_lock);
+  if (trace_file && (fflush(trace_file) != 0 || ferror(trace_file)))
+    trace_broken();
+}
+
+static void trace_parent(void) {
+  pthread_mutex_unlock(&trace_lock);
+}
+
+static void trace_child(void) {
+  if (trace_file)
+    (void)fclose(trace_file);
+  trace_file = NULL;
+  pthread_mutex_unlock(&trace_lock);
+}
+
 static void trace_open(void) {
   const char *path = getenv("TIDEPOOL_TORCH_TRACE");
   if (!path || !*path)
@@ -124,6 +158,15 @@ static void trace_open(void) {
   if (!trace_file) {
     fprintf(stderr, "tidepool: TIDEPOOL_TORCH_TRACE=%s cannot be written\n",
             path);
+    return;
+  }
+  if (pthread_atfork(trace_prepare, trace_parent, trace_child) != 0) {
+    fprintf(stderr,
+            "tidepool: TIDEPOOL_TORCH_TRACE=%s: out of memory; nothing is "
+            "recorded\n",
+            path);
+    (void)fclose(trace_file);
+    trace_file = NULL;
     return;
   }
   done_column = trace_every != 0;
@@ -217,17 +260,6 @@ static void done_update(int id, void *stream, int64_t op) {
   d->tags[at] = op;
   d->device = s->device;
   d->n++;
-}
-
-/* A write that failed (a full disk, say) ends the recording, reported
- * once, rather than leave a file that silently lacks operations; trace_lock
- * held. */
-static void trace_broken(void) {
-  fprintf(stderr,
-          "tidepool: TIDEPOOL_TORCH_TRACE: writing failed; the recording "
-          "stops here\n");
-  (void)fclose(trace_file);
-  trace_file = NULL;
 }
 
 static void trace(const char *action, void *ptr, ssize_t size, void *stream) {
