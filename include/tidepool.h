@@ -814,8 +814,13 @@ TP_API tp_error_t tp_device_set_graph_mem_attribute(int device,
  *   TIDEPOOL_TORCH_TRACE  a file that records every allocation and free in
  *       the CSV format of traces/, for tidepool-replay. Streams are numbered
  *       in order of first use, 0 being the legacy default stream; streams
- *       after the 64th all get number 64. A child made by fork() records
- *       nothing and leaves the parent's file alone.
+ *       after the 64th all get number 64. Each %p in the path is replaced
+ *       by the process id (%% by %), so that the processes of one
+ *       environment (torchrun's ranks) each record a file of their own;
+ *       a process that finds the file being recorded by another process
+ *       records nothing and says so on stderr, rather than write over it.
+ *       A child made by fork() records nothing and leaves the parent's
+ *       file alone.
  *   TIDEPOOL_TORCH_TRACE_COMPLETION  K > 0: the trace gets a fifth column,
  *       how far each operation's stream had completed when it was issued,
  *       from an event recorded every Kth operation of the stream

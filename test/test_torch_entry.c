@@ -2,6 +2,7 @@
  * configuration variables, allocation and free on the legacy stream and on
  * a stream of the program's own, statistics, peaks, trim, errors, devices
  * and threads. Runs on whatever platform is chosen (host in CI). */
+#include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -403,6 +404,80 @@ static void test_trace_fork(void) {
   CHECK_OK(tp_stream_synchronize(NULL));
 }
 
+/* Runs this program again as another process whose TIDEPOOL_TORCH_TRACE
+ * is `path` (main's child mode: one allocation and its free), its stderr
+ * going to `err`; *pid is the child's process id, once it has exited. */
+static void trace_in_child(const char *path, const char *err, pid_t *pid_out) {
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || dup2(fd, 2) < 0)
+      _exit(20);
+    execl("/proc/self/exe", "test_torch_entry", "--trace-child", path,
+          (char *)NULL);
+    _exit(21);
+  }
+  child_done(pid);
+  *pid_out = pid;
+}
+
+/* The child mode: records one allocation and its free to `path`. */
+static int trace_child_main(const char *path) {
+  setenv("TIDEPOOL_TORCH_TRACE", path, 1);
+  void *p = tp_torch_alloc(4096, 0, NULL);
+  if (!p)
+    return 1;
+  tp_torch_free(p, 4096, 0, NULL);
+  return tp_stream_synchronize(NULL) == TP_SUCCESS ? 0 : 2;
+}
+
+/* Whether the file at `path` contains `text`. */
+static bool file_has(const char *path, const char *text) {
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return false;
+  char buf[4096];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = 0;
+  fclose(f);
+  return strstr(buf, text) != NULL;
+}
+
+/* Two processes given the same TIDEPOOL_TORCH_TRACE (the ranks torchrun
+ * starts): the second one to open it records nothing and says why, rather
+ * than truncate the first one's recording and write over it; a %p in the
+ * path gives each process a file of its own. */
+static void test_trace_two_processes(void) {
+  char err[64], path[96], got[96];
+  snprintf(err, sizeof err, "/tmp/tp_torch_err_%d.txt", (int)getpid());
+  tp__torch_trace_flush();
+  int before = trace_lines(trace_path);
+  REQUIRE(before > 0);
+  pid_t pid = 0;
+  trace_in_child(trace_path, err, &pid);
+  CHECK_EQ_INT(trace_lines(trace_path), before);
+  CHECK(file_has(err, "another process"));
+  /* Still this process's file, and written on. */
+  void *p = tp_torch_alloc(4096, 0, NULL);
+  REQUIRE(p != NULL);
+  tp_torch_free(p, 4096, 0, NULL);
+  tp__torch_trace_flush();
+  CHECK_EQ_INT(trace_lines(trace_path), before + 2);
+
+  snprintf(path, sizeof path, "/tmp/tp_torch_trace_%d_%%p_%%%%.csv",
+           (int)getpid());
+  trace_in_child(path, err, &pid);
+  snprintf(got, sizeof got, "/tmp/tp_torch_trace_%d_%d_%%.csv", (int)getpid(),
+           (int)pid);
+  CHECK_EQ_INT(trace_lines(got), 2);
+  remove(got);
+  remove(err);
+  CHECK_OK(tp_stream_synchronize(NULL));
+}
+
 /* The process's first call counts too: the configuration is read before a
  * call decides whether to time itself (it was read inside the call, and
  * the first allocation went uncounted). */
@@ -749,7 +824,9 @@ static void test_record_stream_legacy_other_device(void) {
   CHECK_OK(tp_stream_destroy(a1));
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "--trace-child") == 0)
+    return trace_child_main(argv[2]);
   RUN_TEST(test_config);
   /* What the entry points will read at their first call. */
   setenv("TIDEPOOL_TORCH_RELEASE_THRESHOLD", "64M", 1);
@@ -771,6 +848,7 @@ int main(void) {
   RUN_TEST(test_devices);
   RUN_TEST(test_threads);
   RUN_TEST(test_trace_fork);
+  RUN_TEST(test_trace_two_processes);
   RUN_TEST(test_trace_recorded);
   RUN_TEST(test_timing);
   RUN_TEST(test_record_stream);

@@ -2,10 +2,15 @@
  * with the signatures CUDAPluggableAllocator calls, their configuration from
  * the TIDEPOOL_TORCH_* variables, and the statistics, peak reset and trim
  * that the Python side (integrations/pytorch) reaches through ctypes. */
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "api/api.h"
 #include "common/guard.h"
@@ -144,9 +149,82 @@ static void trace_child(void) {
   pthread_mutex_unlock(&trace_lock);
 }
 
+/* The variable's path with each %p replaced by the process id and each %%
+ * by %, in malloc'd memory (NULL when memory runs out). */
+static char *trace_path(const char *spec) {
+  size_t len = strlen(spec), room = len + 1;
+  for (const char *c = spec; (c = strstr(c, "%p")) != NULL; c += 2)
+    room += 20;
+  char *path = malloc(room), *out = path;
+  if (!path)
+    return NULL;
+  for (const char *c = spec; *c;) {
+    if (c[0] == '%' && c[1] == 'p') {
+      out += snprintf(out, room - (size_t)(out - path), "%ld", (long)getpid());
+      c += 2;
+    } else if (c[0] == '%' && c[1] == '%') {
+      *out++ = '%';
+      c += 2;
+    } else {
+      *out++ = *c++;
+    }
+  }
+  *out = 0;
+  return path;
+}
+
+/* Opens the recording at `path`. Two processes given the same file (the
+ * ranks torchrun starts from one environment) would each truncate it and
+ * write over the other's lines: a regular file is therefore locked
+ * (flock, which goes with the open file, so that no other opening of the
+ * file in this process releases it) before it is truncated, and a process
+ * that finds it locked by another records nothing and says why. */
+static FILE *trace_create(const char *path) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    fprintf(stderr,
+            "tidepool: TIDEPOOL_TORCH_TRACE=%s cannot be written (%s)\n", path,
+            strerror(errno));
+    return NULL;
+  }
+  struct stat st;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK)
+        fprintf(stderr,
+                "tidepool: TIDEPOOL_TORCH_TRACE=%s is being written by another "
+                "process; this one (%ld) records nothing (a %%p in the path is "
+                "replaced by each process's id)\n",
+                path, (long)getpid());
+      else
+        fprintf(stderr,
+                "tidepool: TIDEPOOL_TORCH_TRACE=%s cannot be locked (%s); "
+                "nothing is recorded\n",
+                path, strerror(errno));
+      (void)close(fd);
+      return NULL;
+    }
+    if (ftruncate(fd, 0) != 0) {
+      fprintf(stderr,
+              "tidepool: TIDEPOOL_TORCH_TRACE=%s cannot be truncated (%s); "
+              "nothing is recorded\n",
+              path, strerror(errno));
+      (void)close(fd);
+      return NULL;
+    }
+  }
+  FILE *f = fdopen(fd, "w");
+  if (!f) {
+    fprintf(stderr, "tidepool: TIDEPOOL_TORCH_TRACE=%s: %s\n", path,
+            strerror(errno));
+    (void)close(fd);
+  }
+  return f;
+}
+
 static void trace_open(void) {
-  const char *path = getenv("TIDEPOOL_TORCH_TRACE");
-  if (!path || !*path)
+  const char *spec = getenv("TIDEPOOL_TORCH_TRACE");
+  if (!spec || !*spec)
     return;
   bool bad = false;
   trace_every = (unsigned)tp__env_count("TIDEPOOL_TORCH_TRACE_COMPLETION", 0,
@@ -154,10 +232,15 @@ static void trace_open(void) {
   if (bad)
     tp__env_warn("TIDEPOOL_TORCH_TRACE_COMPLETION",
                  "a count of operations, 1 to 1000000, or 0 for none");
-  trace_file = fopen(path, "w");
+  char *path = trace_path(spec);
+  if (!path) {
+    fprintf(stderr, "tidepool: TIDEPOOL_TORCH_TRACE: out of memory; nothing "
+                    "is recorded\n");
+    return;
+  }
+  trace_file = trace_create(path);
   if (!trace_file) {
-    fprintf(stderr, "tidepool: TIDEPOOL_TORCH_TRACE=%s cannot be written\n",
-            path);
+    free(path);
     return;
   }
   if (pthread_atfork(trace_prepare, trace_parent, trace_child) != 0) {
@@ -167,8 +250,10 @@ static void trace_open(void) {
             path);
     (void)fclose(trace_file);
     trace_file = NULL;
+    free(path);
     return;
   }
+  free(path);
   done_column = trace_every != 0;
   fputs(done_column ? "action,addr,size,stream,done\n"
                     : "action,addr,size,stream\n",
