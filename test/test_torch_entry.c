@@ -478,6 +478,17 @@ static void test_trace_two_processes(void) {
   CHECK_OK(tp_stream_synchronize(NULL));
 }
 
+/* A write that fails only in the flush at the process's exit (the last
+ * lines, still in the buffer) is reported too, not lost in silence. */
+static void test_trace_exit_error(void) {
+  char err[64];
+  snprintf(err, sizeof err, "/tmp/tp_torch_err_%d.txt", (int)getpid());
+  pid_t pid = 0;
+  trace_in_child("/dev/full", err, &pid);
+  CHECK(file_has(err, "writing failed"));
+  remove(err);
+}
+
 /* The process's first call counts too: the configuration is read before a
  * call decides whether to time itself (it was read inside the call, and
  * the first allocation went uncounted). */
@@ -849,6 +860,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_threads);
   RUN_TEST(test_trace_fork);
   RUN_TEST(test_trace_two_processes);
+  RUN_TEST(test_trace_exit_error);
   RUN_TEST(test_trace_recorded);
   RUN_TEST(test_timing);
   RUN_TEST(test_record_stream);

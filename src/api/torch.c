@@ -254,6 +254,13 @@ static void trace_open(void) {
     return;
   }
   free(path);
+  /* The last lines are written by the flush at exit, which reports no
+   * error: a full disk would leave the file short of them in silence. So
+   * they are written here, where a failure is reported; a line recorded
+   * after this (a free in a later exit handler) is still written by the
+   * C library's own flush. Where no handler can be set, the file is still
+   * recorded, without that report. */
+  (void)atexit(tp__torch_trace_flush);
   done_column = trace_every != 0;
   fputs(done_column ? "action,addr,size,stream,done\n"
                     : "action,addr,size,stream\n",
