@@ -723,6 +723,37 @@ static void test_capture_deferred_free(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* A free deferred past a capture still waits for the streams recorded for
+ * the tensor: the records go with the deferred free, not with the refused
+ * attempt inside the capture (the deferred free once waited for nothing,
+ * and the memory could be reused under the recorded stream's work). */
+static void test_capture_deferred_free_recorded(void) {
+  tp_torch_announce_captures();
+  tp_stream_t s, b;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_stream_create(&b, TP_STREAM_NON_BLOCKING));
+  void *pre = tp_torch_alloc((ssize_t)(2 * MiB), 0, s);
+  REQUIRE(pre != NULL);
+  tp_torch_record_stream(pre, b);
+  gate_t gate;
+  REQUIRE_OK(hold_stream(b, &gate));
+  tp_torch_capture_begin();
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  tp_torch_free(pre, (ssize_t)(2 * MiB), 0, s);
+  tp_graph_t g = NULL;
+  CHECK_OK(tp_stream_end_capture(s, &g));
+  tp_torch_capture_end(); /* the free is made now, on s */
+  check_sleep_ms(20);
+  CHECK_ERR(tp_stream_query(s), TP_ERROR_NOT_READY);
+  release(&gate);
+  CHECK_OK(tp_stream_synchronize(s));
+  if (g)
+    CHECK_OK(tp_graph_destroy(g));
+  CHECK_OK(tp_stream_synchronize(b));
+  CHECK_OK(tp_stream_destroy(s));
+  CHECK_OK(tp_stream_destroy(b));
+}
+
 /* A record of memory that is no live allocation (its tensor freed) is
  * dropped: it once stayed, and made the free of the next tensor given that
  * address wait for the recorded stream. */
@@ -868,6 +899,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_empty_cache);
   RUN_TEST(test_capture_hooks);
   RUN_TEST(test_capture_deferred_free);
+  RUN_TEST(test_capture_deferred_free_recorded);
   RUN_TEST(test_record_stream_stale);
   RUN_TEST(test_record_stream_other_device);
   RUN_TEST(test_record_stream_legacy_other_device);

@@ -607,19 +607,45 @@ static int stream_device(void *stream, int fallback) {
   return d;
 }
 
-/* Makes `stream` wait for the work queued so far on each stream recorded
- * for `ptr`, and forgets them; the device current. */
-static tp_error_t wait_recorded(void *ptr, void *stream) {
-  if (TP_LIKELY(!atomic_load_explicit(&nrecords_seen, memory_order_relaxed) &&
-                !atomic_load_explicit(&records_lost, memory_order_relaxed)))
-    return TP_SUCCESS;
-  if (atomic_load_explicit(&records_lost, memory_order_relaxed))
-    TP_FORWARD(tp_device_synchronize());
-  uint32_t n;
+/* Takes out the streams recorded for `ptr` and adds them to `*streams`
+ * (`*n` of them, malloc'd, which a deferred free brings along). Where they
+ * cannot be joined for want of memory, every free waits for its whole
+ * device from then on, as where a record is lost. */
+static void records_claim(void *ptr, void ***streams, uint32_t *n) {
+  if (TP_LIKELY(!atomic_load_explicit(&nrecords_seen, memory_order_relaxed)))
+    return;
+  uint32_t m;
   pthread_mutex_lock(&record_lock);
-  void **streams = records_take(ptr, &n);
+  void **taken = records_take(ptr, &m);
   pthread_mutex_unlock(&record_lock);
-  if (!n)
+  if (!m)
+    return;
+  if (!*n) {
+    free(*streams);
+    *streams = taken;
+    *n = m;
+    return;
+  }
+  void **all = realloc(*streams, (*n + m) * sizeof *all);
+  if (!all) {
+    free(taken);
+    if (!atomic_exchange(&records_lost, true))
+      report("record_stream", TP_ERROR_OUT_OF_MEMORY, 0, tp__current_device());
+    return;
+  }
+  memcpy(all + *n, taken, m * sizeof *taken);
+  free(taken);
+  *streams = all;
+  *n += m;
+}
+
+/* Makes `stream` wait for the work queued so far on each of the `n`
+ * streams recorded for the memory it frees; the device current. */
+static tp_error_t wait_recorded(void *const *streams, uint32_t n,
+                                void *stream) {
+  if (TP_UNLIKELY(atomic_load_explicit(&records_lost, memory_order_relaxed)))
+    TP_FORWARD(tp_device_synchronize());
+  if (TP_LIKELY(!n))
     return TP_SUCCESS;
   tp_error_t err = TP_SUCCESS;
   int side = capture_side(stream);
@@ -657,7 +683,6 @@ static tp_error_t wait_recorded(void *ptr, void *stream) {
     if (err != TP_SUCCESS && side == 0)
       err = tp_device_synchronize();
   }
-  free(streams);
   return err;
 }
 
@@ -692,11 +717,14 @@ TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream) {
   return ptr;
 }
 
-static bool defer_free(void *ptr, ssize_t size, int device, void *stream);
+static bool defer_free(void *ptr, ssize_t size, int device, void *stream,
+                       void **streams, uint32_t nstreams);
 
-/* `traced`: the request is in the trace already (a deferred free). */
+/* `traced`: the request is in the trace already (a deferred free).
+ * `streams`: the `n` streams recorded for `ptr` that a deferred free brings
+ * along (malloc'd, or NULL), which this call owns. */
 static void torch_free(void *ptr, ssize_t size, int device, void *stream,
-                       bool traced) {
+                       bool traced, void **streams, uint32_t n) {
   int saved;
   bool timed_call = timing_on();
   uint64_t t0 = TP_UNLIKELY(timed_call) ? now_ns() : 0;
@@ -707,14 +735,21 @@ static void torch_free(void *ptr, ssize_t size, int device, void *stream,
     /* The records go with the pointer even where the wait fails: the free
      * is then refused (only inside a capture, or where nothing could be
      * waited for), and the memory stays allocated rather than reused too
-     * early. */
-    err = wait_recorded(ptr, stream);
+     * early. A free deferred past a capture keeps them: inside the capture
+     * a stream outside it is not waited for, and the deferred free, made
+     * outside, must wait for it before the memory goes back to the pool. */
+    records_claim(ptr, &streams, &n);
+    err = wait_recorded(streams, n, stream);
     if (err == TP_SUCCESS)
       err = tp__free_async_as(ptr, (tp_stream_t)stream, uncaptured());
-    if (err == TP_ERROR_INVALID_VALUE && defer_free(ptr, size, device, stream))
+    if (err == TP_ERROR_INVALID_VALUE &&
+        defer_free(ptr, size, device, stream, streams, n)) {
       err = TP_SUCCESS;
+      streams = NULL;
+    }
     leave(saved);
   }
+  free(streams);
   if (TP_UNLIKELY(timed_call))
     timed_add(2, t0);
   if (err != TP_SUCCESS)
@@ -723,7 +758,7 @@ static void torch_free(void *ptr, ssize_t size, int device, void *stream,
 
 TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   if (ptr)
-    torch_free(ptr, size, device, stream, false);
+    torch_free(ptr, size, device, stream, false, NULL, 0);
 }
 
 TP_API tp_error_t tp_torch_stats(int device, uint64_t out[4]) {
@@ -829,12 +864,15 @@ typedef struct deferred {
   ssize_t size;
   int device;
   void *stream;
+  void **streams; /* the streams recorded for ptr, to wait for */
+  uint32_t nstreams;
 } deferred;
 static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
 static deferred *deferreds;
 static uint32_t ndeferred, capdeferred;
 
-static bool defer_free(void *ptr, ssize_t size, int device, void *stream) {
+static bool defer_free(void *ptr, ssize_t size, int device, void *stream,
+                       void **streams, uint32_t nstreams) {
   if (!atomic_load_explicit(&announced, memory_order_acquire) ||
       !atomic_load_explicit(&torch_captures, memory_order_acquire) ||
       pool_live(ptr) != 1)
@@ -845,7 +883,8 @@ static bool defer_free(void *ptr, ssize_t size, int device, void *stream) {
     kept = deferreds[i].ptr != ptr; /* freed twice: refused */
   kept = kept && TP_ARRAY_ROOM(deferreds, ndeferred, capdeferred);
   if (kept)
-    deferreds[ndeferred++] = (deferred){ptr, size, device, stream};
+    deferreds[ndeferred++] =
+        (deferred){ptr, size, device, stream, streams, nstreams};
   pthread_mutex_unlock(&deferred_lock);
   return kept;
 }
@@ -858,7 +897,8 @@ static void deferred_run(void) {
   ndeferred = capdeferred = 0;
   pthread_mutex_unlock(&deferred_lock);
   for (uint32_t i = 0; i < n; i++)
-    torch_free(v[i].ptr, v[i].size, v[i].device, v[i].stream, true);
+    torch_free(v[i].ptr, v[i].size, v[i].device, v[i].stream, true,
+               v[i].streams, v[i].nstreams);
   free(v);
 }
 
