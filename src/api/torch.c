@@ -189,21 +189,23 @@ static FILE *trace_create(const char *path) {
   }
   struct stat st;
   if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      if (errno == EWOULDBLOCK)
-        fprintf(stderr,
-                "tidepool: TIDEPOOL_TORCH_TRACE=%s is being written by another "
-                "process; this one (%ld) records nothing (a %%p in the path is "
-                "replaced by each process's id)\n",
-                path, (long)getpid());
-      else
-        fprintf(stderr,
-                "tidepool: TIDEPOOL_TORCH_TRACE=%s cannot be locked (%s); "
-                "nothing is recorded\n",
-                path, strerror(errno));
+    int lock_err = flock(fd, LOCK_EX | LOCK_NB) == 0 ? 0 : errno;
+    if (lock_err == EWOULDBLOCK) {
+      fprintf(stderr,
+              "tidepool: TIDEPOOL_TORCH_TRACE=%s is being written by another "
+              "process; this one (%ld) records nothing (a %%p in the path is "
+              "replaced by each process's id)\n",
+              path, (long)getpid());
       (void)close(fd);
       return NULL;
     }
+    /* A file system without locks (some network ones) is still written
+     * to, as before the lock, with a note that nothing guards it. */
+    if (lock_err)
+      fprintf(stderr,
+              "tidepool: TIDEPOOL_TORCH_TRACE=%s cannot be locked (%s); "
+              "recorded without the check against a second process\n",
+              path, strerror(lock_err));
     if (ftruncate(fd, 0) != 0) {
       fprintf(stderr,
               "tidepool: TIDEPOOL_TORCH_TRACE=%s cannot be truncated (%s); "
