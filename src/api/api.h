@@ -81,8 +81,21 @@ void tp__torch_read_config(tp__torch_config *cfg);
 /* The PyTorch pool's growth slack where no variable sets one (ppm). */
 #define TP_TORCH_GROWTH_SLACK 25000u
 
-/* Writes out what TIDEPOOL_TORCH_TRACE has recorded so far (a no-op when it
- * is not set): before a failure is reported, which may end the program. */
+/* ---- torch_trace.c: TIDEPOOL_TORCH_TRACE ----------------------------------
+ */
+
+/* Opens the recording where the variable asks for one; called once. */
+void tp__torch_trace_open(void);
+/* Writes one line: `action` ("alloc", "free_requested", ...) of `ptr` on
+ * `stream`, whose NULL is the current device's legacy stream. */
+void tp__torch_trace(const char *action, void *ptr, ssize_t size, void *stream);
+/* Writes out what has been recorded so far (a no-op when nothing is):
+ * before a failure is reported, which may end the program. */
 void tp__torch_trace_flush(void);
+extern atomic_bool tp__torch_trace_on;
+/* Whether a recording is open; read without a lock on every call. */
+static inline bool tp__torch_tracing(void) {
+  return atomic_load_explicit(&tp__torch_trace_on, memory_order_relaxed);
+}
 
 #endif /* TP_API_H */
