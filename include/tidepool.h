@@ -764,8 +764,10 @@ TP_API tp_error_t tp_device_graph_mem_trim(int device);
 
 /* Reads a graph memory attribute of the device into *(uint64_t *)value:
  * USED is memory mapped for graphs, RESERVED that plus what is kept for
- * reuse; the HIGHs are their watermarks. Errors: INVALID_VALUE (value NULL,
- * unknown attribute), INVALID_DEVICE. Thread-safe. */
+ * reuse; the HIGHs are their watermarks. A failed call (an allocation in
+ * capture, an instantiation) leaves all four as they were.
+ * Errors: INVALID_VALUE (value NULL, unknown attribute), INVALID_DEVICE.
+ * Thread-safe. */
 TP_API tp_error_t tp_device_get_graph_mem_attribute(int device,
                                                     tp_graph_mem_attr_t attr,
                                                     void *value);

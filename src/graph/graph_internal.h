@@ -108,6 +108,22 @@ void tp__gspace_release(tp__gmem *gm);
  * first error, the chunks that failed kept. */
 tp_error_t tp__gspace_trim(int device);
 
+/* The accounts of every device, taken before a call that may map and fail,
+ * so that a failed call leaves them as they were (as CUDA's calls do): the
+ * chunks it made are released again, and the highs it raised are lowered
+ * back. */
+typedef struct tp__gspace_marks {
+  uint64_t used_high[TP__GMEM_MAX_DEVICES];
+  uint64_t reserved[TP__GMEM_MAX_DEVICES];
+  uint64_t reserved_high[TP__GMEM_MAX_DEVICES];
+} tp__gspace_marks;
+void tp__gspace_mark(tp__gspace_marks *m);
+/* After the failed call has unmapped what it mapped: releases cached chunks
+ * until each device reserves no more than at the mark (a chunk the platform
+ * will not release stays cached and counted), and lowers each high to the
+ * mark's or the current value, whichever is larger. */
+void tp__gspace_rollback(const tp__gspace_marks *m);
+
 /* The four TP_GRAPH_MEM_ATTR_* accounts of a valid device. */
 tp_error_t tp__gspace_get_attr(int device, tp_graph_mem_attr_t attr,
                                uint64_t *value);

@@ -218,8 +218,13 @@ tp_error_t tp__gmem_malloc(tp__pstream *ps, uint64_t capture_id,
   tp__pnode at = 0;
   if (err == TP_SUCCESS && mark)
     err = tp__platform->capture_point(ps, &at);
-  if (err == TP_SUCCESS)
+  if (err == TP_SUCCESS) {
+    tp__gspace_marks marks;
+    tp__gspace_mark(&marks);
     err = tp__gspace_plan(gm, ps, kind, need, ptr);
+    if (err != TP_SUCCESS)
+      tp__gspace_rollback(&marks);
+  }
   pthread_mutex_unlock(&lock);
   return err;
 }
@@ -369,6 +374,8 @@ tp_error_t tp__gmem_instantiate(tp__gmem *gm, void (**release)(void *),
                        : TP_SUCCESS;
   token *t = NULL;
   if (err == TP_SUCCESS && !tp__platform->graph_maps_at_capture()) {
+    tp__gspace_marks marks;
+    tp__gspace_mark(&marks);
     t = calloc(1, sizeof *t);
     if (!t)
       err = TP_ERROR_OUT_OF_MEMORY;
@@ -376,6 +383,8 @@ tp_error_t tp__gmem_instantiate(tp__gmem *gm, void (**release)(void *),
       err = tp__gspace_map(gm);
     if (err != TP_SUCCESS && gm->holds == 0)
       tp__gspace_unmap(gm, false);
+    if (err != TP_SUCCESS)
+      tp__gspace_rollback(&marks);
   }
   if (err == TP_SUCCESS) {
     if (!gm->sealed) {

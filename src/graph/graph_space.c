@@ -618,6 +618,31 @@ tp_error_t tp__gspace_trim(int device) {
   return first;
 }
 
+void tp__gspace_mark(tp__gspace_marks *m) {
+  for (int d = 0; d < TP__GMEM_MAX_DEVICES; d++) {
+    m->used_high[d] = devs[d].used_high;
+    m->reserved[d] = devs[d].reserved;
+    m->reserved_high[d] = devs[d].reserved_high;
+  }
+}
+
+void tp__gspace_rollback(const tp__gspace_marks *m) {
+  for (int d = 0; d < TP__GMEM_MAX_DEVICES; d++) {
+    gdev *g = &devs[d];
+    /* Any cached chunk will do: the cache holds the chunks the failed call
+     * made and those it took and gave back alike. */
+    for (arena *a = g->arenas; a && g->reserved > m->reserved[d]; a = a->next)
+      while (a->ncache && g->reserved > m->reserved[d] &&
+             tp__platform->chunk_release(a->res, a->cache[a->ncache - 1]) ==
+                 TP_SUCCESS) {
+        a->ncache--;
+        count_reserved(d, a->gran, false);
+      }
+    g->used_high = tp__max_u64(m->used_high[d], g->used);
+    g->reserved_high = tp__max_u64(m->reserved_high[d], g->reserved);
+  }
+}
+
 tp_error_t tp__gspace_get_attr(int device, tp_graph_mem_attr_t attr,
                                uint64_t *value) {
   const gdev *g = &devs[device];
