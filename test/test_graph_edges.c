@@ -1,13 +1,18 @@
 /* Graphs at the edges a long-running application reaches through the
  * public API: calls that fail part-way, which must leave the graph memory
- * accounts as they were (as CUDA's failed calls do). On the host platform,
- * whose fault hooks make the platform's memory operations fail; run also
- * with TIDEPOOL_HOST_GRAPH_MAPS_AT_CAPTURE=1, where graph memory is mapped
- * during capture as on cuda. */
+ * accounts as they were (as CUDA's failed calls do); more graphs and execs
+ * made and destroyed than the handle tables hold (a capture per training
+ * step), and the handles of destroyed ones, which must be refused once
+ * their slots serve new ones, also by threads racing the making. On the
+ * host platform, whose fault hooks make the platform's memory operations
+ * fail; run also with TIDEPOOL_HOST_GRAPH_MAPS_AT_CAPTURE=1, where graph
+ * memory is mapped during capture as on cuda. */
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "check.h"
+#include "common/slots.h"
 #include "platform/host/host_testing.h"
 
 #define MiB ((size_t)1 << 20)
@@ -146,11 +151,191 @@ static void test_failed_calls_change_no_accounts(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* An empty graph of a relaxed capture on s. */
+static tp_graph_t empty_graph(tp_stream_t s) {
+  tp_graph_t g = NULL;
+  if (CHECK_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_RELAXED)))
+    CHECK_OK(tp_stream_end_capture(s, &g));
+  return g;
+}
+
+/* More graphs and execs made and destroyed, one at a time, than the tables
+ * have slots: each one's slot serves the next. The first handles are
+ * refused at the end, their slots having served millions since. Some 3 s
+ * in a debug build (where the slots were never reused, the tables ran out
+ * after 7 s, holding 300 MB). */
+static void test_more_graphs_than_slots(void) {
+  tp_stream_t s = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  const uint64_t slots = (uint64_t)TP_SLOTS_MAX_CHUNKS * TP_SLOTS_CHUNK;
+  tp_graph_t first_g = NULL;
+  tp_graph_exec_t first_x = NULL;
+  double start = check_now_s();
+  uint64_t made = 0;
+  for (; made <= slots; made++) {
+    tp_graph_t g = NULL;
+    tp_graph_exec_t x = NULL;
+    tp_error_t err = tp_stream_begin_capture(s, TP_CAPTURE_MODE_RELAXED);
+    if (err == TP_SUCCESS)
+      err = tp_stream_end_capture(s, &g);
+    if (err == TP_SUCCESS)
+      err = tp_graph_instantiate(&x, g, 0);
+    if (err != TP_SUCCESS) {
+      CHECK_FAIL("graph or exec %" PRIu64 " was refused: %s", made,
+                 tp_error_name(err));
+      if (g)
+        CHECK_OK(tp_graph_destroy(g));
+      break;
+    }
+    if (made == 0) {
+      first_g = g;
+      first_x = x;
+    }
+    if (!CHECK_OK(tp_graph_exec_destroy(x)) || !CHECK_OK(tp_graph_destroy(g)))
+      break;
+  }
+  printf("   %" PRIu64 " graphs and execs made and destroyed in %.2f s "
+         "(%" PRIu64 " slots a table)\n",
+         made, check_now_s() - start, slots);
+  tp_graph_exec_t x = NULL;
+  CHECK_EQ_INT(tp_graph_instantiate(&x, first_g, 0), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_destroy(first_g), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_launch(first_x, s), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_exec_destroy(first_x), TP_ERROR_INVALID_VALUE);
+  CHECK_OK(tp_stream_destroy(s));
+}
+
+static void bump(void *arg) {
+  atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+/* A destroyed graph's or exec's handle is refused once its slot serves a
+ * new one, and using it leaves the new one alone; an exec outlives its
+ * graph, also once the graph's slot serves another graph. */
+static void test_stale_handles(void) {
+  tp_stream_t s = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  atomic_int runs = 0;
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_OK(tp_launch_host_func(s, bump, &runs));
+  tp_graph_t g1 = NULL;
+  REQUIRE_OK(tp_stream_end_capture(s, &g1));
+  tp_graph_exec_t x1 = NULL;
+  REQUIRE_OK(tp_graph_instantiate(&x1, g1, 0));
+  CHECK_OK(tp_graph_destroy(g1));
+  CHECK_EQ_INT(tp_graph_destroy(g1), TP_ERROR_INVALID_VALUE);
+
+  /* g1's slot serves g2, most likely; g1's handle is refused and g2 stays
+   * whole whatever is done with g1's. */
+  tp_graph_t g2 = empty_graph(s);
+  REQUIRE(g2 != NULL);
+  CHECK(g2 != g1);
+  tp_graph_exec_t x = NULL;
+  CHECK_EQ_INT(tp_graph_instantiate(&x, g1, 0), TP_ERROR_INVALID_VALUE);
+  CHECK(x == NULL);
+  CHECK_EQ_INT(tp_graph_destroy(g1), TP_ERROR_INVALID_VALUE);
+  /* x1 outlives g1 and runs beside g2. */
+  CHECK_OK(tp_graph_launch(x1, s));
+  tp_graph_exec_t x2 = NULL;
+  REQUIRE_OK(tp_graph_instantiate(&x2, g2, 0));
+  CHECK_OK(tp_graph_launch(x2, s));
+  CHECK_OK(tp_graph_launch(x1, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_EQ_INT(atomic_load(&runs), 2);
+
+  /* x1's slot serves x3: x1's handle is refused, x3 launches. */
+  CHECK_OK(tp_graph_exec_destroy(x1));
+  tp_graph_exec_t x3 = NULL;
+  REQUIRE_OK(tp_graph_instantiate(&x3, g2, 0));
+  CHECK(x3 != x1);
+  CHECK_EQ_INT(tp_graph_launch(x1, s), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_exec_destroy(x1), TP_ERROR_INVALID_VALUE);
+  CHECK_OK(tp_graph_launch(x3, s));
+  CHECK_OK(tp_graph_exec_destroy(x3));
+  CHECK_EQ_INT(tp_graph_exec_destroy(x3), TP_ERROR_INVALID_VALUE);
+  CHECK_OK(tp_graph_exec_destroy(x2));
+  CHECK_OK(tp_graph_destroy(g2));
+  CHECK_EQ_INT(tp_graph_destroy(g2), TP_ERROR_INVALID_VALUE);
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_EQ_INT(atomic_load(&runs), 2);
+  CHECK_OK(tp_stream_destroy(s));
+}
+
+/* Handles of destroyed graphs and execs, used by threads while the maker
+ * keeps making new ones in their slots: every use is refused, and none
+ * reaches a new graph or exec (the maker's own calls all succeed). */
+#define STALE 64
+static _Atomic(tp_graph_t) stale_g[STALE];
+static _Atomic(tp_graph_exec_t) stale_x[STALE];
+static atomic_bool stale_stop;
+static atomic_long stale_wrong;
+
+static void *stale_user(void *arg) {
+  check_rng rng = {(uint64_t)(uintptr_t)arg};
+  tp_stream_t s = NULL;
+  if (!CHECK_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING)))
+    return NULL;
+  while (!atomic_load(&stale_stop)) {
+    unsigned i = (unsigned)rng_below(&rng, STALE);
+    tp_graph_t g = atomic_load(&stale_g[i]);
+    tp_graph_exec_t x = atomic_load(&stale_x[i]);
+    tp_graph_exec_t made = NULL;
+    tp_error_t err = TP_ERROR_INVALID_VALUE;
+    switch (rng_below(&rng, 4)) {
+    case 0: err = g ? tp_graph_instantiate(&made, g, 0) : err; break;
+    case 1: err = g ? tp_graph_destroy(g) : err; break;
+    case 2: err = x ? tp_graph_launch(x, s) : err; break;
+    default: err = x ? tp_graph_exec_destroy(x) : err; break;
+    }
+    if (err != TP_ERROR_INVALID_VALUE)
+      atomic_fetch_add(&stale_wrong, 1);
+  }
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_stream_destroy(s));
+  return NULL;
+}
+
+static void test_stale_handles_race(void) {
+  tp_stream_t s = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  atomic_store(&stale_stop, false);
+  atomic_store(&stale_wrong, 0);
+  pthread_t users[2];
+  for (int i = 0; i < 2; i++)
+    REQUIRE(pthread_create(&users[i], NULL, stale_user,
+                           (void *)(uintptr_t)(0x5eed + (unsigned)i)) == 0);
+  long rounds = 0, failed = 0;
+  double end = check_now_s() + 0.5;
+  while (check_now_s() < end) {
+    tp_graph_t g = empty_graph(s);
+    tp_graph_exec_t x = NULL;
+    failed += !g || tp_graph_instantiate(&x, g, 0) != TP_SUCCESS ||
+              tp_graph_launch(x, s) != TP_SUCCESS ||
+              tp_graph_exec_destroy(x) != TP_SUCCESS ||
+              tp_graph_destroy(g) != TP_SUCCESS;
+    unsigned i = (unsigned)(rounds % STALE);
+    atomic_store(&stale_g[i], g);
+    atomic_store(&stale_x[i], x);
+    rounds++;
+  }
+  atomic_store(&stale_stop, true);
+  for (int i = 0; i < 2; i++)
+    pthread_join(users[i], NULL);
+  printf("   %ld rounds\n", rounds);
+  CHECK_EQ_INT(failed, 0);
+  CHECK_EQ_INT(atomic_load(&stale_wrong), 0);
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
 int main(void) {
   const char *platform = tp_platform_name();
   REQUIRE_EXIT(platform != NULL);
   if (strcmp(platform, "host") != 0)
     return check_skip("host platform only");
   RUN_TEST(test_failed_calls_change_no_accounts);
+  RUN_TEST(test_stale_handles);
+  RUN_TEST(test_stale_handles_race);
+  RUN_TEST(test_more_graphs_than_slots);
   return check_done();
 }

@@ -12,65 +12,191 @@
 #include "pool/alloc.h"
 
 /* ---- handles ----------------------------------------------------------------
- * As with pools, a destroyed handle stays allocated, marked dead, for the
- * life of the process, so that using it again is a clear error. */
-#define GRAPH_MAGIC 0x74706772u
-#define EXEC_MAGIC 0x74706578u
+ * Graphs and execs live in slots of tables that are never freed
+ * (common/slots.h), so that a handle is checked before anything is read
+ * through it. A destroyed one's slot goes to a free list and serves the
+ * next graph or exec, since a process that captures a graph per step would
+ * otherwise run out of slots and hold memory for every graph it ever made.
+ * A handle is therefore no address: it names the slot's number and its
+ * generation, which the slot's state carries while that graph or exec is
+ * alive and every reuse advances, so that a destroyed one's handle is still
+ * refused once its slot serves another (until one slot has served 2^41
+ * graphs, where pointers have 64 bits). */
+#define INDEX_BITS 23 /* the slot's number + 1, 0 in no handle */
+#define INDEX_MASK (((uintptr_t)1 << INDEX_BITS) - 1)
+#define GEN_MASK ((uint64_t)(UINTPTR_MAX >> INDEX_BITS))
+#define SLOTS_IN_ALL ((uint64_t)TP_SLOTS_CHUNK * TP_SLOTS_MAX_CHUNKS)
+_Static_assert(SLOTS_IN_ALL < INDEX_MASK, "a slot's number + 1 fits");
 
-struct tp_graph_opaque {
-  uint32_t magic;
-  atomic_int live;
+typedef struct graph_slot {
+  /* gen << 1 | alive, gen being the generation its handle names. */
+  _Atomic uint64_t state;
+  uint32_t index;
   /* Held around every driver call on the graph or on an exec made from
    * it: instantiation, launches, and the destruction of either. A graph
    * destroyed by another thread meanwhile is then instantiated whole or
    * refused, and so is an exec's launch. The driver's graphs and execs are
    * not synchronized internally, and one exec's destruction racing its
-   * graph's took the driver down (an H200, 2026-12-01). */
+   * graph's took the driver down (an H200, 2026-12-01). Made with the slot
+   * and never destroyed: a thread with a stale handle may still lock it,
+   * and execs of a destroyed graph keep locking it when the slot serves
+   * another graph (which then shares it, costing only some waiting). */
   pthread_mutex_t use;
   tp__pgraph *pg;
   tp__gmem *gm; /* NULL: the capture allocated and freed nothing */
-  struct tp_graph_opaque *next;
-};
+  struct graph_slot *next_free;
+} graph_slot;
 
-struct tp_graph_exec_opaque {
-  uint32_t magic;
-  atomic_int live;
-  struct tp_graph_opaque *graph; /* made from; its lock guards this one */
+typedef struct exec_slot {
+  _Atomic uint64_t state; /* as a graph's */
+  uint32_t index;
+  /* Made from; its lock guards this one. Read before that lock is held,
+   * when the slot may be serving another exec already. */
+  graph_slot *_Atomic graph;
   tp__pexec *pe;
   tp__gmem *gm;
   bool auto_free;
   /* The platform's exec is the application's (tp_graph_exec_adopt): its
-   * destruction here leaves the platform's exec alone. */
+   * destruction here leaves the platform's exec alone, and its graph slot
+   * (a shell that no handle names) goes with it. */
   bool adopted;
   /* For a self-held gm (see tp__gmem_adopt): where the last launch was
    * queued, so that the graph's memory outlives it. The application
    * serialises calls on one exec, as CUDA asks. */
   bool track;
   tp__tag last;
-  struct tp_graph_exec_opaque *next;
-};
+  struct exec_slot *next_adopted; /* the live adopted execs */
+  struct exec_slot *next_free;
+} exec_slot;
 
+/* Under handles_lock: the tables, their free lists, the adopted execs. */
 static pthread_mutex_t handles_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct tp_graph_opaque *graphs;
-static struct tp_graph_exec_opaque *execs;
-/* Where graphs and execs live (common/slots.h), so that a handle is checked
- * before it is read; slots are not reused, since an exec points at its
- * graph. Both under handles_lock. */
-static tp__slots graph_slots = TP_SLOTS_INIT(struct tp_graph_opaque);
-static tp__slots exec_slots = TP_SLOTS_INIT(struct tp_graph_exec_opaque);
+static tp__slots graph_slots = TP_SLOTS_INIT(graph_slot);
+static tp__slots exec_slots = TP_SLOTS_INIT(exec_slot);
+static graph_slot *free_graphs;
+static exec_slot *free_execs;
+static exec_slot *adopted_execs;
 
-static struct tp_graph_opaque *graph_new(void) {
+static uint64_t gen_of(uint64_t state) {
+  return state >> 1;
+}
+
+static uintptr_t handle_of(uint32_t index, uint64_t state) {
+  return (uintptr_t)gen_of(state) << INDEX_BITS | ((uintptr_t)index + 1);
+}
+
+/* The slot a handle names, or NULL; *want: the state the slot has while
+ * the handle's graph or exec is alive. Reads nothing through the handle. */
+static void *slot_named(const tp__slots *t, const void *handle,
+                        uint64_t *want) {
+  uintptr_t h = (uintptr_t)handle, i = h & INDEX_MASK;
+  *want = (uint64_t)(h >> INDEX_BITS) << 1 | 1;
+  return i ? tp__slots_at(t, i - 1) : NULL;
+}
+
+/* The state that makes a free slot alive, in a new generation. */
+static uint64_t next_alive(uint64_t state) {
+  return ((gen_of(state) + 1) & GEN_MASK) << 1 | 1;
+}
+
+/* A slot for a new graph, not alive yet; NULL when memory runs out. */
+static graph_slot *graph_new(void) {
   pthread_mutex_lock(&handles_lock);
-  struct tp_graph_opaque *g = tp__slots_take(&graph_slots, NULL);
+  graph_slot *g = free_graphs;
+  if (g) {
+    free_graphs = g->next_free;
+  } else {
+    g = tp__slots_take(&graph_slots, NULL);
+    if (g) {
+      g->index = (uint32_t)(graph_slots.taken - 1);
+      pthread_mutex_init(&g->use, NULL);
+    }
+  }
   pthread_mutex_unlock(&handles_lock);
+  if (g) {
+    g->pg = NULL;
+    g->gm = NULL;
+    g->next_free = NULL;
+  }
   return g;
 }
 
-static struct tp_graph_exec_opaque *exec_new(void) {
+/* The slot of a graph no longer alive (or never made alive) serves the
+ * next one; nothing may be read through it after. */
+static void graph_free(graph_slot *g) {
   pthread_mutex_lock(&handles_lock);
-  struct tp_graph_exec_opaque *x = tp__slots_take(&exec_slots, NULL);
+  g->next_free = free_graphs;
+  free_graphs = g;
   pthread_mutex_unlock(&handles_lock);
+}
+
+static exec_slot *exec_new(void) {
+  pthread_mutex_lock(&handles_lock);
+  exec_slot *x = free_execs;
+  if (x) {
+    free_execs = x->next_free;
+  } else {
+    x = tp__slots_take(&exec_slots, NULL);
+    if (x)
+      x->index = (uint32_t)(exec_slots.taken - 1);
+  }
+  pthread_mutex_unlock(&handles_lock);
+  if (x) {
+    atomic_store_explicit(&x->graph, NULL, memory_order_relaxed);
+    x->pe = NULL;
+    x->gm = NULL;
+    x->auto_free = x->adopted = x->track = false;
+    x->last = (tp__tag){0};
+    x->next_adopted = x->next_free = NULL;
+  }
   return x;
+}
+
+static void exec_free(exec_slot *x) {
+  pthread_mutex_lock(&handles_lock);
+  x->next_free = free_execs;
+  free_execs = x;
+  pthread_mutex_unlock(&handles_lock);
+}
+
+/* Makes a filled slot alive; its handle from now on. */
+static tp_graph_t graph_publish(graph_slot *g) {
+  uint64_t st = next_alive(atomic_load(&g->state));
+  atomic_store(&g->state, st);
+  return (tp_graph_t)handle_of(g->index, st);
+}
+
+static tp_graph_exec_t exec_publish(exec_slot *x) {
+  uint64_t st = next_alive(atomic_load(&x->state));
+  atomic_store(&x->state, st);
+  return (tp_graph_exec_t)handle_of(x->index, st);
+}
+
+static tp_graph_exec_t exec_handle(const exec_slot *x) {
+  return (tp_graph_exec_t)handle_of(x->index, atomic_load(&x->state));
+}
+
+/* The live graph a handle names, in *out, and the state that says it is
+ * still alive in *want. */
+static tp_error_t graph_get(tp_graph_t handle, graph_slot **out,
+                            uint64_t *want) {
+  graph_slot *g = slot_named(&graph_slots, handle, want);
+  TP_RETURN_IF(!g || atomic_load(&g->state) != *want, TP_ERROR_INVALID_VALUE);
+  *out = g;
+  return TP_SUCCESS;
+}
+
+static tp_error_t exec_get(tp_graph_exec_t handle, exec_slot **out,
+                           uint64_t *want) {
+  exec_slot *x = slot_named(&exec_slots, handle, want);
+  TP_RETURN_IF(!x || atomic_load(&x->state) != *want, TP_ERROR_INVALID_VALUE);
+  *out = x;
+  return TP_SUCCESS;
+}
+
+/* Ends the life that `want` names; false when it already ended. */
+static bool kill(_Atomic uint64_t *state, uint64_t want) {
+  return atomic_compare_exchange_strong(state, &want, want & ~(uint64_t)1);
 }
 
 /* The captures tidepool began and has not ended, by id, under handles_lock;
@@ -103,21 +229,6 @@ static bool begun_here(uint64_t id) {
     found = begun[i] == id;
   pthread_mutex_unlock(&handles_lock);
   return found;
-}
-
-/* A slot whose making failed holds no magic. */
-static tp_error_t graph_get(tp_graph_t g) {
-  TP_RETURN_IF(!tp__slots_known(&graph_slots, g) || g->magic != GRAPH_MAGIC ||
-                   !atomic_load(&g->live),
-               TP_ERROR_INVALID_VALUE);
-  return TP_SUCCESS;
-}
-
-static tp_error_t exec_get(tp_graph_exec_t x) {
-  TP_RETURN_IF(!tp__slots_known(&exec_slots, x) || x->magic != EXEC_MAGIC ||
-                   !atomic_load(&x->live),
-               TP_ERROR_INVALID_VALUE);
-  return TP_SUCCESS;
 }
 
 /* ---- destroyed execs whose launches may still run ---------------------------
@@ -154,7 +265,7 @@ static void settle_running(void) {
 
 /* Hands the exec's last launch to the watch; should the list not grow, the
  * launch is waited for here. */
-static void watch_last_launch(struct tp_graph_exec_opaque *x) {
+static void watch_last_launch(exec_slot *x) {
   pthread_mutex_lock(&running_lock);
   bool kept = TP_ARRAY_ROOM(running, nrunning, caprunning);
   if (kept) {
@@ -522,25 +633,18 @@ static tp_error_t end_capture(tp_stream_t stream, tp_graph_t *graph) {
     tp__gmem_capture_failed(
         id ? id : atomic_load_explicit(&s->capture_id, memory_order_relaxed));
   TP_FORWARD(err);
-  struct tp_graph_opaque *g = graph_new();
+  graph_slot *g = graph_new();
   if (!g) {
     if (id)
       tp__gmem_capture_failed(id);
     (void)tp__platform->graph_destroy(pg);
     return TP_ERROR_OUT_OF_MEMORY;
   }
-  g->magic = GRAPH_MAGIC;
-  atomic_init(&g->live, 1);
-  pthread_mutex_init(&g->use, NULL);
   g->pg = pg;
   g->gm = id ? tp__gmem_of_capture(id) : NULL;
   if (g->gm)
     tp__gmem_adopt(g->gm, pg);
-  pthread_mutex_lock(&handles_lock);
-  g->next = graphs;
-  graphs = g;
-  pthread_mutex_unlock(&handles_lock);
-  *graph = g;
+  *graph = graph_publish(g);
   return TP_SUCCESS;
 }
 
@@ -569,9 +673,9 @@ TP_API tp_error_t tp_stream_is_capturing(tp_stream_t stream,
  */
 
 /* Under the graph's lock, the graph alive. */
-static tp_error_t instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
+static tp_error_t instantiate(tp_graph_exec_t *exec, graph_slot *graph,
                               unsigned long long flags) {
-  struct tp_graph_exec_opaque *x = exec_new();
+  exec_slot *x = exec_new();
   TP_RETURN_IF(!x, TP_ERROR_OUT_OF_MEMORY);
   void (*release)(void *) = NULL;
   void *arg = NULL;
@@ -584,20 +688,14 @@ static tp_error_t instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
       tp__gmem_instantiate_undo(graph->gm, arg);
   }
   if (err != TP_SUCCESS) {
-    memset(x, 0, sizeof *x); /* the slot stays unused, answering no exec */
+    exec_free(x); /* never alive, answering no handle */
     return err;
   }
-  x->magic = EXEC_MAGIC;
-  atomic_init(&x->live, 1);
-  x->graph = graph;
+  atomic_store(&x->graph, graph);
   x->gm = graph->gm;
   x->auto_free = flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH;
   x->track = tp__gmem_self_held(graph->gm);
-  pthread_mutex_lock(&handles_lock);
-  x->next = execs;
-  execs = x;
-  pthread_mutex_unlock(&handles_lock);
-  *exec = x;
+  *exec = exec_publish(x);
   return TP_SUCCESS;
 }
 
@@ -606,19 +704,22 @@ TP_API tp_error_t tp_graph_instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
   TP_RETURN_IF(!exec, TP_ERROR_INVALID_VALUE);
   *exec = NULL;
   TP_FORWARD(tp__api_init());
-  TP_FORWARD(graph_get(graph));
+  graph_slot *g;
+  uint64_t want;
+  TP_FORWARD(graph_get(graph, &g, &want));
   TP_RETURN_IF(flags & ~TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH,
                TP_ERROR_INVALID_VALUE);
-  pthread_mutex_lock(&graph->use);
-  tp_error_t err = graph_get(graph);
+  pthread_mutex_lock(&g->use);
+  tp_error_t err =
+      atomic_load(&g->state) == want ? TP_SUCCESS : TP_ERROR_INVALID_VALUE;
   if (err == TP_SUCCESS)
-    err = instantiate(exec, graph, flags);
-  pthread_mutex_unlock(&graph->use);
+    err = instantiate(exec, g, flags);
+  pthread_mutex_unlock(&g->use);
   return err;
 }
 
 /* Under the lock of the exec's graph, the exec alive. */
-static tp_error_t launch(tp_graph_exec_t exec, tp_stream_t stream) {
+static tp_error_t launch(exec_slot *exec, tp_stream_t stream) {
   tp__stream *s;
   TP_FORWARD(tp__stream_get(stream, &s));
   /* Graph memory is booked per launch of its exec, which a launch captured
@@ -646,54 +747,82 @@ static tp_error_t launch(tp_graph_exec_t exec, tp_stream_t stream) {
   return err;
 }
 
+/* Locks the graph of a live exec, in *g: the one read before the lock is
+ * held, which is the exec's own whenever the exec is still alive under it
+ * (a slot reused meanwhile is found at the check that follows). */
+static tp_error_t exec_lock(tp_graph_exec_t handle, exec_slot **x,
+                            graph_slot **g, uint64_t *want) {
+  TP_FORWARD(exec_get(handle, x, want));
+  *g = atomic_load(&(*x)->graph);
+  if (!*g)
+    return TP_ERROR_INVALID_VALUE; /* reused, and not filled yet */
+  pthread_mutex_lock(&(*g)->use);
+  if (atomic_load(&(*x)->state) != *want) {
+    pthread_mutex_unlock(&(*g)->use);
+    return TP_ERROR_INVALID_VALUE;
+  }
+  return TP_SUCCESS;
+}
+
 TP_API tp_error_t tp_graph_launch(tp_graph_exec_t exec, tp_stream_t stream) {
   TP_FORWARD(tp__api_init());
-  TP_FORWARD(exec_get(exec));
-  pthread_mutex_lock(&exec->graph->use);
-  tp_error_t err = exec_get(exec);
-  if (err == TP_SUCCESS)
-    err = TP_GUARDED(launch(exec, stream));
-  pthread_mutex_unlock(&exec->graph->use);
+  exec_slot *x;
+  graph_slot *g;
+  uint64_t want;
+  TP_FORWARD(exec_lock(exec, &x, &g, &want));
+  tp_error_t err = TP_GUARDED(launch(x, stream));
+  pthread_mutex_unlock(&g->use);
   return err;
 }
 
+static void adopted_forget(exec_slot *x);
+
 TP_API tp_error_t tp_graph_exec_destroy(tp_graph_exec_t exec) {
   TP_FORWARD(tp__api_init());
-  TP_FORWARD(exec_get(exec));
-  pthread_mutex_lock(&exec->graph->use);
-  int one = 1;
-  if (!atomic_compare_exchange_strong(&exec->live, &one, 0)) {
-    pthread_mutex_unlock(&exec->graph->use);
+  exec_slot *x;
+  graph_slot *g;
+  uint64_t want;
+  TP_FORWARD(exec_lock(exec, &x, &g, &want));
+  if (!kill(&x->state, want)) {
+    pthread_mutex_unlock(&g->use);
     return TP_ERROR_INVALID_VALUE;
   }
-  bool may_run = exec->last.stream != NULL;
-  if (exec->gm)
-    tp__gmem_exec_destroyed(exec->gm, may_run);
+  bool may_run = x->last.stream != NULL;
+  if (x->gm)
+    tp__gmem_exec_destroyed(x->gm, may_run);
   tp_error_t err =
-      exec->adopted ? TP_SUCCESS : tp__platform->graph_exec_destroy(exec->pe);
-  pthread_mutex_unlock(&exec->graph->use);
+      x->adopted ? TP_SUCCESS : tp__platform->graph_exec_destroy(x->pe);
+  pthread_mutex_unlock(&g->use);
+  if (x->adopted) {
+    /* The shell graph, never alive, goes with its one exec. */
+    adopted_forget(x);
+    graph_free(g);
+  }
   /* The last launch is watched outside the lock: watching may wait for it,
    * and its work may call into tidepool. */
   if (may_run)
-    watch_last_launch(exec);
+    watch_last_launch(x);
   else
     settle_running();
+  exec_free(x);
   return err;
 }
 
 TP_API tp_error_t tp_graph_destroy(tp_graph_t graph) {
   TP_FORWARD(tp__api_init());
-  TP_FORWARD(graph_get(graph));
-  pthread_mutex_lock(&graph->use);
-  int one = 1;
-  if (!atomic_compare_exchange_strong(&graph->live, &one, 0)) {
-    pthread_mutex_unlock(&graph->use);
+  graph_slot *g;
+  uint64_t want;
+  TP_FORWARD(graph_get(graph, &g, &want));
+  pthread_mutex_lock(&g->use);
+  if (!kill(&g->state, want)) {
+    pthread_mutex_unlock(&g->use);
     return TP_ERROR_INVALID_VALUE;
   }
-  if (graph->gm)
-    tp__gmem_graph_destroyed(graph->gm);
-  tp_error_t err = tp__platform->graph_destroy(graph->pg);
-  pthread_mutex_unlock(&graph->use);
+  if (g->gm)
+    tp__gmem_graph_destroyed(g->gm);
+  tp_error_t err = tp__platform->graph_destroy(g->pg);
+  pthread_mutex_unlock(&g->use);
+  graph_free(g);
   settle_running();
   return err;
 }
@@ -701,17 +830,27 @@ TP_API tp_error_t tp_graph_destroy(tp_graph_t graph) {
 /* ---- execs the application made ---------------------------------------------
  * On cuda the application may end a capture in which tidepool allocated,
  * and instantiate and launch its graph, with the driver. An exec adopted
- * here is booked as tidepool's own: its graph handle is a shell around the
+ * here is booked as tidepool's own: its graph slot is a shell around the
  * driver's graph, which tidepool neither owns nor destroys. */
 
 static atomic_uint adopted_any;
 
 /* The live adopted exec of platform_exec; under handles_lock. */
-static struct tp_graph_exec_opaque *adopted_find(const void *platform_exec) {
-  struct tp_graph_exec_opaque *x = execs;
-  while (x && !(x->adopted && x->pe == platform_exec && atomic_load(&x->live)))
-    x = x->next;
+static exec_slot *adopted_find(const void *platform_exec) {
+  exec_slot *x = adopted_execs;
+  while (x && !(x->pe == platform_exec && (atomic_load(&x->state) & 1)))
+    x = x->next_adopted;
   return x;
+}
+
+static void adopted_forget(exec_slot *x) {
+  pthread_mutex_lock(&handles_lock);
+  exec_slot **at = &adopted_execs;
+  while (*at && *at != x)
+    at = &(*at)->next_adopted;
+  if (*at)
+    *at = x->next_adopted;
+  pthread_mutex_unlock(&handles_lock);
 }
 
 static tp_error_t adopt(tp_graph_exec_t *exec, void *platform_exec,
@@ -724,43 +863,47 @@ static tp_error_t adopt(tp_graph_exec_t *exec, void *platform_exec,
    * with that handle and another graph is one whose destruction tidepool
    * did not see. */
   pthread_mutex_lock(&handles_lock);
-  struct tp_graph_exec_opaque *known = adopted_find(platform_exec);
+  exec_slot *known = adopted_find(platform_exec);
+  tp_graph_exec_t known_handle = known ? exec_handle(known) : NULL;
   if (known && known->gm == gm) {
     known->auto_free = flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH;
-    *exec = known;
+    *exec = known_handle;
   }
   pthread_mutex_unlock(&handles_lock);
   if (*exec)
     return TP_SUCCESS;
   if (known)
-    (void)tp_graph_exec_destroy(known);
-  struct tp_graph_opaque *g = graph_new();
-  TP_RETURN_IF(!g, TP_ERROR_OUT_OF_MEMORY);
-  struct tp_graph_exec_opaque *x = exec_new();
+    (void)tp_graph_exec_destroy(known_handle);
+  graph_slot *g = graph_new();
+  exec_slot *x = exec_new();
   void (*release)(void *) = NULL;
   void *arg = NULL;
-  tp_error_t err =
-      x ? tp__gmem_instantiate(gm, &release, &arg) : TP_ERROR_OUT_OF_MEMORY;
-  if (err != TP_SUCCESS)
-    return err; /* the slots stay unused, answering no graph or exec */
-  g->magic = GRAPH_MAGIC;
-  atomic_init(&g->live, 1);
-  pthread_mutex_init(&g->use, NULL);
+  tp_error_t err = g && x ? tp__gmem_instantiate(gm, &release, &arg)
+                          : TP_ERROR_OUT_OF_MEMORY;
+  if (err != TP_SUCCESS) {
+    /* Never alive, answering no handle. */
+    if (g)
+      graph_free(g);
+    if (x)
+      exec_free(x);
+    return err;
+  }
+  /* The shell is never made alive: no handle may name it, lest
+   * tp_graph_destroy reach the application's graph. Its lock is all that
+   * is used of it. */
   g->pg = platform_graph;
   g->gm = gm;
-  x->magic = EXEC_MAGIC;
-  atomic_init(&x->live, 1);
-  x->graph = g;
+  atomic_store(&x->graph, g);
   x->pe = platform_exec;
   x->gm = gm;
   x->auto_free = flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH;
   x->adopted = true;
   pthread_mutex_lock(&handles_lock);
-  x->next = execs;
-  execs = x;
+  *exec = exec_publish(x);
+  x->next_adopted = adopted_execs;
+  adopted_execs = x;
   atomic_store(&adopted_any, 1);
   pthread_mutex_unlock(&handles_lock);
-  *exec = x;
   return TP_SUCCESS;
 }
 
@@ -785,7 +928,8 @@ TP_API tp_error_t tp_graph_exec_find(tp_graph_exec_t *exec,
   if (TP_LIKELY(!atomic_load_explicit(&adopted_any, memory_order_acquire)))
     return TP_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&handles_lock);
-  *exec = adopted_find(platform_exec);
+  exec_slot *x = adopted_find(platform_exec);
+  *exec = x ? exec_handle(x) : NULL;
   pthread_mutex_unlock(&handles_lock);
   return *exec ? TP_SUCCESS : TP_ERROR_INVALID_VALUE;
 }

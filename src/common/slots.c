@@ -41,3 +41,10 @@ bool tp__slots_known(const tp__slots *t, const void *p) {
   }
   return false;
 }
+
+void *tp__slots_at(const tp__slots *t, uint64_t i) {
+  if (i / TP_SLOTS_CHUNK >=
+      atomic_load_explicit(&t->nchunks, memory_order_acquire))
+    return NULL;
+  return slot_at(t, i);
+}

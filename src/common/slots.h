@@ -2,7 +2,8 @@
  * public handles (pools, graphs, execs) live in them, so that any value a
  * caller passes can be checked without being dereferenced, and a destroyed
  * object's handle stays recognisable for as long as its slot is not given
- * to another. */
+ * to another (pools), or for good where the handle carries a generation
+ * that the slot's reuse advances (graphs and execs, api/graph.c). */
 #ifndef TP_SLOTS_H
 #define TP_SLOTS_H
 
@@ -29,5 +30,10 @@ typedef struct tp__slots {
 void *tp__slots_take(tp__slots *t, bool (*reusable)(const void *slot));
 /* Whether `p` is the start of a slot of `t`, whatever it holds. Lock-free. */
 bool tp__slots_known(const tp__slots *t, const void *p);
+/* Slots are numbered in the order they were first taken: the one that
+ * tp__slots_take just returned fresh is number `taken - 1`. Slot `i`, or
+ * NULL when no slot of its chunk was taken yet (then nothing was stored in
+ * it); any `i` may be asked. Lock-free. */
+void *tp__slots_at(const tp__slots *t, uint64_t i);
 
 #endif /* TP_SLOTS_H */
