@@ -26,7 +26,7 @@ static inline void tp__work_end(tp__stream *s, tp_error_t err) {
     tp__legacy_end(s->device, err == TP_SUCCESS);
 }
 
-/* Stream capture's hooks (graph.c) in the allocator and event entry points.
+/* Stream capture's hooks (capture.c) in the allocator and event entry points.
  *
  * Whether no capture can be under way: where the platform sees every
  * capture, a count it keeps, read on every allocation and free before any
@@ -57,6 +57,28 @@ void tp__graph_event_forget(tp_event_t event);
  * it that has not ended can never end now, and its memory goes as a failed
  * capture's does. */
 void tp__graph_stream_destroyed(tp__stream *s);
+/* The capture status of s, in *status (and its id, where id is not NULL).
+ * Legacy-stream work while a blocking stream captures is refused, and
+ * costs that capture its validity, as in CUDA. */
+static inline tp_error_t tp__capture_status_of(tp__stream *s,
+                                               tp_capture_status_t *status,
+                                               uint64_t *id) {
+  tp_error_t err = tp__platform->capture_status(s->ps, status, id);
+  if (err == TP_ERROR_STREAM_CAPTURE_IMPLICIT)
+    (void)tp__platform->capture_invalidate(s->ps);
+  return err;
+}
+
+/* ---- graph.c, for capture.c ----------------------------------------------
+ */
+
+/* The graph a capture ended in (`capture_id`: the capture's, or 0): a new
+ * handle in *graph. Where none can be made, the graph is destroyed and the
+ * capture's memory goes as a failed capture's. */
+tp_error_t tp__graph_made(tp__pgraph *pg, uint64_t capture_id,
+                          tp_graph_t *graph);
+/* Tells graph memory which destroyed execs' last launches have completed. */
+void tp__graph_settle_running(void);
 
 /* tp_malloc_async and tp_free_async; `uncaptured`: the caller knows that no
  * stream of the process captures now, so that the capture question (a

@@ -1,9 +1,8 @@
-/* Stream capture and graphs at the API: argument checks, graph and exec
- * handles, the hooks through which allocation, free and events reach a
- * capture, and events recorded inside captures. Capture itself is the
- * platform's; graph memory is src/graph/'s. */
+/* Graphs and execs at the API: their handles, instantiation, launch and
+ * destruction, the execs the application made with the driver, and the
+ * graph memory entry points. Captures are capture.c's; graph memory is
+ * src/graph/'s. */
 #include <pthread.h>
-#include <string.h>
 
 #include "api/api.h"
 #include "common/guard.h"
@@ -55,7 +54,9 @@ typedef struct exec_slot {
   graph_slot *_Atomic graph;
   tp__pexec *pe;
   tp__gmem *gm;
-  bool auto_free;
+  /* Written by a second adoption under handles_lock while a launch may
+   * read it under the graph's lock: atomic. */
+  atomic_bool auto_free;
   /* The platform's exec is the application's (tp_graph_exec_adopt): its
    * destruction here leaves the platform's exec alone, and its graph slot
    * (a shell that no handle names) goes with it. */
@@ -145,7 +146,8 @@ static exec_slot *exec_new(void) {
     atomic_store_explicit(&x->graph, NULL, memory_order_relaxed);
     x->pe = NULL;
     x->gm = NULL;
-    x->auto_free = x->adopted = x->track = false;
+    atomic_store_explicit(&x->auto_free, false, memory_order_relaxed);
+    x->adopted = x->track = false;
     x->last = (tp__tag){0};
     x->next_adopted = x->next_free = NULL;
   }
@@ -199,38 +201,6 @@ static bool kill(_Atomic uint64_t *state, uint64_t want) {
   return atomic_compare_exchange_strong(state, &want, want & ~(uint64_t)1);
 }
 
-/* The captures tidepool began and has not ended, by id, under handles_lock;
- * the oldest makes room past BEGUN_MAX (a capture the application ended
- * with the driver stays until then). */
-#define BEGUN_MAX 256
-static uint64_t begun[BEGUN_MAX];
-static unsigned nbegun;
-
-static void begun_note(uint64_t id, bool add) {
-  pthread_mutex_lock(&handles_lock);
-  for (unsigned i = 0; i < nbegun; i++)
-    if (begun[i] == id) {
-      memmove(&begun[i], &begun[i + 1], (nbegun - i - 1) * sizeof *begun);
-      nbegun--;
-      break;
-    }
-  if (add && id) {
-    if (nbegun == BEGUN_MAX)
-      memmove(&begun[0], &begun[1], --nbegun * sizeof *begun);
-    begun[nbegun++] = id;
-  }
-  pthread_mutex_unlock(&handles_lock);
-}
-
-static bool begun_here(uint64_t id) {
-  bool found = false;
-  pthread_mutex_lock(&handles_lock);
-  for (unsigned i = 0; i < nbegun && !found; i++)
-    found = begun[i] == id;
-  pthread_mutex_unlock(&handles_lock);
-  return found;
-}
-
 /* ---- destroyed execs whose launches may still run ---------------------------
  * For a self-held graph memory, the last launch of each destroyed exec is
  * watched through the stream order the core keeps (a tag, polled with the
@@ -246,7 +216,7 @@ static running_exec *running;
 static uint32_t nrunning, caprunning;
 static atomic_uint running_any;
 
-static void settle_running(void) {
+void tp__graph_settle_running(void) {
   if (TP_LIKELY(!atomic_load_explicit(&running_any, memory_order_acquire)))
     return;
   pthread_mutex_lock(&running_lock);
@@ -279,398 +249,28 @@ static void watch_last_launch(exec_slot *x) {
     tp__tag_clear(&x->last);
   }
   x->last = (tp__tag){0};
-  settle_running();
+  tp__graph_settle_running();
 }
 
-/* ---- events recorded in captures --------------------------------------------
- * An event recorded on a capturing stream is recorded, in its place, into a
- * platform event of the capture code (its shadow): the core's own event
- * keeps only real positions and the clocks that go with them, which a
- * capture must not touch (a stream that joins a capture does not follow its
- * origin's earlier work). */
-typedef struct shadow {
-  tp_event_t event;
-  tp__pevent *pe;
-  int device;
-  bool captured; /* the event was last recorded in a capture */
-} shadow;
-
-static pthread_mutex_t shadows_lock = PTHREAD_MUTEX_INITIALIZER;
-static shadow *shadows;
-static uint32_t nshadows, capshadows;
-static atomic_uint shadows_any;
-
-/* Under shadows_lock. */
-static shadow *shadow_find(tp_event_t event) {
-  for (uint32_t i = 0; i < nshadows; i++)
-    if (shadows[i].event == event)
-      return &shadows[i];
-  return NULL;
-}
-
-/* The shadow of `event` for a stream of `device`; under shadows_lock. */
-static tp_error_t shadow_for(tp_event_t event, int device, shadow **out) {
-  shadow *sh = shadow_find(event);
-  if (!sh) {
-    TP_RETURN_IF(!TP_ARRAY_ROOM(shadows, nshadows, capshadows),
-                 TP_ERROR_OUT_OF_MEMORY);
-    sh = &shadows[nshadows];
-    *sh = (shadow){.event = event, .device = -1};
-    nshadows++;
-    atomic_store(&shadows_any, nshadows);
-  }
-  if (sh->device != device) {
-    tp__pevent *pe = NULL;
-    TP_FORWARD(tp__platform->event_create(device, &pe));
-    if (sh->pe)
-      (void)tp__platform->event_destroy(sh->pe);
-    sh->pe = pe;
-    sh->device = device;
-    sh->captured = false;
-  }
-  *out = sh;
-  return TP_SUCCESS;
-}
-
-/* ---- hooks ------------------------------------------------------------------
+/* ---- graphs and execs -------------------------------------------------------
  */
 
-static tp_error_t status_of(tp__stream *s, tp_capture_status_t *status,
-                            uint64_t *id) {
-  tp_error_t err = tp__platform->capture_status(s->ps, status, id);
-  /* Legacy-stream work while a blocking stream captures is refused, and
-   * costs that capture its validity, as in CUDA. */
-  if (err == TP_ERROR_STREAM_CAPTURE_IMPLICIT)
-    (void)tp__platform->capture_invalidate(s->ps);
-  return err;
-}
-
-bool tp__graph_capturing_slow(tp__stream *s) {
-  tp_capture_status_t status;
-  return tp__platform->capture_status(s->ps, &status, NULL) != TP_SUCCESS ||
-         status != TP_CAPTURE_STATUS_NONE;
-}
-
-/* What an allocation node takes from its pool: device memory only, as the
- * driver's graph allocations, with the pool's access list. */
-static tp_error_t kind_of(tp_pool_t pool, tp__gmem_kind *kind) {
-  int type = 0, loc = 0, id = 0;
-  TP_FORWARD(tp_pool_get_attribute(pool, TP_POOL_ATTR_ALLOCATION_TYPE, &type));
-  TP_FORWARD(tp_pool_get_attribute(pool, TP_POOL_ATTR_LOCATION_TYPE, &loc));
-  TP_FORWARD(tp_pool_get_attribute(pool, TP_POOL_ATTR_LOCATION_ID, &id));
-  TP_RETURN_IF(type != TP_ALLOCATION_PINNED || loc != TP_LOCATION_DEVICE ||
-                   id < 0 || id >= TP__GMEM_MAX_DEVICES,
-               TP_ERROR_NOT_SUPPORTED);
-  *kind = (tp__gmem_kind){.device = id};
-  int count = 0;
-  TP_FORWARD(tp_get_device_count(&count));
-  for (int d = 0; d < count && d < TP__GMEM_MAX_DEVICES; d++) {
-    tp_location_t where = {TP_LOCATION_DEVICE, d, 0};
-    TP_FORWARD(tp_pool_get_access(&kind->access[d], pool, &where));
-  }
-  return TP_SUCCESS;
-}
-
-/* Capture work of a call failed with `*err` in capture `id` of the stream.
- * Another thread may end a relaxed capture at any time, and the capture
- * layer then refuses (ILLEGAL_STATE: the stream is no member any more).
- * True when the stream has moved on (it captures no more, or captures
- * anew) and the call should ask again; otherwise `*err` becomes the answer
- * the stream's state gives: its capture invalidated, or the stream gone
- * (INVALID_VALUE, as for a call racing tp_stream_destroy). */
-#define CAPTURE_TRIES 8
-static bool capture_retry(tp__stream *s, uint64_t id, tp_error_t *err) {
-  if (*err != TP_ERROR_ILLEGAL_STATE &&
-      *err != TP_ERROR_STREAM_CAPTURE_INVALIDATED)
-    return false;
-  tp_capture_status_t status;
-  uint64_t now = 0;
-  if (tp__platform->capture_status(s->ps, &status, &now) != TP_SUCCESS) {
-    *err = TP_ERROR_INVALID_VALUE;
-    return false;
-  }
-  if (status == TP_CAPTURE_STATUS_NONE ||
-      (status == TP_CAPTURE_STATUS_ACTIVE && now != id))
-    return true;
-  if (status == TP_CAPTURE_STATUS_INVALIDATED)
-    *err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
-  return false;
-}
-
-static tp_error_t graph_malloc(void **ptr, size_t size, tp_pool_t pool,
-                               tp__stream *s, uint64_t *id);
-
-tp_error_t tp__graph_malloc(void **ptr, size_t size, tp_pool_t pool,
-                            tp__stream *s) {
-  for (int tries = 1;; tries++) {
-    uint64_t id = 0;
-    tp_error_t err = graph_malloc(ptr, size, pool, s, &id);
-    if (err == TP_SUCCESS || tries == CAPTURE_TRIES ||
-        !capture_retry(s, id, &err))
-      return err;
-  }
-}
-
-static tp_error_t graph_malloc(void **ptr, size_t size, tp_pool_t pool,
-                               tp__stream *s, uint64_t *idp) {
-  tp_capture_status_t status;
-  uint64_t id = 0;
-  TP_FORWARD(status_of(s, &status, &id));
-  if (status == TP_CAPTURE_STATUS_NONE) {
-    /* The capture ended since the question was asked. */
-    tp__pool *p;
-    TP_FORWARD(tp__pool_get(pool, &p));
-    return tp__pool_malloc(p, ptr, size, s);
-  }
-  TP_RETURN_IF(status == TP_CAPTURE_STATUS_INVALIDATED,
-               TP_ERROR_STREAM_CAPTURE_INVALIDATED);
-  *idp = id;
-  tp__gmem_kind kind;
-  TP_FORWARD(kind_of(pool, &kind));
-  /* The driver's allocation node is work of its stream: a forked stream
-   * that allocates and does not join back fails the end of the capture.
-   * Tidepool adds no node of its own for an allocation, so on a stream
-   * other than the origin of a capture that tidepool began (and will most
-   * likely end) it marks the position with an empty node, which the end
-   * checks and strips. The origin's allocations come before its end
-   * anyway, and a capture the application began with the runtime is also
-   * ended there, where marks would only stay and slow the launches. */
-  bool mark =
-      atomic_load_explicit(&s->capture_id, memory_order_relaxed) != id &&
-      begun_here(id);
-  return tp__gmem_malloc(s->ps, id, &kind, size, mark, ptr);
-}
-
-/* Where a call on the stream goes now: 1 into capture *id, 0 outside any
- * capture, -1 nowhere (*err says why: the stream's state cannot be read,
- * or its capture was invalidated). */
-static int capture_now(tp__stream *s, uint64_t *id, tp_error_t *err) {
-  tp_capture_status_t status;
-  *id = 0;
-  *err = status_of(s, &status, id);
-  if (*err == TP_SUCCESS && status == TP_CAPTURE_STATUS_INVALIDATED)
-    *err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
-  if (*err != TP_SUCCESS)
-    return -1;
-  return status != TP_CAPTURE_STATUS_NONE;
-}
-
-bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err) {
-  uint64_t id = 0;
-  int now = capture_now(s, &id, err);
-  if (now < 0)
-    return true;
-  /* A capture ended by another thread meanwhile leaves the free to the
-   * stream outside capture, even where it captures anew: booked in a new
-   * capture, the free of the old one's allocation would keep that
-   * allocation until the new graph launched, which it may never do. */
-  if (now > 0) {
-    *err = tp__gmem_free_captured(s->ps, id, ptr);
-    if (*err == TP_SUCCESS || !capture_retry(s, id, err))
-      return true;
-  }
-  /* Not capturing: the graph's only where no pool holds the address. */
-  *err = TP_SUCCESS;
-  if (tp__registry_find((uintptr_t)ptr))
-    return false;
-  settle_running();
-  bool claimed = false;
-  *err = tp__gmem_free(s->ps, s->device, ptr, &claimed);
-  return claimed;
-}
-
-bool tp__graph_on_record(tp_event_t event, tp__stream *s, tp_error_t *err) {
-  for (int tries = 1;; tries++) {
-    uint64_t id = 0;
-    int now = capture_now(s, &id, err);
-    if (now < 0)
-      return true;
-    if (now == 0)
-      break;
-    pthread_mutex_lock(&shadows_lock);
-    shadow *sh = NULL;
-    *err = shadow_for(event, s->device, &sh);
-    if (*err == TP_SUCCESS)
-      *err = tp__platform->capture_event_record(sh->pe, s->ps);
-    if (*err == TP_SUCCESS)
-      sh->captured = true;
-    pthread_mutex_unlock(&shadows_lock);
-    if (*err == TP_SUCCESS || tries == CAPTURE_TRIES ||
-        !capture_retry(s, id, err))
-      return true;
-  }
-  /* Recorded outside any capture again: the core's event holds it. */
-  if (atomic_load(&shadows_any)) {
-    pthread_mutex_lock(&shadows_lock);
-    shadow *sh = shadow_find(event);
-    if (sh)
-      sh->captured = false;
-    pthread_mutex_unlock(&shadows_lock);
-  }
-  return false;
-}
-
-bool tp__graph_on_wait(tp__stream *s, tp_event_t event, tp__event *e,
-                       tp_error_t *err) {
-  tp_capture_status_t status;
-  *err = status_of(s, &status, NULL);
-  if (*err != TP_SUCCESS)
-    return true;
-  if (atomic_load(&shadows_any)) {
-    pthread_mutex_lock(&shadows_lock);
-    shadow *sh = shadow_find(event);
-    bool captured = sh && sh->captured;
-    if (captured)
-      *err = tp__platform->capture_event_wait(s->ps, sh->pe);
-    pthread_mutex_unlock(&shadows_lock);
-    if (captured)
-      return true;
-  }
-  if (status == TP_CAPTURE_STATUS_NONE)
-    return false;
-  if (status == TP_CAPTURE_STATUS_INVALIDATED) {
-    *err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
-    return true;
-  }
-  /* An event never recorded has nothing to wait for: the driver lets the
-   * capture go on, and so does tidepool. */
-  if (!tp__event_recorded(e)) {
-    *err = TP_SUCCESS;
-    return true;
-  }
-  /* A capture may depend on outside work only through its stream's own
-   * order: waiting on an event not recorded in a capture is CUDA's
-   * isolation error, whether or not its work is done (the driver does not
-   * look, and asking would be illegal under a global capture), and costs
-   * the capture its validity. */
-  (void)tp__platform->capture_invalidate(s->ps);
-  *err = TP_ERROR_STREAM_CAPTURE_ISOLATION;
-  return true;
-}
-
-tp_error_t tp__graph_event_check(tp_event_t event) {
-  if (TP_LIKELY(!atomic_load(&shadows_any)))
-    return TP_SUCCESS;
-  pthread_mutex_lock(&shadows_lock);
-  shadow *sh = shadow_find(event);
-  bool captured = sh && sh->captured;
-  pthread_mutex_unlock(&shadows_lock);
-  return captured ? TP_ERROR_CAPTURED_EVENT : TP_SUCCESS;
-}
-
-void tp__graph_event_forget(tp_event_t event) {
-  if (TP_LIKELY(!atomic_load(&shadows_any)))
-    return;
-  pthread_mutex_lock(&shadows_lock);
-  shadow *sh = shadow_find(event);
-  if (sh) {
-    if (sh->pe)
-      (void)tp__platform->event_destroy(sh->pe);
-    *sh = shadows[--nshadows];
-    atomic_store(&shadows_any, nshadows);
-  }
-  pthread_mutex_unlock(&shadows_lock);
-}
-
-/* ---- capture ----------------------------------------------------------------
- */
-
-void tp__graph_stream_destroyed(tp__stream *s) {
-  uint64_t id = atomic_load_explicit(&s->capture_id, memory_order_relaxed);
-  if (!id || !begun_here(id))
-    return;
-  tp_capture_status_t status = TP_CAPTURE_STATUS_NONE;
-  uint64_t now = 0;
-  if (tp__platform->capture_status(s->ps, &status, &now) != TP_SUCCESS ||
-      status == TP_CAPTURE_STATUS_NONE)
-    return; /* ended by the application through the driver */
-  begun_note(id, false);
-  tp__gmem_capture_failed(id);
-}
-
-/* The calls that resolve a stream run inside the guard, as every such call
- * does (see tp_stream_destroy). */
-static tp_error_t begin_capture(tp_stream_t stream, tp_capture_mode_t mode) {
-  tp__stream *s;
-  TP_FORWARD(tp__stream_get(stream, &s));
-  TP_RETURN_IF(mode != TP_CAPTURE_MODE_GLOBAL &&
-                   mode != TP_CAPTURE_MODE_THREAD_LOCAL &&
-                   mode != TP_CAPTURE_MODE_RELAXED,
-               TP_ERROR_INVALID_VALUE);
-  TP_FORWARD(tp__platform->capture_begin(s->ps, mode));
-  tp_capture_status_t status;
-  uint64_t id = 0;
-  if (tp__platform->capture_status(s->ps, &status, &id) != TP_SUCCESS)
-    id = 0;
-  atomic_store_explicit(&s->capture_id, id, memory_order_relaxed);
-  begun_note(id, true);
-  return TP_SUCCESS;
-}
-
-TP_API tp_error_t tp_stream_begin_capture(tp_stream_t stream,
-                                          tp_capture_mode_t mode) {
-  TP_FORWARD(tp__api_init());
-  return TP_GUARDED(begin_capture(stream, mode));
-}
-
-static tp_error_t end_capture(tp_stream_t stream, tp_graph_t *graph) {
-  tp__stream *s;
-  TP_FORWARD(tp__stream_get(stream, &s));
-  tp_capture_status_t status = TP_CAPTURE_STATUS_NONE;
-  uint64_t id = 0;
-  if (tp__platform->capture_status(s->ps, &status, &id) != TP_SUCCESS)
-    id = 0;
-  tp__pgraph *pg = NULL;
-  tp_error_t err = tp__platform->capture_end(s->ps, &pg);
-  if (status != TP_CAPTURE_STATUS_NONE)
-    begun_note(id ? id
-                  : atomic_load_explicit(&s->capture_id, memory_order_relaxed),
-               false);
-  /* An invalidated capture has no id the driver will tell; the one this
-   * stream began last is the failed one (one that already ended is found
-   * seen and left as it is). */
-  if (err != TP_SUCCESS && status != TP_CAPTURE_STATUS_NONE)
-    tp__gmem_capture_failed(
-        id ? id : atomic_load_explicit(&s->capture_id, memory_order_relaxed));
-  TP_FORWARD(err);
+tp_error_t tp__graph_made(tp__pgraph *pg, uint64_t capture_id,
+                          tp_graph_t *graph) {
   graph_slot *g = graph_new();
   if (!g) {
-    if (id)
-      tp__gmem_capture_failed(id);
+    if (capture_id)
+      tp__gmem_capture_failed(capture_id);
     (void)tp__platform->graph_destroy(pg);
     return TP_ERROR_OUT_OF_MEMORY;
   }
   g->pg = pg;
-  g->gm = id ? tp__gmem_of_capture(id) : NULL;
+  g->gm = capture_id ? tp__gmem_of_capture(capture_id) : NULL;
   if (g->gm)
     tp__gmem_adopt(g->gm, pg);
   *graph = graph_publish(g);
   return TP_SUCCESS;
 }
-
-TP_API tp_error_t tp_stream_end_capture(tp_stream_t stream, tp_graph_t *graph) {
-  TP_RETURN_IF(!graph, TP_ERROR_INVALID_VALUE);
-  *graph = NULL;
-  TP_FORWARD(tp__api_init());
-  return TP_GUARDED(end_capture(stream, graph));
-}
-
-static tp_error_t is_capturing(tp_stream_t stream,
-                               tp_capture_status_t *status) {
-  tp__stream *s;
-  TP_FORWARD(tp__stream_get(stream, &s));
-  return tp__platform->capture_status(s->ps, status, NULL);
-}
-
-TP_API tp_error_t tp_stream_is_capturing(tp_stream_t stream,
-                                         tp_capture_status_t *status) {
-  TP_RETURN_IF(!status, TP_ERROR_INVALID_VALUE);
-  TP_FORWARD(tp__api_init());
-  return TP_GUARDED(is_capturing(stream, status));
-}
-
-/* ---- graphs and execs -------------------------------------------------------
- */
 
 /* Under the graph's lock, the graph alive. */
 static tp_error_t instantiate(tp_graph_exec_t *exec, graph_slot *graph,
@@ -693,7 +293,9 @@ static tp_error_t instantiate(tp_graph_exec_t *exec, graph_slot *graph,
   }
   atomic_store(&x->graph, graph);
   x->gm = graph->gm;
-  x->auto_free = flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH;
+  atomic_store_explicit(&x->auto_free,
+                        flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH,
+                        memory_order_relaxed);
   x->track = tp__gmem_self_held(graph->gm);
   *exec = exec_publish(x);
   return TP_SUCCESS;
@@ -726,12 +328,14 @@ static tp_error_t launch(exec_slot *exec, tp_stream_t stream) {
    * into another graph would escape. */
   if (tp__gmem_has_allocations(exec->gm)) {
     tp_capture_status_t status;
-    TP_FORWARD(status_of(s, &status, NULL));
+    TP_FORWARD(tp__capture_status_of(s, &status, NULL));
     TP_RETURN_IF(status != TP_CAPTURE_STATUS_NONE, TP_ERROR_NOT_SUPPORTED);
   }
   tp__work_begin(s);
-  tp_error_t err =
-      tp__gmem_launch(exec->gm, exec->pe, exec->auto_free, s->ps, s->device);
+  tp_error_t err = tp__gmem_launch(
+      exec->gm, exec->pe,
+      atomic_load_explicit(&exec->auto_free, memory_order_relaxed), s->ps,
+      s->device);
   tp__work_end(s, err);
   if (err == TP_SUCCESS && exec->track) {
     /* Work queued on s from now on follows the launch: the epoch moves
@@ -803,7 +407,7 @@ TP_API tp_error_t tp_graph_exec_destroy(tp_graph_exec_t exec) {
   if (may_run)
     watch_last_launch(x);
   else
-    settle_running();
+    tp__graph_settle_running();
   exec_free(x);
   return err;
 }
@@ -823,7 +427,7 @@ TP_API tp_error_t tp_graph_destroy(tp_graph_t graph) {
   tp_error_t err = tp__platform->graph_destroy(g->pg);
   pthread_mutex_unlock(&g->use);
   graph_free(g);
-  settle_running();
+  tp__graph_settle_running();
   return err;
 }
 
@@ -866,7 +470,9 @@ static tp_error_t adopt(tp_graph_exec_t *exec, void *platform_exec,
   exec_slot *known = adopted_find(platform_exec);
   tp_graph_exec_t known_handle = known ? exec_handle(known) : NULL;
   if (known && known->gm == gm) {
-    known->auto_free = flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH;
+    atomic_store_explicit(&known->auto_free,
+                          flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH,
+                          memory_order_relaxed);
     *exec = known_handle;
   }
   pthread_mutex_unlock(&handles_lock);
@@ -896,7 +502,9 @@ static tp_error_t adopt(tp_graph_exec_t *exec, void *platform_exec,
   atomic_store(&x->graph, g);
   x->pe = platform_exec;
   x->gm = gm;
-  x->auto_free = flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH;
+  atomic_store_explicit(&x->auto_free,
+                        flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH,
+                        memory_order_relaxed);
   x->adopted = true;
   pthread_mutex_lock(&handles_lock);
   *exec = exec_publish(x);
@@ -947,7 +555,7 @@ TP_API tp_error_t tp_graph_forget(void *platform_graph) {
 TP_API tp_error_t tp_device_graph_mem_trim(int device) {
   TP_FORWARD(tp__api_init());
   TP_FORWARD(tp__check_device(device));
-  settle_running();
+  tp__graph_settle_running();
   return tp__gmem_trim(device);
 }
 
@@ -957,7 +565,7 @@ TP_API tp_error_t tp_device_get_graph_mem_attribute(int device,
   TP_RETURN_IF(!value, TP_ERROR_INVALID_VALUE);
   TP_FORWARD(tp__api_init());
   TP_FORWARD(tp__check_device(device));
-  settle_running();
+  tp__graph_settle_running();
   return tp__gmem_get_attr(device, attr, value);
 }
 
