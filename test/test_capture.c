@@ -1471,6 +1471,12 @@ static void test_foreign_streams(void) {
   }
   atomic_store(&gate, 1);
   CHECK_OK(tp_device_synchronize());
+  /* The old stream's free completed with the device's work: nothing stays
+   * reserved at the default threshold of 0. */
+  uint64_t reserved = 1;
+  CHECK_OK(tp_pool_get_attribute(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT,
+                                 &reserved));
+  CHECK_EQ_U64(reserved, 0);
   if (b)
     drv.stream_destroy(b);
   drv.stream_destroy(c);

@@ -136,6 +136,22 @@ TP_API tp_error_t tp_stream_destroy(tp_stream_t stream) {
   return TP_GUARDED(stream_destroy(stream));
 }
 
+/* Streams of another's found destroyed by their owner (stream.h): the
+ * pools let go of their caches, whose blocks complete with the stream's
+ * markers or at a device synchronize, and the stream goes once no call
+ * that reached it is inside. */
+static void unref_stream(void *s) {
+  tp__stream_unref(s);
+}
+
+static void drop_lost_streams(void) {
+  tp__stream *s;
+  while ((s = tp__stream_take_lost()) != NULL) {
+    tp__pools_drop_stream(s);
+    tp__guard_retire(s, unref_stream);
+  }
+}
+
 /* After the host saw the stream's work up to `epoch` complete: its frees
  * become reusable by all, pools fall to their thresholds, and imported
  * pools unmap what they no longer use. */
@@ -152,6 +168,7 @@ static tp_error_t stream_synchronize(tp_stream_t stream) {
   tp_error_t err = tp__platform->stream_synchronize(s->ps);
   if (err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS)
     completed(s, epoch);
+  drop_lost_streams();
   return err;
 }
 
@@ -220,6 +237,7 @@ TP_API tp_error_t tp_device_synchronize(void) {
   }
   free(epochs);
   free(v);
+  drop_lost_streams();
   return err;
 }
 

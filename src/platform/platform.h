@@ -104,6 +104,13 @@ typedef struct tp__platform_ops {
    * can only narrow that window: the driver's query of a capturing stream
    * invalidates it, and the driver tells no one when a capture begins). */
   tp_error_t (*stream_poll)(tp__pstream *ps);
+  /* Whether ps, a stream of another's adopted with `uid`, is that stream
+   * still: false only where the platform is sure that its handle now names
+   * another stream, or none (its owner destroyed it), so that asking ps or
+   * recording on it would answer for someone else. Never disturbs a
+   * capture (a capturing stream is taken as itself). NULL where every
+   * stream is the core's own (host). */
+  bool (*stream_named)(tp__pstream *ps, uint64_t uid);
   tp_error_t (*stream_wait_event)(tp__pstream *ps, tp__pevent *ev);
   tp_error_t (*memset_async)(tp__pstream *ps, void *ptr, int value,
                              size_t size);

@@ -196,6 +196,30 @@ static _Atomic uint64_t syncs_done[TP_MAX_DEVICES];
 #define TP_STREAM_UNNAMED (UINT64_C(1) << 62)
 static _Atomic uint64_t unnamed = 1;
 
+/* Whether s may still be asked, or recorded on, through its platform
+ * stream. A stream of another's that its owner destroyed has left its
+ * handle to no stream or to a new one, which would answer for it (the fake
+ * driver's test_foreign_streams: a free still queued behind a held host
+ * function was taken as done because the handle's new, idle stream was
+ * asked). Found so, it is lost, as a destroyed stream of tidepool's is
+ * once released: nothing is asked of it or recorded on it again, and the
+ * frees it queued complete with its markers, or else at a device
+ * synchronize begun from now on (tp__stream_dead_done). Stream lock held. */
+static bool still_named(tp__stream *s) {
+  if (atomic_load_explicit(&s->released, memory_order_relaxed))
+    return false;
+  if (s->owned || s->legacy || !s->uid || (s->uid & TP_STREAM_UNNAMED) ||
+      !tp__platform->stream_named || tp__platform->stream_named(s->ps, s->uid))
+    return true;
+  atomic_store_explicit(
+      &s->dead_syncs,
+      atomic_load_explicit(&syncs_begun[s->device], memory_order_acquire),
+      memory_order_relaxed);
+  atomic_store_explicit(&s->released, true, memory_order_relaxed);
+  atomic_store_explicit(&s->destroyed, true, memory_order_release);
+  return false;
+}
+
 static tp__stream *reg_find_uid(uint64_t uid) {
   for (uint32_t i = 0; i < nreg; i++)
     if (reg[i]->uid == uid)
@@ -280,6 +304,57 @@ static void foreign_remember(tp_stream_t handle, tp__stream *s) {
   foreign_cache.stream[way] = s;
 }
 
+/* Streams of another's that were found lost (still_named) and left the
+ * registry, each with the reference the registry held: the API gives back
+ * what the pools keep for them (tp__stream_take_lost). Under reg_lock. */
+static tp__stream **lost;
+static uint32_t nlost, caplost;
+static _Atomic uint32_t lost_count;
+
+/* Streams of another's met before under `handle`, which names `now` since:
+ * each that the platform confirms gone is lost and leaves the registry,
+ * which would otherwise keep every stream the application ever made (and
+ * the pools a cache for each). A few at a time; the rest at later calls. */
+#define LOST_BATCH 8
+static void forget_lost(tp_stream_t handle, const tp__stream *now) {
+  tp__stream *seen[LOST_BATCH];
+  uint32_t n = 0;
+  tp__mutex_lock(&reg_lock);
+  for (uint32_t i = 0; i < nreg && n < LOST_BATCH; i++) {
+    tp__stream *o = reg[i];
+    if (o != now && !o->owned && !o->legacy && o->handle == handle) {
+      tp__stream_ref(o);
+      seen[n++] = o;
+    }
+  }
+  tp__mutex_unlock(&reg_lock);
+  for (uint32_t k = 0; k < n; k++) {
+    tp__stream *o = seen[k];
+    tp__blspin_lock(&o->lock);
+    bool gone = !still_named(o);
+    tp__blspin_unlock(&o->lock);
+    tp__mutex_lock(&reg_lock);
+    uint32_t i = reg_index(o);
+    if (gone && i < nreg && TP_ARRAY_ROOM(lost, nlost, caplost)) {
+      reg[i] = reg[--nreg];
+      lost[nlost++] = o; /* the registry's reference */
+      atomic_store_explicit(&lost_count, nlost, memory_order_release);
+    }
+    tp__mutex_unlock(&reg_lock);
+    tp__stream_unref(o);
+  }
+}
+
+tp__stream *tp__stream_take_lost(void) {
+  if (!atomic_load_explicit(&lost_count, memory_order_acquire))
+    return NULL;
+  tp__mutex_lock(&reg_lock);
+  tp__stream *s = nlost ? lost[--nlost] : NULL;
+  atomic_store_explicit(&lost_count, nlost, memory_order_release);
+  tp__mutex_unlock(&reg_lock);
+  return s;
+}
+
 /* A stream tidepool did not make: described by the platform, then found by
  * uid (or, while it captures, by handle) or registered. */
 static tp_error_t adopt(tp_stream_t handle, tp__stream **out) {
@@ -304,8 +379,10 @@ static tp_error_t adopt(tp_stream_t handle, tp__stream **out) {
   }
   tp__mutex_unlock(&reg_lock);
   TP_RETURN_IF(!s, TP_ERROR_OUT_OF_MEMORY);
-  if (d.uid)
+  if (d.uid) {
     foreign_remember(handle, s);
+    forget_lost(handle, s);
+  }
   *out = s;
   return TP_SUCCESS;
 }
@@ -461,7 +538,7 @@ static tp__marker *marker_covering(tp__stream *s, uint64_t epoch) {
    * the legacy stream the marker is itself legacy work that the device's
    * blocking streams then wait for (docs/design.md, "Markers"). Recording
    * one at every free would put a driver call on the free path. */
-  if (atomic_load_explicit(&s->released, memory_order_relaxed))
+  if (!still_named(s))
     return NULL;
   return marker_record(s);
 }
@@ -481,7 +558,7 @@ static bool covered(const tp__stream *s, uint64_t epoch) {
  * (test_capture_chaos with several threads saw a capture invalidated by a
  * query that came just after its begin). Stream lock held. */
 static void ask_stream(tp__stream *s) {
-  if (atomic_load_explicit(&s->released, memory_order_relaxed))
+  if (!still_named(s))
     return;
   uint64_t epoch =
       atomic_fetch_add_explicit(&s->epoch, 1, memory_order_relaxed);

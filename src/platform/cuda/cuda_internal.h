@@ -219,6 +219,7 @@ tp_error_t tp__cu_stream_identify(tp_stream_t handle, bool ask_capture,
 tp_error_t tp__cu_stream_synchronize(tp__pstream *ps);
 tp_error_t tp__cu_stream_query(tp__pstream *ps);
 tp_error_t tp__cu_stream_poll(tp__pstream *ps);
+bool tp__cu_stream_named(tp__pstream *ps, uint64_t uid);
 tp_error_t tp__cu_stream_wait_event(tp__pstream *ps, tp__pevent *ev);
 tp_error_t tp__cu_memset_async(tp__pstream *ps, void *ptr, int value,
                                size_t size);

@@ -23,6 +23,7 @@ const tp__platform_ops tp__cuda_platform = {
     .stream_synchronize = tp__cu_stream_synchronize,
     .stream_query = tp__cu_stream_query,
     .stream_poll = tp__cu_stream_poll,
+    .stream_named = tp__cu_stream_named,
     .stream_wait_event = tp__cu_stream_wait_event,
     .memset_async = tp__cu_memset_async,
     .memcpy_async = tp__cu_memcpy_async,

@@ -220,6 +220,28 @@ tp_error_t tp__cu_stream_poll(tp__pstream *ps) {
   return tp__cu_error(r);
 }
 
+/* The capture question first, as in the poll: the id is refused (and the
+ * capture invalidated) while the stream captures. The per-thread stream's
+ * handle names one stream per thread, never destroyed. An error other than
+ * a handle the driver no longer knows leaves the stream taken as itself. */
+bool tp__cu_stream_named(tp__pstream *ps, uint64_t uid) {
+  if ((uintptr_t)ps < TP_CU_SPECIAL_LIMIT)
+    return true;
+  CUstream s = (CUstream)ps;
+  tp__cu_scope scope = {0};
+  tp__cu_scope_relax(&scope);
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = tp__cu.cuStreamIsCapturing ? tp__cu.cuStreamIsCapturing(s, &st)
+                                          : CUDA_SUCCESS;
+  unsigned long long id = uid;
+  if (r == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE)
+    r = tp__cu.cuStreamGetId(s, &id);
+  tp__cu_scope_leave(&scope);
+  if (r == CUDA_ERROR_INVALID_HANDLE)
+    return false;
+  return r != CUDA_SUCCESS || id == uid;
+}
+
 static CUresult event_query_relaxed(CUevent ev) {
   tp__cu_scope scope = {0};
   tp__cu_scope_relax(&scope);
