@@ -343,8 +343,113 @@ int trace_read_csv(trace *t, const char *data, size_t len, char *err,
 /* ---- loading ----------------------------------------------------------------
  */
 
-/* The whole file, decompressed. The message of a damaged gzip stream counts
- * the whole lines read before the damage. */
+/* Room in *buf for at least `more` bytes after the n it holds, and a NUL:
+ * the capacity doubles, so that a file costs its size, not its square. */
+static bool room_for(char **buf, size_t *cap, size_t n, size_t more) {
+  if (*cap - n >= more)
+    return true;
+  size_t c = *cap;
+  while (c - n < more) {
+    if (c > SIZE_MAX / 4)
+      return false;
+    c *= 2;
+  }
+  char *b = realloc(*buf, c + 1);
+  if (!b)
+    return false;
+  *buf = b;
+  *cap = c;
+  return true;
+}
+
+static size_t count_lines(const char *buf, size_t n) {
+  size_t lines = 0;
+  for (size_t i = 0; i < n; i++)
+    lines += buf[i] == '\n';
+  return lines;
+}
+
+#define READ_CHUNK ((size_t)1 << 20)
+/* inflate counts in unsigned int: at most 1 GiB a call, so that a trace of
+ * more than 4 GiB reads on. */
+#define INFLATE_MAX ((size_t)1 << 30)
+
+/* Inflates the gzip file f, whose first `have` bytes are already in `in`,
+ * into *buf. Members concatenated one after the other are one stream, as
+ * gzip itself reads them (zlib's gzread does too); anything else after the
+ * last member is refused, where gzread skipped it without a word. */
+static int inflate_file(FILE *f, const char *path, unsigned char *in,
+                        size_t have, char **buf, size_t *cap, size_t *n,
+                        char *err, size_t errlen) {
+  z_stream z;
+  memset(&z, 0, sizeof z);
+  if (inflateInit2(&z, 15 + 16) != Z_OK) /* gzip only */
+    return trace_failf(err, errlen, "%s: out of memory", path);
+  z.next_in = in;
+  z.avail_in = (uInt)have;
+  unsigned long long at = 0; /* the file offset of in[0] */
+  bool between = false;      /* after a whole member */
+  int rc = 0;
+  while (rc == 0) {
+    if (z.avail_in < 2 && !feof(f)) {
+      /* Two bytes at least, so that a member's magic can be told. */
+      size_t keep = z.avail_in;
+      at += (unsigned long long)(z.next_in - in);
+      memmove(in, z.next_in, keep);
+      have = keep + fread(in + keep, 1, READ_CHUNK - keep, f);
+      if (ferror(f)) {
+        rc = trace_failf(err, errlen, "%s: cannot read: %s", path,
+                         strerror(errno));
+        break;
+      }
+      z.next_in = in;
+      z.avail_in = (uInt)have;
+    }
+    if (between) {
+      if (z.avail_in == 0)
+        break; /* the end of the file after a whole member */
+      if (z.avail_in < 2 || z.next_in[0] != 0x1f || z.next_in[1] != 0x8b) {
+        rc = trace_failf(err, errlen,
+                         "%s: data after the end of the gzip stream at byte "
+                         "%llu that is not another gzip member (after line "
+                         "%zu)",
+                         path, at + (unsigned long long)(z.next_in - in),
+                         count_lines(*buf, *n));
+        break;
+      }
+      inflateReset(&z);
+      between = false;
+    }
+    if (!room_for(buf, cap, *n, (size_t)1 << 16)) {
+      rc = trace_failf(err, errlen, "%s: out of memory", path);
+      break;
+    }
+    size_t room = *cap - *n < INFLATE_MAX ? *cap - *n : INFLATE_MAX;
+    z.next_out = (unsigned char *)*buf + *n;
+    z.avail_out = (uInt)room;
+    int zr = z.avail_in ? inflate(&z, Z_NO_FLUSH) : Z_BUF_ERROR;
+    *n += room - z.avail_out;
+    if (zr == Z_STREAM_END)
+      between = true;
+    else if (zr == Z_BUF_ERROR && z.avail_in == 0 && feof(f))
+      rc = trace_failf(err, errlen,
+                       "%s: corrupt or truncated gzip after line %zu: the "
+                       "file ends inside a gzip member",
+                       path, count_lines(*buf, *n));
+    else if (zr == Z_MEM_ERROR)
+      rc = trace_failf(err, errlen, "%s: out of memory", path);
+    else if (zr != Z_OK && zr != Z_BUF_ERROR)
+      rc = trace_failf(err, errlen,
+                       "%s: corrupt or truncated gzip after line %zu: %s", path,
+                       count_lines(*buf, *n), z.msg ? z.msg : "damaged data");
+  }
+  inflateEnd(&z);
+  return rc;
+}
+
+/* The whole file, decompressed when it begins with gzip's magic bytes and
+ * as it is otherwise. The message of a damaged gzip stream counts the whole
+ * lines read before the damage. */
 static int slurp(const char *path, char **out, size_t *outlen, char *err,
                  size_t errlen) {
   struct stat st;
@@ -353,44 +458,32 @@ static int slurp(const char *path, char **out, size_t *outlen, char *err,
                        strerror(errno));
   if (S_ISDIR(st.st_mode))
     return trace_failf(err, errlen, "%s: is a directory, not a trace", path);
-  gzFile f = gzopen(path, "rb");
+  FILE *f = fopen(path, "rb");
   if (!f)
     return trace_failf(err, errlen, "%s: cannot open: %s", path,
-                       errno ? strerror(errno) : "out of memory");
+                       strerror(errno));
   size_t cap = 1 << 20, n = 0;
   char *buf = malloc(cap + 1);
-  int rc = buf ? 0 : trace_failf(err, errlen, "%s: out of memory", path);
-  while (rc == 0) {
-    if (cap - n < (1 << 16)) {
-      char *b = cap < SIZE_MAX / 4 ? realloc(buf, cap * 2 + 1) : NULL;
-      if (!b) {
+  unsigned char *in = malloc(READ_CHUNK);
+  int rc = buf && in ? 0 : trace_failf(err, errlen, "%s: out of memory", path);
+  size_t have = rc == 0 ? fread(in, 1, READ_CHUNK, f) : 0;
+  if (rc == 0 && have >= 2 && in[0] == 0x1f && in[1] == 0x8b) {
+    rc = inflate_file(f, path, in, have, &buf, &cap, &n, err, errlen);
+  } else if (rc == 0) {
+    while (have > 0) {
+      if (!room_for(&buf, &cap, n, have)) {
         rc = trace_failf(err, errlen, "%s: out of memory", path);
         break;
       }
-      buf = b;
-      cap *= 2;
+      memcpy(buf + n, in, have);
+      n += have;
+      have = fread(in, 1, READ_CHUNK, f);
     }
-    /* gzread counts in an int: at most 1 GiB a call, so that a trace of
-     * more than 2 GiB reads on (it was refused as a corrupt gzip). */
-    size_t room = cap - n < ((size_t)1 << 30) ? cap - n : (size_t)1 << 30;
-    int got = gzread(f, buf + n, (unsigned)room);
-    if (got > 0) {
-      n += (size_t)got;
-      continue;
-    }
-    int zerr = Z_OK;
-    const char *zmsg = gzerror(f, &zerr);
-    if (got < 0 || (zerr != Z_OK && zerr != Z_STREAM_END)) {
-      size_t lines = 0;
-      for (size_t i = 0; i < n; i++)
-        lines += buf[i] == '\n';
-      rc = trace_failf(err, errlen,
-                       "%s: corrupt or truncated gzip after line %zu: %s", path,
-                       lines, zmsg);
-    }
-    break;
   }
-  gzclose(f);
+  if (rc == 0 && ferror(f))
+    rc = trace_failf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+  fclose(f);
+  free(in);
   if (rc != 0) {
     free(buf);
     return rc;
