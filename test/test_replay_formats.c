@@ -17,7 +17,8 @@
 
 static int parse(const char *bytes, size_t n, pk_doc **doc, pk_value **root,
                  char *err, size_t len) {
-  return pk_parse((const unsigned char *)bytes, n, doc, root, err, len);
+  return pk_parse((const unsigned char *)bytes, n, SIZE_MAX, doc, root, err,
+                  len);
 }
 
 /* Each int opcode, including LONG1 at the edges of int64_t. */

@@ -102,10 +102,104 @@ static void test_gzip_trailing_garbage(void) {
   expect_error("cut.csv.gz", "truncated");
 }
 
+/* ---- the limit on what reading a trace may hold ----------------------------
+ */
+
+/* Writes n bytes as they are. */
+static void write_raw(const char *name, const void *bytes, size_t n) {
+  char path[256];
+  path_of(path, sizeof path, name);
+  FILE *f = fopen(path, "wb");
+  REQUIRE_EXIT(f != NULL);
+  CHECK_EQ_U64(fwrite(bytes, 1, n, f), n);
+  CHECK_EQ_INT(fclose(f), 0);
+}
+
+/* A gzip bomb: 64 MiB of one CSV line, 64 KB gzip'd, against a limit of
+ * 16 MiB, refused at the line where the limit was crossed. Before the
+ * limit, a 489 KB file of this kind held 903 MB while read. */
+static void test_limit_gzip_bomb(void) {
+  setenv("TIDEPOOL_REPLAY_MEMORY_LIMIT", "16M", 1);
+  char path[256];
+  path_of(path, sizeof path, "bomb.csv.gz");
+  gzFile f = gzopen(path, "wb9");
+  REQUIRE_EXIT(f != NULL);
+  CHECK(gzputs(f, "action,addr,size,stream\n") > 0);
+  static char block[1 << 16];
+  for (size_t i = 0; i + 12 <= sizeof block; i += 12)
+    memcpy(block + i, "alloc,0,0,0\n", 12);
+  size_t whole = sizeof block / 12 * 12;
+  for (int i = 0; i < 1024; i++)
+    CHECK_EQ_INT(gzwrite(f, block, (unsigned)whole), (int)whole);
+  CHECK_EQ_INT(gzclose(f), Z_OK);
+  /* 16 MiB less the header's 24 bytes is line 1398100 and a bit. */
+  expect_error("bomb.csv.gz",
+               "decompresses to more than 16 MiB, the memory reading a trace "
+               "may take (TIDEPOOL_REPLAY_MEMORY_LIMIT), by line 1398101");
+  /* A plain file larger than the limit is refused before it is read. */
+  static char big[(16 << 20) + 1];
+  memset(big, '\n', sizeof big);
+  write_raw("big.csv", big, sizeof big);
+  expect_error("big.csv", "a file of 16777217 bytes is more than 16 MiB");
+  unsetenv("TIDEPOOL_REPLAY_MEMORY_LIMIT");
+}
+
+/* Pickles whose opcodes make far more memory than their bytes: a value of
+ * 40 bytes for each 'N', a pointer of 8 for each DUP; 4 MiB of either
+ * passes a limit of 16 MiB and is refused at the opcode where the values
+ * crossed it. Before the limit, 20 KB gzip'd of 'N' held 1.19 GB. */
+static void test_limit_pickle(void) {
+  setenv("TIDEPOOL_REPLAY_MEMORY_LIMIT", "16M", 1);
+  size_t n = 4 << 20;
+  char *p = malloc(n + 6);
+  REQUIRE_EXIT(p != NULL);
+  memcpy(p, "\x80\x04(N", 4);
+  memset(p + 4, 'N', n);
+  memcpy(p + 4 + n, "l.", 2);
+  write_raw("nones.pickle", p, n + 6);
+  expect_error("nones.pickle",
+               "its values need more than 16 MiB, the memory reading a "
+               "trace may take (TIDEPOOL_REPLAY_MEMORY_LIMIT)");
+  expect_error("nones.pickle", "nones.pickle: pickle byte ");
+  memset(p + 4, '2', n); /* DUP */
+  write_raw("dups.pickle", p, n + 6);
+  expect_error("dups.pickle", "its values need more than 16 MiB");
+  free(p);
+  unsetenv("TIDEPOOL_REPLAY_MEMORY_LIMIT");
+}
+
+/* Operations cost more than their lines: 24 bytes each and the table of
+ * live addresses, against lines of 14 bytes. */
+static void test_limit_operations(void) {
+  setenv("TIDEPOOL_REPLAY_MEMORY_LIMIT", "16M", 1);
+  size_t cap = 16 << 20, at = 0;
+  char *text = malloc(cap);
+  REQUIRE_EXIT(text != NULL);
+  at += (size_t)snprintf(text, cap, "action,addr,size,stream\n");
+  for (int i = 0; at + 32 < 8u << 20; i++)
+    at += (size_t)snprintf(text + at, cap - at, "alloc,%d,1,0\n", i);
+  write_raw("ops.csv", text, at);
+  free(text);
+  expect_error("ops.csv", "its operations need more than 16 MiB");
+  /* Under the limit the same kind of file reads. */
+  setenv("TIDEPOOL_REPLAY_MEMORY_LIMIT", "64m", 1);
+  trace t;
+  if (load(&t, "ops.csv") == 0) {
+    CHECK(t.nops > 400000);
+    trace_free(&t);
+  }
+  setenv("TIDEPOOL_REPLAY_MEMORY_LIMIT", "64x", 1);
+  expect_error("ops.csv", "TIDEPOOL_REPLAY_MEMORY_LIMIT=64x is not a byte");
+  unsetenv("TIDEPOOL_REPLAY_MEMORY_LIMIT");
+}
+
 int main(void) {
   REQUIRE_EXIT(mkdtemp(dir) != NULL);
   RUN_TEST(test_gzip_members);
   RUN_TEST(test_gzip_trailing_garbage);
+  RUN_TEST(test_limit_gzip_bomb);
+  RUN_TEST(test_limit_pickle);
+  RUN_TEST(test_limit_operations);
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd) != 0)

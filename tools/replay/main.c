@@ -51,7 +51,11 @@ static void usage(FILE *f) {
       "Options may come before or after the traces, and --opt=value works.\n"
       "For a snapshot the replay also prints what PyTorch's own allocator\n"
       "reserved over the same trace. On the host platform the emulated\n"
-      "device has 32 GiB unless TIDEPOOL_HOST_DEVICE_MEMORY says otherwise.\n",
+      "device has 32 GiB unless TIDEPOOL_HOST_DEVICE_MEMORY says otherwise.\n"
+      "Reading a trace may take at most 16 GiB of memory (the file, and what\n"
+      "its operations or pickled values take), so that a small gzip'd file\n"
+      "that decompresses to far more is refused, unless\n"
+      "TIDEPOOL_REPLAY_MEMORY_LIMIT (bytes, K/M/G/T) says otherwise.\n",
       REPLAY_DEFAULT_LAG);
 }
 

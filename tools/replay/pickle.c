@@ -19,6 +19,7 @@ typedef struct chunk {
 
 struct pk_doc {
   chunk *chunks;
+  size_t bytes; /* what the parse held at its end, for pk_bytes */
 };
 
 typedef struct parser {
@@ -32,11 +33,20 @@ typedef struct parser {
   pk_value **memo;
   size_t nmemo, capmemo;
   size_t nvalues; /* made so far: no memo index of a real pickle exceeds it */
+  /* The bytes of values, stack, memo and arrays allocated so far, against
+   * the caller's limit: see pk_parse. */
+  size_t held, limit;
+  bool failed, over_limit;
   char *err;
   size_t errlen;
 } parser;
 
+/* Writes the reason of the first failure only: an allocation refused for
+ * the limit says so, not the "out of memory" of the opcode that asked. */
 static int fail(parser *p, const char *fmt, ...) {
+  if (p->failed)
+    return -1;
+  p->failed = true;
   char why[200];
   va_list ap;
   va_start(ap, fmt);
@@ -46,9 +56,24 @@ static int fail(parser *p, const char *fmt, ...) {
   return -1;
 }
 
+/* Counts `bytes` more against the limit; false, with the reason written,
+ * past it. */
+static bool charge(parser *p, size_t bytes) {
+  if (bytes <= p->limit - p->held) {
+    p->held += bytes;
+    return true;
+  }
+  fail(p, "its values need more than %zu bytes of memory, the limit given",
+       p->limit);
+  p->over_limit = true;
+  return false;
+}
+
 static pk_value *new_value(parser *p, pk_type type) {
   chunk *c = p->doc->chunks;
   if (!c || c->used == CHUNK_VALUES) {
+    if (!charge(p, sizeof *c))
+      return NULL;
     c = malloc(sizeof *c);
     if (!c)
       return NULL;
@@ -64,10 +89,12 @@ static pk_value *new_value(parser *p, pk_type type) {
 }
 
 /* Grows *arr (of `size`-byte elements) to hold at least n + 1. */
-static bool reserve(void **arr, size_t *cap, size_t n, size_t size) {
+static bool reserve(parser *p, void **arr, size_t *cap, size_t n, size_t size) {
   if (n < *cap)
     return true;
   size_t c = *cap ? *cap * 2 : 8;
+  if (c > SIZE_MAX / size || !charge(p, (c - *cap) * size))
+    return false;
   void *a = realloc(*arr, c * size);
   if (!a)
     return false;
@@ -77,7 +104,7 @@ static bool reserve(void **arr, size_t *cap, size_t n, size_t size) {
 }
 
 static int push(parser *p, pk_value *v) {
-  if (!v || !reserve((void **)&p->stack, &p->cap, p->n, sizeof *p->stack))
+  if (!v || !reserve(p, (void **)&p->stack, &p->cap, p->n, sizeof *p->stack))
     return fail(p, "out of memory");
   p->stack[p->n++] = v;
   return 0;
@@ -114,7 +141,7 @@ static uint64_t le(const unsigned char *s, size_t n) {
 }
 
 static int list_add(parser *p, pk_value *list, pk_value *item) {
-  if (!reserve((void **)&list->u.list.v, &list->u.list.cap, list->u.list.n,
+  if (!reserve(p, (void **)&list->u.list.v, &list->u.list.cap, list->u.list.n,
                sizeof(pk_value *)))
     return fail(p, "out of memory");
   list->u.list.v[list->u.list.n++] = item;
@@ -123,8 +150,9 @@ static int list_add(parser *p, pk_value *list, pk_value *item) {
 
 static int dict_set(parser *p, pk_value *d, pk_value *k, pk_value *v) {
   size_t cap = d->u.dict.cap;
-  if (!reserve((void **)&d->u.dict.k, &cap, d->u.dict.n, sizeof(pk_value *)) ||
-      !reserve((void **)&d->u.dict.v, &d->u.dict.cap, d->u.dict.n,
+  if (!reserve(p, (void **)&d->u.dict.k, &cap, d->u.dict.n,
+               sizeof(pk_value *)) ||
+      !reserve(p, (void **)&d->u.dict.v, &d->u.dict.cap, d->u.dict.n,
                sizeof(pk_value *)))
     return fail(p, "out of memory");
   /* A repeated key is appended, not searched for (a search per key made a
@@ -220,7 +248,7 @@ static int memo_put(parser *p, uint64_t idx) {
   if (idx > p->nvalues)
     return fail(p, "memo index %llu is out of range", (unsigned long long)idx);
   while (p->nmemo <= idx) {
-    if (!reserve((void **)&p->memo, &p->capmemo, p->nmemo, sizeof *p->memo))
+    if (!reserve(p, (void **)&p->memo, &p->capmemo, p->nmemo, sizeof *p->memo))
       return fail(p, "out of memory");
     p->memo[p->nmemo++] = NULL;
   }
@@ -276,7 +304,8 @@ static int step(parser *p, bool *stop) {
     return take(p, 8) ? 0 : fail(p, "truncated FRAME");
   case '.': *stop = true; return 0;
   case '(':
-    if (!reserve((void **)&p->marks, &p->capmarks, p->nmarks, sizeof(size_t)))
+    if (!reserve(p, (void **)&p->marks, &p->capmarks, p->nmarks,
+                 sizeof(size_t)))
       return fail(p, "out of memory");
     p->marks[p->nmarks++] = p->n;
     return 0;
@@ -423,9 +452,10 @@ static int step(parser *p, bool *stop) {
   }
 }
 
-int pk_parse(const unsigned char *buf, size_t len, pk_doc **doc,
+int pk_parse(const unsigned char *buf, size_t len, size_t limit, pk_doc **doc,
              pk_value **root, char *err, size_t errlen) {
-  parser p = {.buf = buf, .len = len, .err = err, .errlen = errlen};
+  parser p = {
+      .buf = buf, .len = len, .limit = limit, .err = err, .errlen = errlen};
   *doc = NULL;
   *root = NULL;
   p.doc = calloc(1, sizeof *p.doc);
@@ -447,10 +477,15 @@ int pk_parse(const unsigned char *buf, size_t len, pk_doc **doc,
   free(p.memo);
   if (rc != 0) {
     pk_free(p.doc);
-    return -1;
+    return p.over_limit ? -2 : -1;
   }
+  p.doc->bytes = p.held;
   *doc = p.doc;
   return 0;
+}
+
+size_t pk_bytes(const pk_doc *doc) {
+  return doc ? doc->bytes : 0;
 }
 
 void pk_free(pk_doc *doc) {

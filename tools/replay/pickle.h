@@ -49,10 +49,17 @@ typedef struct pk_doc pk_doc;
 
 /* Parses a whole pickle held in buf (which must outlive the document:
  * strings point into it). On success *root is the pickled value. On failure
- * returns -1 with a reason naming the byte offset in err. */
-int pk_parse(const unsigned char *buf, size_t len, pk_doc **doc,
+ * returns -1 with a reason naming the byte offset in err, or -2 where the
+ * values would need more than `limit` bytes of memory: a pickle's opcodes
+ * of one or two bytes each make a value of 40 bytes or push a pointer of
+ * 8 (DUP, the memo's GET), so that a few MB of gzip'd pickle could ask for
+ * tens of GiB. SIZE_MAX sets no limit. */
+int pk_parse(const unsigned char *buf, size_t len, size_t limit, pk_doc **doc,
              pk_value **root, char *err, size_t errlen);
 void pk_free(pk_doc *doc);
+/* The bytes a parsed document holds (its values and their arrays, counted
+ * as pk_parse counts them against its limit). */
+size_t pk_bytes(const pk_doc *doc);
 
 /* The value of a dict's string key, or NULL (also when d is not a dict). */
 const pk_value *pk_get(const pk_value *d, const char *key);

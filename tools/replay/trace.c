@@ -19,6 +19,68 @@ int trace_failf(char *err, size_t len, const char *fmt, ...) {
   return -1;
 }
 
+/* ---- the limit on what reading a trace may hold ---------------------------
+ */
+
+bool trace_charge(trace_limit *l, uint64_t bytes) {
+  if (bytes > l->limit - l->held)
+    return false;
+  l->held += bytes;
+  return true;
+}
+
+/* A byte count as a person writes it: "64 MiB" where it is whole. */
+static void bytes_text(uint64_t n, char *out, size_t len) {
+  static const char *const units[] = {"TiB", "GiB", "MiB", "KiB"};
+  for (int i = 0; i < 4; i++) {
+    unsigned shift = 10u * (unsigned)(4 - i);
+    if (n >= (UINT64_C(1) << shift) && n % (UINT64_C(1) << shift) == 0) {
+      snprintf(out, len, "%llu %s", (unsigned long long)(n >> shift), units[i]);
+      return;
+    }
+  }
+  snprintf(out, len, "%llu bytes", (unsigned long long)n);
+}
+
+int trace_limit_fail(const trace_limit *l, const char *what, char *why,
+                     size_t len) {
+  char n[40];
+  bytes_text(l->limit, n, sizeof n);
+  return trace_failf(why, len,
+                     "%s more than %s, the memory reading a trace may take "
+                     "(TIDEPOOL_REPLAY_MEMORY_LIMIT)",
+                     what, n);
+}
+
+/* TIDEPOOL_REPLAY_MEMORY_LIMIT, or the default. */
+static int memory_limit(const char *path, uint64_t *out, char *err,
+                        size_t len) {
+  const char *s = getenv("TIDEPOOL_REPLAY_MEMORY_LIMIT");
+  *out = TRACE_DEFAULT_MEMORY_LIMIT;
+  if (!s || !*s)
+    return 0;
+  uint64_t v = 0;
+  const char *p = s;
+  for (; *p >= '0' && *p <= '9'; p++) {
+    if (v > (UINT64_MAX - (uint64_t)(*p - '0')) / 10)
+      break;
+    v = v * 10 + (uint64_t)(*p - '0');
+  }
+  unsigned shift = 0;
+  if (p > s && *p) {
+    const char *u = strchr("KMGT", *p >= 'a' ? *p - 'a' + 'A' : *p);
+    shift = u ? 10u * (unsigned)(u - "KMGT" + 1) : 0;
+    p += u != NULL;
+  }
+  if (p == s || *p || v == 0 || (shift && v > UINT64_MAX >> shift))
+    return trace_failf(err, len,
+                       "%s: TIDEPOOL_REPLAY_MEMORY_LIMIT=%s is not a byte "
+                       "count (such as 512M or 32G)",
+                       path, s);
+  *out = v << shift;
+  return 0;
+}
+
 /* ---- address -> live allocation id ---------------------------------------
  * Open addressing with tombstones. */
 
@@ -80,31 +142,35 @@ static uint32_t *names_find(trace_names *n, uint64_t key, bool insert) {
 }
 
 /* Room for one more key, rehashing (and dropping tombstones) when half
- * full. */
-static bool names_grow(trace_names **pn) {
+ * full: 0, -1 out of memory, -2 past the limit. */
+static int names_grow(trace_names **pn, trace_limit *l) {
   trace_names *n = *pn;
   if ((n->used + 1) * 2 < n->cap)
-    return true;
+    return 0;
   size_t live = 0;
   for (size_t i = 0; i < n->cap; i++)
     live += n->vals[i] < DELETED;
-  trace_names *bigger = names_new(live * 4 > n->cap ? n->cap * 2 : n->cap);
+  size_t cap = live * 4 > n->cap ? n->cap * 2 : n->cap;
+  if (!trace_charge(l, (cap - n->cap) * (sizeof *n->keys + sizeof *n->vals)))
+    return -2;
+  trace_names *bigger = names_new(cap);
   if (!bigger)
-    return false;
+    return -1;
   for (size_t i = 0; i < n->cap; i++)
     if (n->vals[i] < DELETED)
       *names_find(bigger, n->keys[i], true) = n->vals[i];
   names_free(n);
   *pn = bigger;
-  return true;
+  return 0;
 }
 
 /* ---- the builder ----------------------------------------------------------
  */
 
-int tb_init(trace_builder *b, trace *t) {
+int tb_init(trace_builder *b, trace *t, trace_limit *limit) {
   memset(b, 0, sizeof *b);
   b->t = t;
+  b->limit = limit;
   b->names = names_new(1024);
   return b->names ? 0 : -1;
 }
@@ -144,6 +210,8 @@ int tb_add(trace_builder *b, trace_action a, uint64_t addr, uint64_t size,
   trace *t = b->t;
   if (t->nops == t->cap) {
     size_t cap = t->cap ? t->cap * 2 : 4096;
+    if (!trace_charge(b->limit, (cap - t->cap) * sizeof *t->ops))
+      return trace_limit_fail(b->limit, "its operations need", why, len);
     trace_op *ops = realloc(t->ops, cap * sizeof *ops);
     if (!ops)
       return trace_failf(why, len, "out of memory");
@@ -159,10 +227,15 @@ int tb_add(trace_builder *b, trace_action a, uint64_t addr, uint64_t size,
   if (a == TRACE_ALLOC) {
     if (t->nnames >= DELETED)
       return trace_failf(why, len, "too many allocations");
-    if (!names_grow(&b->names))
-      return trace_failf(why, len, "out of memory");
+    int grown = names_grow(&b->names, b->limit);
+    if (grown != 0)
+      return grown == -2
+                 ? trace_limit_fail(b->limit, "its operations need", why, len)
+                 : trace_failf(why, len, "out of memory");
     if (t->nnames == b->capsizes) {
       size_t cap = b->capsizes ? b->capsizes * 2 : 4096;
+      if (!trace_charge(b->limit, (cap - b->capsizes) * sizeof *b->sizes))
+        return trace_limit_fail(b->limit, "its operations need", why, len);
       uint64_t *s = realloc(b->sizes, cap * sizeof *s);
       if (!s)
         return trace_failf(why, len, "out of memory");
@@ -275,6 +348,8 @@ static int csv_line(csv_ctx *c, const char *line, uint32_t lineno, char *err,
   if (with_done) {
     if (t->nops == c->capdone) {
       size_t cap = c->capdone ? c->capdone * 2 : 4096;
+      if (!trace_charge(c->b.limit, (cap - c->capdone) * sizeof *t->done))
+        return trace_limit_fail(c->b.limit, "its operations need", err, len);
       int64_t *d = realloc(t->done, cap * sizeof *d);
       if (!d)
         return trace_failf(err, len, "out of memory");
@@ -328,12 +403,12 @@ static int csv_each(void *ctx, const char *line, uint32_t lineno, char *err,
   return csv_line(c, line, lineno, err, len);
 }
 
-int trace_read_csv(trace *t, const char *data, size_t len, char *err,
-                   size_t errlen) {
+int trace_read_csv(trace *t, const char *data, size_t len, trace_limit *limit,
+                   char *err, size_t errlen) {
   csv_ctx c = {.with_done = strncmp(data, csv_header_done,
                                     sizeof csv_header_done - 1) == 0};
   t->where_is = "line";
-  if (tb_init(&c.b, t) != 0)
+  if (tb_init(&c.b, t, limit) != 0)
     return trace_failf(err, errlen, "%s: out of memory", t->path);
   int rc = trace_each_line(data, len, t->path, csv_each, &c, err, errlen);
   tb_fini(&c.b);
@@ -378,9 +453,9 @@ static size_t count_lines(const char *buf, size_t n) {
  * into *buf. Members concatenated one after the other are one stream, as
  * gzip itself reads them (zlib's gzread does too); anything else after the
  * last member is refused, where gzread skipped it without a word. */
-static int inflate_file(FILE *f, const char *path, unsigned char *in,
-                        size_t have, char **buf, size_t *cap, size_t *n,
-                        char *err, size_t errlen) {
+static int inflate_file(FILE *f, const char *path, const trace_limit *l,
+                        unsigned char *in, size_t have, char **buf, size_t *cap,
+                        size_t *n, char *err, size_t errlen) {
   z_stream z;
   memset(&z, 0, sizeof z);
   if (inflateInit2(&z, 15 + 16) != Z_OK) /* gzip only */
@@ -420,16 +495,28 @@ static int inflate_file(FILE *f, const char *path, unsigned char *in,
       inflateReset(&z);
       between = false;
     }
-    if (!room_for(buf, cap, *n, (size_t)1 << 16)) {
+    /* One byte past the limit tells that the file goes past it. */
+    uint64_t left = l->limit - l->held - *n;
+    left += left < UINT64_MAX;
+    if (!room_for(buf, cap, *n, left < 1u << 16 ? (size_t)left : 1u << 16)) {
       rc = trace_failf(err, errlen, "%s: out of memory", path);
       break;
     }
     size_t room = *cap - *n < INFLATE_MAX ? *cap - *n : INFLATE_MAX;
+    room = room < left ? room : (size_t)left;
     z.next_out = (unsigned char *)*buf + *n;
     z.avail_out = (uInt)room;
     int zr = z.avail_in ? inflate(&z, Z_NO_FLUSH) : Z_BUF_ERROR;
     *n += room - z.avail_out;
-    if (zr == Z_STREAM_END)
+    if (*n > l->limit - l->held) {
+      char why[200];
+      trace_limit_fail(l, "decompresses to", why, sizeof why);
+      rc = trace_failf(err, errlen,
+                       "%s: %s, by line %zu (compressed byte %llu): a gzip "
+                       "bomb, or a trace to read with a higher limit",
+                       path, why, count_lines(*buf, *n) + 1,
+                       at + (unsigned long long)(z.next_in - in));
+    } else if (zr == Z_STREAM_END)
       between = true;
     else if (zr == Z_BUF_ERROR && z.avail_in == 0 && feof(f))
       rc = trace_failf(err, errlen,
@@ -450,14 +537,20 @@ static int inflate_file(FILE *f, const char *path, unsigned char *in,
 /* The whole file, decompressed when it begins with gzip's magic bytes and
  * as it is otherwise. The message of a damaged gzip stream counts the whole
  * lines read before the damage. */
-static int slurp(const char *path, char **out, size_t *outlen, char *err,
-                 size_t errlen) {
+static int slurp(const char *path, trace_limit *l, char **out, size_t *outlen,
+                 char *err, size_t errlen) {
   struct stat st;
   if (stat(path, &st) != 0)
     return trace_failf(err, errlen, "%s: cannot open: %s", path,
                        strerror(errno));
   if (S_ISDIR(st.st_mode))
     return trace_failf(err, errlen, "%s: is a directory, not a trace", path);
+  char why[200];
+  if ((uint64_t)st.st_size > l->limit - l->held) {
+    trace_limit_fail(l, "is", why, sizeof why);
+    return trace_failf(err, errlen, "%s: a file of %lld bytes %s", path,
+                       (long long)st.st_size, why);
+  }
   FILE *f = fopen(path, "rb");
   if (!f)
     return trace_failf(err, errlen, "%s: cannot open: %s", path,
@@ -468,9 +561,15 @@ static int slurp(const char *path, char **out, size_t *outlen, char *err,
   int rc = buf && in ? 0 : trace_failf(err, errlen, "%s: out of memory", path);
   size_t have = rc == 0 ? fread(in, 1, READ_CHUNK, f) : 0;
   if (rc == 0 && have >= 2 && in[0] == 0x1f && in[1] == 0x8b) {
-    rc = inflate_file(f, path, in, have, &buf, &cap, &n, err, errlen);
+    rc = inflate_file(f, path, l, in, have, &buf, &cap, &n, err, errlen);
   } else if (rc == 0) {
     while (have > 0) {
+      if (have > l->limit - l->held - n) {
+        /* The file grew since its size was read. */
+        trace_limit_fail(l, "holds", why, sizeof why);
+        rc = trace_failf(err, errlen, "%s: %s", path, why);
+        break;
+      }
       if (!room_for(&buf, &cap, n, have)) {
         rc = trace_failf(err, errlen, "%s: out of memory", path);
         break;
@@ -488,6 +587,7 @@ static int slurp(const char *path, char **out, size_t *outlen, char *err,
     free(buf);
     return rc;
   }
+  trace_charge(l, n);
   buf[n] = '\0';
   *out = buf;
   *outlen = n;
@@ -498,7 +598,9 @@ int trace_load(trace *t, const char *path, char *err, size_t len) {
   memset(t, 0, sizeof *t);
   char *data = NULL;
   size_t n = 0;
-  if (slurp(path, &data, &n, err, len) != 0)
+  trace_limit limit = {0};
+  if (memory_limit(path, &limit.limit, err, len) != 0 ||
+      slurp(path, &limit, &data, &n, err, len) != 0)
     return -1;
   t->path = strdup(path);
   int rc = t->path ? 0 : trace_failf(err, len, "%s: out of memory", path);
@@ -510,17 +612,18 @@ int trace_load(trace *t, const char *path, char *err, size_t len) {
     rc = trace_failf(err, len, "%s: empty file", path);
   } else if ((unsigned char)data[0] == 0x80) {
     t->format = TRACE_FORMAT_SNAPSHOT;
-    rc = trace_read_snapshot(t, (const unsigned char *)data, n, err, len);
+    rc = trace_read_snapshot(t, (const unsigned char *)data, n, &limit, err,
+                             len);
   } else if ((first == sizeof csv_header - 1 &&
               strncmp(data, csv_header, first) == 0) ||
              (first == sizeof csv_header_done - 1 &&
               strncmp(data, csv_header_done, first) == 0)) {
     t->format = TRACE_FORMAT_CSV;
-    rc = trace_read_csv(t, data, n, err, len);
+    rc = trace_read_csv(t, data, n, &limit, err, len);
   } else if (first == sizeof rmm_header - 1 &&
              strncmp(data, rmm_header, first) == 0) {
     t->format = TRACE_FORMAT_RMM;
-    rc = trace_read_rmm(t, data, n, err, len);
+    rc = trace_read_rmm(t, data, n, &limit, err, len);
   } else {
     rc = trace_failf(err, len,
                      "%s:1: expected the header '%s' (tidepool), '%s' (RMM's "

@@ -6,14 +6,35 @@
 #define TP_TRACE_INTERNAL_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "trace.h"
 
 typedef struct trace_names trace_names;
 
+/* What reading one trace may hold: the decompressed file, a snapshot's
+ * pickled values and the operations built. A gzip'd file decompresses to
+ * up to 1032 times its size, and its lines or opcodes make operations or
+ * values larger than themselves, so that a file of a few MB could ask for
+ * tens of GiB; past the limit the reader stops with a message naming the
+ * place. TRACE_DEFAULT_MEMORY_LIMIT, or TIDEPOOL_REPLAY_MEMORY_LIMIT
+ * (bytes, with K, M, G or T). */
+#define TRACE_DEFAULT_MEMORY_LIMIT ((uint64_t)16 << 30)
+typedef struct trace_limit {
+  uint64_t limit, held;
+} trace_limit;
+
+/* Counts `bytes` more; false past the limit. */
+bool trace_charge(trace_limit *l, uint64_t bytes);
+/* Writes why a reader stopped at the limit, "<what> more than ..."; returns
+ * -1. */
+int trace_limit_fail(const trace_limit *l, const char *what, char *why,
+                     size_t len);
+
 typedef struct trace_builder {
   trace *t;
+  trace_limit *limit;
   trace_names *names; /* address -> live allocation id */
   uint64_t *sizes;    /* size of each allocation id while it is live */
   size_t capsizes;
@@ -21,13 +42,13 @@ typedef struct trace_builder {
   uint64_t *raw_streams; /* raw stream value of each stream number > 0 */
 } trace_builder;
 
-int tb_init(trace_builder *b, trace *t);
+int tb_init(trace_builder *b, trace *t, trace_limit *limit);
 void tb_fini(trace_builder *b);
 /* The dense number of a raw stream value: 0 for 0 (the default stream),
  * then 1, 2, ... in order of first use. -1 past TRACE_MAX_STREAMS. */
 int tb_stream(trace_builder *b, uint64_t raw, uint16_t *out);
-/* Appends one operation; -1 with a reason in why (out of memory, too many
- * allocations). */
+/* Appends one operation; -1 with a reason in why (out of memory, the
+ * limit, too many allocations). */
 int tb_add(trace_builder *b, trace_action a, uint64_t addr, uint64_t size,
            uint16_t stream, uint32_t where, char *why, size_t len);
 
@@ -42,12 +63,13 @@ int trace_each_line(const char *data, size_t len, const char *path,
                     trace_line_fn fn, void *ctx, char *err, size_t errlen);
 
 /* The readers of each format: t->path is set; `data` holds the whole
- * (decompressed) file. Each returns 0 or -1 with a message in err. */
-int trace_read_csv(trace *t, const char *data, size_t len, char *err,
-                   size_t errlen);
-int trace_read_rmm(trace *t, const char *data, size_t len, char *err,
-                   size_t errlen);
+ * (decompressed) file, already counted in `limit`. Each returns 0 or -1
+ * with a message in err. */
+int trace_read_csv(trace *t, const char *data, size_t len, trace_limit *limit,
+                   char *err, size_t errlen);
+int trace_read_rmm(trace *t, const char *data, size_t len, trace_limit *limit,
+                   char *err, size_t errlen);
 int trace_read_snapshot(trace *t, const unsigned char *data, size_t len,
-                        char *err, size_t errlen);
+                        trace_limit *limit, char *err, size_t errlen);
 
 #endif /* TP_TRACE_INTERNAL_H */

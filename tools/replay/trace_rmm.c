@@ -92,11 +92,11 @@ static int rmm_each(void *ctx, const char *line, uint32_t lineno, char *err,
   return tb_add(b, a, ptr, size, id, lineno, err, len);
 }
 
-int trace_read_rmm(trace *t, const char *data, size_t len, char *err,
-                   size_t errlen) {
+int trace_read_rmm(trace *t, const char *data, size_t len, trace_limit *limit,
+                   char *err, size_t errlen) {
   trace_builder b;
   t->where_is = "line";
-  if (tb_init(&b, t) != 0)
+  if (tb_init(&b, t, limit) != 0)
     return trace_failf(err, errlen, "%s: out of memory", t->path);
   int rc = trace_each_line(data, len, t->path, rmm_each, &b, err, errlen);
   tb_fini(&b);

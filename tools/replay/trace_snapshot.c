@@ -118,14 +118,25 @@ static int entry(trace_builder *b, user_reserved *u, const pk_value *e,
 }
 
 int trace_read_snapshot(trace *t, const unsigned char *data, size_t len,
-                        char *err, size_t errlen) {
+                        trace_limit *limit, char *err, size_t errlen) {
   char why[240];
   pk_doc *doc = NULL;
   pk_value *root = NULL;
   t->where_is = "entry";
-  if (pk_parse(data, len, &doc, &root, why, sizeof why) != 0)
+  uint64_t left = limit->limit - limit->held;
+  int prc = pk_parse(data, len, left < SIZE_MAX ? (size_t)left : SIZE_MAX, &doc,
+                     &root, why, sizeof why);
+  if (prc == -2) {
+    char over[200];
+    trace_limit_fail(limit, "its values need", over, sizeof over);
+    /* why begins with the offset: "pickle byte N: ..." */
+    return trace_failf(err, errlen, "%s: %.*s: %s", t->path,
+                       (int)strcspn(why, ":"), why, over);
+  }
+  if (prc != 0)
     return trace_failf(err, errlen, "%s: a damaged or unreadable pickle: %s",
                        t->path, why);
+  trace_charge(limit, pk_bytes(doc));
   int rc = 0;
   const pk_value *traces = pk_get(root, "device_traces");
   if (root->type != PK_DICT) {
@@ -167,7 +178,7 @@ int trace_read_snapshot(trace *t, const unsigned char *data, size_t len,
     rc = trace_failf(err, errlen, "%s: too many events", t->path);
   trace_builder b;
   user_reserved u = {0};
-  if (rc == 0 && tb_init(&b, t) != 0)
+  if (rc == 0 && tb_init(&b, t, limit) != 0)
     rc = trace_failf(err, errlen, "%s: out of memory", t->path);
   else if (rc == 0) {
     const pk_value *dev = traces->u.list.v[t->device];
