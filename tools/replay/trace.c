@@ -81,20 +81,20 @@ static int memory_limit(const char *path, uint64_t *out, char *err,
   return 0;
 }
 
-/* ---- address -> live allocation id ---------------------------------------
+/* ---- 64-bit keys -> 32-bit values -----------------------------------------
  * Open addressing with tombstones. */
 
 #define EMPTY UINT32_MAX
-#define DELETED (UINT32_MAX - 1)
+#define DELETED TRACE_MAP_ABSENT
 
-struct trace_names {
+struct trace_map {
   uint64_t *keys;
-  uint32_t *vals; /* EMPTY, DELETED or an id */
+  uint32_t *vals; /* EMPTY, DELETED or a value */
   size_t cap, used;
 };
 
-static trace_names *names_new(size_t cap) {
-  trace_names *n = calloc(1, sizeof *n);
+static trace_map *map_new(size_t cap) {
+  trace_map *n = calloc(1, sizeof *n);
   if (!n)
     return NULL;
   n->cap = cap;
@@ -110,7 +110,11 @@ static trace_names *names_new(size_t cap) {
   return n;
 }
 
-static void names_free(trace_names *n) {
+trace_map *trace_map_new(void) {
+  return map_new(1024);
+}
+
+void trace_map_free(trace_map *n) {
   if (!n)
     return;
   free(n->keys);
@@ -118,7 +122,7 @@ static void names_free(trace_names *n) {
   free(n);
 }
 
-static uint32_t *names_find(trace_names *n, uint64_t key, bool insert) {
+uint32_t *trace_map_find(trace_map *n, uint64_t key, bool insert) {
   size_t i = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (n->cap - 1);
   size_t tomb = SIZE_MAX;
   for (;; i = (i + 1) & (n->cap - 1)) {
@@ -138,13 +142,17 @@ static uint32_t *names_find(trace_names *n, uint64_t key, bool insert) {
   else
     n->used++;
   n->keys[i] = key;
+  n->vals[i] = DELETED; /* until the caller stores a value */
   return &n->vals[i];
 }
 
-/* Room for one more key, rehashing (and dropping tombstones) when half
- * full: 0, -1 out of memory, -2 past the limit. */
-static int names_grow(trace_names **pn, trace_limit *l) {
-  trace_names *n = *pn;
+void trace_map_remove(uint32_t *slot) {
+  *slot = DELETED;
+}
+
+/* Rehashes (dropping tombstones) when half full. */
+int trace_map_room(trace_map **pn, trace_limit *l) {
+  trace_map *n = *pn;
   if ((n->used + 1) * 2 < n->cap)
     return 0;
   size_t live = 0;
@@ -153,13 +161,13 @@ static int names_grow(trace_names **pn, trace_limit *l) {
   size_t cap = live * 4 > n->cap ? n->cap * 2 : n->cap;
   if (!trace_charge(l, (cap - n->cap) * (sizeof *n->keys + sizeof *n->vals)))
     return -2;
-  trace_names *bigger = names_new(cap);
+  trace_map *bigger = map_new(cap);
   if (!bigger)
     return -1;
   for (size_t i = 0; i < n->cap; i++)
     if (n->vals[i] < DELETED)
-      *names_find(bigger, n->keys[i], true) = n->vals[i];
-  names_free(n);
+      *trace_map_find(bigger, n->keys[i], true) = n->vals[i];
+  trace_map_free(n);
   *pn = bigger;
   return 0;
 }
@@ -171,12 +179,12 @@ int tb_init(trace_builder *b, trace *t, trace_limit *limit) {
   memset(b, 0, sizeof *b);
   b->t = t;
   b->limit = limit;
-  b->names = names_new(1024);
+  b->names = trace_map_new();
   return b->names ? 0 : -1;
 }
 
 void tb_fini(trace_builder *b) {
-  names_free(b->names);
+  trace_map_free(b->names);
   free(b->sizes);
   free(b->raw_streams);
   memset(b, 0, sizeof *b);
@@ -227,7 +235,7 @@ int tb_add(trace_builder *b, trace_action a, uint64_t addr, uint64_t size,
   if (a == TRACE_ALLOC) {
     if (t->nnames >= DELETED)
       return trace_failf(why, len, "too many allocations");
-    int grown = names_grow(&b->names, b->limit);
+    int grown = trace_map_room(&b->names, b->limit);
     if (grown != 0)
       return grown == -2
                  ? trace_limit_fail(b->limit, "its operations need", why, len)
@@ -242,7 +250,7 @@ int tb_add(trace_builder *b, trace_action a, uint64_t addr, uint64_t size,
       b->sizes = s;
       b->capsizes = cap;
     }
-    uint32_t *slot = names_find(b->names, addr, true);
+    uint32_t *slot = trace_map_find(b->names, addr, true);
     if (*slot < DELETED)
       t->double_allocs++;
     op->name = t->nnames++;
@@ -253,10 +261,10 @@ int tb_add(trace_builder *b, trace_action a, uint64_t addr, uint64_t size,
       t->peak_live = b->live;
     t->nallocs++;
   } else if (a == TRACE_FREE) {
-    uint32_t *slot = names_find(b->names, addr, false);
+    uint32_t *slot = trace_map_find(b->names, addr, false);
     if (slot) {
       op->name = *slot;
-      *slot = DELETED;
+      trace_map_remove(slot);
       b->live -= b->sizes[op->name];
     } else {
       t->unknown_frees++;

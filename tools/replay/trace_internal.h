@@ -11,8 +11,6 @@
 
 #include "trace.h"
 
-typedef struct trace_names trace_names;
-
 /* What reading one trace may hold: the decompressed file, a snapshot's
  * pickled values and the operations built. A gzip'd file decompresses to
  * up to 1032 times its size, and its lines or opcodes make operations or
@@ -32,11 +30,26 @@ bool trace_charge(trace_limit *l, uint64_t bytes);
 int trace_limit_fail(const trace_limit *l, const char *what, char *why,
                      size_t len);
 
+/* A hash table from 64-bit keys (addresses) to 32-bit values below
+ * TRACE_MAP_ABSENT, so that a reader looks an address up in constant time
+ * however many are live. */
+typedef struct trace_map trace_map;
+#define TRACE_MAP_ABSENT (UINT32_MAX - 1)
+trace_map *trace_map_new(void);
+void trace_map_free(trace_map *m);
+/* Room for one more key: 0, -1 out of memory, -2 past the limit. */
+int trace_map_room(trace_map **m, trace_limit *l);
+/* The value's slot of a key, or NULL where it is absent and insert is
+ * false; a key inserted holds TRACE_MAP_ABSENT until the caller stores a
+ * value in its slot. Call trace_map_room before each insertion. */
+uint32_t *trace_map_find(trace_map *m, uint64_t key, bool insert);
+void trace_map_remove(uint32_t *slot);
+
 typedef struct trace_builder {
   trace *t;
   trace_limit *limit;
-  trace_names *names; /* address -> live allocation id */
-  uint64_t *sizes;    /* size of each allocation id while it is live */
+  trace_map *names; /* address -> live allocation id */
+  uint64_t *sizes;  /* size of each allocation id while it is live */
   size_t capsizes;
   uint64_t live;
   uint64_t *raw_streams; /* raw stream value of each stream number > 0 */
