@@ -7,6 +7,7 @@
 #include <zlib.h>
 
 #include "check.h"
+#include "pickle.h"
 #include "trace.h"
 
 static char dir[] = "/tmp/tp_replay_limits.XXXXXX";
@@ -300,6 +301,85 @@ static void test_snapshot_many_segments(void) {
   trace_free(&t);
 }
 
+/* One dict of 20,000 keys, its four that matter first, shared through the
+ * memo by 20,000 events: each lookup searched the keys from the last (16 s
+ * for this 400 KB file); an index finds them at once. */
+static void test_snapshot_shared_dict(void) {
+  enum { KEYS = 20000, EVENTS = 20000 };
+  pickle_out w = {0};
+  po_begin(&w);
+  po_bytes(&w, "}\x94(", 3); /* EMPTY_DICT, MEMOIZE (as 0), MARK */
+  po_str(&w, "action");
+  po_str(&w, "alloc");
+  po_str(&w, "addr");
+  po_int(&w, 4096);
+  po_str(&w, "size");
+  po_int(&w, 512);
+  po_str(&w, "stream");
+  po_int(&w, 7);
+  for (int i = 0; i < KEYS; i++) {
+    char key[32];
+    snprintf(key, sizeof key, "key%d", i);
+    po_str(&w, key);
+    po_int(&w, (uint64_t)i);
+  }
+  po_str(&w, "size"); /* given twice: the last is the dict's */
+  po_int(&w, 1024);
+  po_bytes(&w, "u", 1);
+  for (int i = 1; i < EVENTS; i++)
+    po_bytes(&w, "h\x00", 2); /* BINGET 0 */
+  po_end(&w, "shared.pickle");
+  trace t;
+  double t0 = now_s();
+  if (load(&t, "shared.pickle") != 0)
+    return;
+  double took = now_s() - t0;
+  CHECK_EQ_U64(t.nops, EVENTS);
+  CHECK_EQ_U64(t.double_allocs, EVENTS - 1);
+  CHECK_EQ_U64(t.ops[0].size, 1024);
+  CHECK_EQ_INT(t.nstreams, 2);
+  trace_free(&t);
+  if (took > 1.0)
+    CHECK_FAIL("reading %d events of a shared dict took %.1f s", EVENTS, took);
+}
+
+/* pk_get on dicts with and without an index: the last of a repeated key,
+ * and a key absent, in dicts of 3 and of 40 keys. */
+static void test_pickle_index(void) {
+  for (int keys = 3; keys <= 40; keys += 37) {
+    pickle_out w = {0};
+    po_bytes(&w, "\x80\x04}(", 4);
+    for (int i = 0; i < keys; i++) {
+      char key[32];
+      snprintf(key, sizeof key, "k%d", i);
+      po_str(&w, key);
+      po_int(&w, (uint64_t)i);
+    }
+    po_bytes(&w, "K\x05", 2); /* an int key, which no string finds */
+    po_int(&w, 99);
+    po_str(&w, "k1");
+    po_int(&w, 100);
+    po_bytes(&w, "u.", 2);
+    pk_doc *doc;
+    pk_value *root;
+    char err[300];
+    REQUIRE_EXIT(pk_parse((const unsigned char *)w.b, w.n, SIZE_MAX, &doc,
+                          &root, err, sizeof err) == 0);
+    CHECK_EQ_INT(root->u.dict.index != NULL, keys > 8);
+    for (int i = 0; i < keys; i++) {
+      char key[32];
+      snprintf(key, sizeof key, "k%d", i);
+      const pk_value *v = pk_get(root, key);
+      CHECK(v && v->type == PK_INT && v->u.i == (i == 1 ? 100 : i));
+    }
+    CHECK(pk_get(root, "k") == NULL);
+    CHECK(pk_get(root, "5") == NULL);
+    CHECK(pk_get(root, "") == NULL);
+    pk_free(doc);
+    free(w.b);
+  }
+}
+
 int main(void) {
   REQUIRE_EXIT(mkdtemp(dir) != NULL);
   RUN_TEST(test_gzip_members);
@@ -308,6 +388,8 @@ int main(void) {
   RUN_TEST(test_limit_pickle);
   RUN_TEST(test_limit_operations);
   RUN_TEST(test_snapshot_many_segments);
+  RUN_TEST(test_snapshot_shared_dict);
+  RUN_TEST(test_pickle_index);
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd) != 0)

@@ -38,8 +38,12 @@ struct pk_value {
       size_t n, cap;
     } list; /* PK_LIST, PK_TUPLE */
     struct {
-      pk_value **k, **v;
+      pk_value **kv; /* key i at 2i, its value at 2i + 1 */
       size_t n, cap;
+      /* Dicts of more than a few keys: a hash table of their string keys
+       * (1 + the index of the last pair with that key), so that pk_get
+       * costs the same however many keys there are. */
+      uint32_t *index;
     } dict;
   } u;
 };
@@ -61,7 +65,8 @@ void pk_free(pk_doc *doc);
  * as pk_parse counts them against its limit). */
 size_t pk_bytes(const pk_doc *doc);
 
-/* The value of a dict's string key, or NULL (also when d is not a dict). */
+/* The value of a dict's string key (its last, where it was given twice),
+ * or NULL (also when d is not a dict). */
 const pk_value *pk_get(const pk_value *d, const char *key);
 /* Whether a PK_STR value equals a C string. */
 bool pk_str_is(const pk_value *v, const char *s);
