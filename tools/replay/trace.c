@@ -214,7 +214,7 @@ int tb_stream(trace_builder *b, uint64_t raw, uint16_t *out) {
 }
 
 int tb_add(trace_builder *b, trace_action a, uint64_t addr, uint64_t size,
-           uint16_t stream, uint32_t where, char *why, size_t len) {
+           uint16_t stream, uint64_t where, char *why, size_t len) {
   trace *t = b->t;
   if (t->nops == t->cap) {
     size_t cap = t->cap ? t->cap * 2 : 4096;
@@ -276,6 +276,9 @@ int tb_add(trace_builder *b, trace_action a, uint64_t addr, uint64_t size,
   return 0;
 }
 
+/* The 64-bit `where` fills what was padding after `size`. */
+_Static_assert(sizeof(trace_op) == 24, "an operation is 24 bytes");
+
 /* ---- tidepool's CSV ---------------------------------------------------------
  */
 
@@ -304,7 +307,7 @@ typedef struct csv_ctx {
   size_t capdone;
 } csv_ctx;
 
-static int csv_line(csv_ctx *c, const char *line, uint32_t lineno, char *err,
+static int csv_line(csv_ctx *c, const char *line, uint64_t lineno, char *err,
                     size_t len) {
   bool with_done = c->with_done;
   static const struct {
@@ -376,7 +379,9 @@ static int csv_line(csv_ctx *c, const char *line, uint32_t lineno, char *err,
 int trace_each_line(const char *data, size_t len, const char *path,
                     trace_line_fn fn, void *ctx, char *err, size_t errlen) {
   char line[LINE_MAX_CHARS + 2], why[200];
-  uint32_t lineno = 0;
+  /* 64 bits: a counter of 32 wrapped after 4 GiB of blank lines, so that
+   * line 2^32 + 1 was taken for the header and skipped. */
+  uint64_t lineno = 0;
   for (size_t at = 0; at < len;) {
     const char *start = data + at;
     const char *nl = memchr(start, '\n', len - at);
@@ -386,14 +391,16 @@ int trace_each_line(const char *data, size_t len, const char *path,
     if (n > 0 && start[n - 1] == '\r')
       n--;
     if (n > LINE_MAX_CHARS)
-      return trace_failf(err, errlen, "%s:%u: line too long", path, lineno);
+      return trace_failf(err, errlen, "%s:%llu: line too long", path,
+                         (unsigned long long)lineno);
     memcpy(line, start, n);
     line[n] = '\0';
     if (memchr(line, '\0', n))
-      return trace_failf(err, errlen, "%s:%u: a NUL byte in a text line", path,
-                         lineno);
+      return trace_failf(err, errlen, "%s:%llu: a NUL byte in a text line",
+                         path, (unsigned long long)lineno);
     if (fn(ctx, line, lineno, why, sizeof why) != 0)
-      return trace_failf(err, errlen, "%s:%u: %s", path, lineno, why);
+      return trace_failf(err, errlen, "%s:%llu: %s", path,
+                         (unsigned long long)lineno, why);
   }
   return 0;
 }
@@ -401,7 +408,7 @@ int trace_each_line(const char *data, size_t len, const char *path,
 static const char csv_header[] = "action,addr,size,stream";
 static const char csv_header_done[] = "action,addr,size,stream,done";
 
-static int csv_each(void *ctx, const char *line, uint32_t lineno, char *err,
+static int csv_each(void *ctx, const char *line, uint64_t lineno, char *err,
                     size_t len) {
   csv_ctx *c = ctx;
   if (lineno == 1)
@@ -655,10 +662,10 @@ void trace_free(trace *t) {
 
 void trace_where(const trace *t, const trace_op *op, char *out, size_t len) {
   if (t->format == TRACE_FORMAT_SNAPSHOT)
-    snprintf(out, len, "%s, device_traces[%d][%u]", t->path, t->device,
-             op->where);
+    snprintf(out, len, "%s, device_traces[%d][%llu]", t->path, t->device,
+             (unsigned long long)op->where);
   else
-    snprintf(out, len, "%s:%u", t->path, op->where);
+    snprintf(out, len, "%s:%llu", t->path, (unsigned long long)op->where);
 }
 
 const char *trace_format_name(trace_format f) {

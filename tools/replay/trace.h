@@ -28,7 +28,9 @@ typedef struct trace_op {
   uint16_t stream; /* 0 is the default stream */
   uint8_t action;
   uint64_t size;
-  uint32_t where; /* the line (CSV formats) or entry (snapshots) it came from */
+  /* The line (CSV formats) or entry (snapshots) it came from: 64 bits, as a
+   * file of 4 GiB of blank lines has more than 2^32 of them. */
+  uint64_t where;
 } trace_op;
 
 typedef enum trace_format {

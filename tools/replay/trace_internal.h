@@ -63,14 +63,14 @@ int tb_stream(trace_builder *b, uint64_t raw, uint16_t *out);
 /* Appends one operation; -1 with a reason in why (out of memory, the
  * limit, too many allocations). */
 int tb_add(trace_builder *b, trace_action a, uint64_t addr, uint64_t size,
-           uint16_t stream, uint32_t where, char *why, size_t len);
+           uint16_t stream, uint64_t where, char *why, size_t len);
 
 int trace_failf(char *err, size_t len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Calls fn on each line of data (without its newline or a trailing \r),
  * numbering lines from 1; a failure of fn becomes "path:LINE: why". */
-typedef int (*trace_line_fn)(void *ctx, const char *line, uint32_t lineno,
+typedef int (*trace_line_fn)(void *ctx, const char *line, uint64_t lineno,
                              char *err, size_t len);
 int trace_each_line(const char *data, size_t len, const char *path,
                     trace_line_fn fn, void *ctx, char *err, size_t errlen);

@@ -41,7 +41,7 @@ static int field_number(const char *s, size_t n, uint64_t *out) {
   return 0;
 }
 
-static int rmm_each(void *ctx, const char *line, uint32_t lineno, char *err,
+static int rmm_each(void *ctx, const char *line, uint64_t lineno, char *err,
                     size_t len) {
   trace_builder *b = ctx;
   if (lineno == 1 || !*line)

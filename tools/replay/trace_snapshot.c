@@ -104,7 +104,7 @@ static int int_field(const pk_value *e, const char *key, bool may_be_negative,
 }
 
 static int entry(trace_builder *b, user_reserved *u, const pk_value *e,
-                 uint32_t index, char *why, size_t len) {
+                 uint64_t index, char *why, size_t len) {
   if (e->type != PK_DICT)
     return trace_failf(why, len, "a %s, not a dict", pk_type_name(e));
   const pk_value *action = pk_get(e, "action");
@@ -209,8 +209,6 @@ int trace_read_snapshot(trace *t, const unsigned char *data, size_t len,
                      "torch.cuda.memory._record_memory_history() before the "
                      "workload runs",
                      t->path);
-  if (rc == 0 && most > UINT32_MAX)
-    rc = trace_failf(err, errlen, "%s: too many events", t->path);
   trace_builder b;
   user_reserved u = {.unused = NO_SEGMENT};
   if (rc == 0 && tb_init(&b, t, limit) != 0)
@@ -218,7 +216,7 @@ int trace_read_snapshot(trace *t, const unsigned char *data, size_t len,
   else if (rc == 0) {
     const pk_value *dev = traces->u.list.v[t->device];
     for (size_t i = 0; rc == 0 && i < dev->u.list.n; i++)
-      if (entry(&b, &u, dev->u.list.v[i], (uint32_t)i, why, sizeof why) != 0)
+      if (entry(&b, &u, dev->u.list.v[i], i, why, sizeof why) != 0)
         rc = trace_failf(err, errlen, "%s, device_traces[%d][%zu]: %s", t->path,
                          t->device, i, why);
     tb_fini(&b);
