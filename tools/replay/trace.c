@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <zlib.h>
 
 #include "trace_internal.h"
@@ -82,7 +83,10 @@ static int memory_limit(const char *path, uint64_t *out, char *err,
 }
 
 /* ---- 64-bit keys -> 32-bit values -----------------------------------------
- * Open addressing with tombstones. */
+ * Open addressing with tombstones. The hash mixes every bit of the key with
+ * a seed that differs from table to table: the multiplication alone left
+ * the addresses k * 2^40 / 0x9E3779B97F4A7C15 all in one slot, so that a
+ * file of n of them cost n^2 (100,000 lines, 1 MB gzip'd: 20 s). */
 
 #define EMPTY UINT32_MAX
 #define DELETED TRACE_MAP_ABSENT
@@ -91,7 +95,18 @@ struct trace_map {
   uint64_t *keys;
   uint32_t *vals; /* EMPTY, DELETED or a value */
   size_t cap, used;
+  uint64_t seed;
 };
+
+/* The finalizer of MurmurHash3: each bit of x reaches every bit. */
+static uint64_t mix64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xFF51AFD7ED558CCDull;
+  x ^= x >> 33;
+  x *= 0xC4CEB9FE1A85EC53ull;
+  x ^= x >> 33;
+  return x;
+}
 
 static trace_map *map_new(size_t cap) {
   trace_map *n = calloc(1, sizeof *n);
@@ -107,6 +122,9 @@ static trace_map *map_new(size_t cap) {
     return NULL;
   }
   memset(n->vals, 0xff, cap * sizeof *n->vals);
+  /* Where the arrays lie and when: what a file cannot know. */
+  n->seed = mix64((uint64_t)(uintptr_t)n->keys ^
+                  (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull);
   return n;
 }
 
@@ -123,7 +141,7 @@ void trace_map_free(trace_map *n) {
 }
 
 uint32_t *trace_map_find(trace_map *n, uint64_t key, bool insert) {
-  size_t i = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (n->cap - 1);
+  size_t i = (size_t)mix64(key ^ n->seed) & (n->cap - 1);
   size_t tomb = SIZE_MAX;
   for (;; i = (i + 1) & (n->cap - 1)) {
     if (n->vals[i] == EMPTY)
