@@ -1482,6 +1482,45 @@ static void test_foreign_streams(void) {
   drv.stream_destroy(c);
 }
 
+/* ---- the per-thread default stream ----------------------------------------
+ * CU_STREAM_PER_THREAD (the value 2) names the calling thread's own stream:
+ * asked, or recorded on, from another thread, the handle means that
+ * thread's stream. A free pending on one thread's must not be taken as done
+ * because another thread's, idle, answered. */
+typedef struct ptds_case {
+  void *p;
+  void *r;
+} ptds_case;
+
+static void *ptds_other_thread(void *arg) {
+  ptds_case *c = arg;
+  tp_stream_t mine = (tp_stream_t)(uintptr_t)2;
+  CHECK_OK(tp_malloc_async(&c->r, 2 << 20, mine));
+  CHECK_OK(tp_free_async(c->r, mine));
+  CHECK_OK(tp_stream_synchronize(mine));
+  return NULL;
+}
+
+static void test_per_thread_streams(void) {
+  if (check_on_host()) {
+    printf("   (host: no per-thread default stream)\n");
+    return;
+  }
+  tp_stream_t mine = (tp_stream_t)(uintptr_t)2;
+  static atomic_int gate;
+  atomic_store(&gate, 0);
+  ptds_case c = {NULL, NULL};
+  REQUIRE_OK(tp_malloc_async(&c.p, 2 << 20, mine));
+  CHECK_OK(tp_launch_host_func(mine, wait_gate, &gate));
+  CHECK_OK(tp_free_async(c.p, mine));
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, ptds_other_thread, &c) == 0);
+  pthread_join(t, NULL);
+  CHECK(c.r != c.p);
+  atomic_store(&gate, 1);
+  CHECK_OK(tp_stream_synchronize(mine));
+}
+
 /* ---- execs the driver made ----------------------------------------------
  * A graph the application captured and instantiated with the driver, while
  * tidepool allocated in it: once adopted, its launches are booked as
@@ -1613,6 +1652,7 @@ int main(void) {
   RUN_TEST(test_threads);
   RUN_TEST(test_driver_answers);
   RUN_TEST(test_foreign_streams);
+  RUN_TEST(test_per_thread_streams);
   RUN_TEST(test_adopted_execs);
   return check_done();
 }

@@ -44,6 +44,9 @@ typedef struct tp__stream_desc {
   int device;
   unsigned flags; /* TP_STREAM_NON_BLOCKING or 0 */
   int legacy;     /* 1: the device's legacy default stream */
+  /* The handle names the calling thread's own stream (cuda's per-thread
+   * default stream): from another thread it names that thread's. */
+  bool thread_bound;
 } tp__stream_desc;
 
 typedef struct tp__platform_ops {
@@ -105,11 +108,12 @@ typedef struct tp__platform_ops {
    * invalidates it, and the driver tells no one when a capture begins). */
   tp_error_t (*stream_poll)(tp__pstream *ps);
   /* Whether ps, a stream of another's adopted with `uid`, is that stream
-   * still: false only where the platform is sure that its handle now names
-   * another stream, or none (its owner destroyed it), so that asking ps or
-   * recording on it would answer for someone else. Never disturbs a
-   * capture (a capturing stream is taken as itself). NULL where every
-   * stream is the core's own (host). */
+   * still, for the calling thread: false only where the platform is sure
+   * that its handle now names another stream, or none (its owner destroyed
+   * it), or, for a thread-bound one, that the calling thread's is another;
+   * asking ps or recording on it would then answer for someone else. Never
+   * disturbs a capture (a capturing stream is taken as itself). NULL where
+   * every stream is the core's own (host). */
   bool (*stream_named)(tp__pstream *ps, uint64_t uid);
   tp_error_t (*stream_wait_event)(tp__pstream *ps, tp__pevent *ev);
   tp_error_t (*memset_async)(tp__pstream *ps, void *ptr, int value,

@@ -127,6 +127,7 @@ static tp__stream *stream_alloc(const tp__stream_desc *d) {
   s->flags = d->flags;
   s->legacy = d->legacy;
   s->ps = d->ps;
+  s->thread_bound = d->thread_bound;
   atomic_init(&s->refs, 1);
   atomic_init(&s->epoch, 1);
   atomic_init(&s->done_epoch, 0);
@@ -208,6 +209,14 @@ static _Atomic uint64_t unnamed = 1;
 static bool still_named(tp__stream *s) {
   if (atomic_load_explicit(&s->released, memory_order_relaxed))
     return false;
+  /* A per-thread stream is asked only from its own thread, where its
+   * handle names it; from another it names that thread's (test_capture's
+   * per-thread streams: a free pending on one thread's was taken as done
+   * because another thread's, idle, answered). It is never lost: it lives
+   * as long as its thread. */
+  if (s->thread_bound)
+    return tp__platform->stream_named &&
+           tp__platform->stream_named(s->ps, s->uid);
   if (s->owned || s->legacy || !s->uid || (s->uid & TP_STREAM_UNNAMED) ||
       !tp__platform->stream_named || tp__platform->stream_named(s->ps, s->uid))
     return true;
@@ -236,7 +245,7 @@ tp_error_t tp__legacy_get(int device, tp__stream **out) {
     *out = s;
     return TP_SUCCESS;
   }
-  tp__stream_desc d;
+  tp__stream_desc d = {0};
   TP_FORWARD(tp__platform->stream_legacy(device, &d));
   tp__mutex_lock(&reg_lock);
   s = atomic_load_explicit(&legacy_streams[device], memory_order_relaxed);
@@ -322,7 +331,8 @@ static void forget_lost(tp_stream_t handle, const tp__stream *now) {
   tp__mutex_lock(&reg_lock);
   for (uint32_t i = 0; i < nreg && n < LOST_BATCH; i++) {
     tp__stream *o = reg[i];
-    if (o != now && !o->owned && !o->legacy && o->handle == handle) {
+    if (o != now && !o->owned && !o->legacy && !o->thread_bound &&
+        o->handle == handle) {
       tp__stream_ref(o);
       seen[n++] = o;
     }
@@ -331,7 +341,8 @@ static void forget_lost(tp_stream_t handle, const tp__stream *now) {
   for (uint32_t k = 0; k < n; k++) {
     tp__stream *o = seen[k];
     tp__blspin_lock(&o->lock);
-    bool gone = !still_named(o);
+    bool gone = !still_named(o) &&
+                atomic_load_explicit(&o->released, memory_order_relaxed);
     tp__blspin_unlock(&o->lock);
     tp__mutex_lock(&reg_lock);
     uint32_t i = reg_index(o);
@@ -358,7 +369,7 @@ tp__stream *tp__stream_take_lost(void) {
 /* A stream tidepool did not make: described by the platform, then found by
  * uid (or, while it captures, by handle) or registered. */
 static tp_error_t adopt(tp_stream_t handle, tp__stream **out) {
-  tp__stream_desc d;
+  tp__stream_desc d = {0};
   TP_FORWARD(tp__platform->stream_adopt(handle, &d));
   if (d.legacy)
     return tp__legacy_get(d.device, out);

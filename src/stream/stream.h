@@ -86,6 +86,7 @@ struct tp__stream {
   /* The pool layer's cache used last; under `lock`, never read here. */
   tp__cache *hint;
   tp__pstream *ps;
+  bool thread_bound; /* ps names the calling thread's own (platform.h) */
   int device;
   unsigned flags;
   _Atomic uint64_t done_epoch; /* frees with epoch <= this completed */

@@ -85,6 +85,7 @@ static tp_error_t adopt_per_thread(tp__stream_desc *desc) {
   desc->device = device;
   desc->flags = (flags & CU_STREAM_NON_BLOCKING) ? TP_STREAM_NON_BLOCKING : 0;
   desc->legacy = 0;
+  desc->thread_bound = true;
   return TP_SUCCESS;
 }
 
@@ -152,6 +153,7 @@ tp_error_t tp__cu_stream_adopt(tp_stream_t handle, tp__stream_desc *desc) {
   desc->device = device;
   desc->flags = (flags & CU_STREAM_NON_BLOCKING) ? TP_STREAM_NON_BLOCKING : 0;
   desc->legacy = 0;
+  desc->thread_bound = false;
   return TP_SUCCESS;
 }
 
@@ -221,14 +223,15 @@ tp_error_t tp__cu_stream_poll(tp__pstream *ps) {
 }
 
 /* The capture question first, as in the poll: the id is refused (and the
- * capture invalidated) while the stream captures. The per-thread stream's
- * handle names one stream per thread, never destroyed. An error other than
- * a handle the driver no longer knows leaves the stream taken as itself. */
+ * capture invalidated) while the stream captures. The per-thread stream is
+ * asked in its device's context, where it names the calling thread's own:
+ * another thread's is not it. An error other than a handle the driver no
+ * longer knows leaves the stream taken as itself. */
 bool tp__cu_stream_named(tp__pstream *ps, uint64_t uid) {
-  if ((uintptr_t)ps < TP_CU_SPECIAL_LIMIT)
+  CUstream s;
+  tp__cu_scope scope;
+  if (tp__cu_stream_begin(ps, &s, &scope) != TP_SUCCESS)
     return true;
-  CUstream s = (CUstream)ps;
-  tp__cu_scope scope = {0};
   tp__cu_scope_relax(&scope);
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   CUresult r = tp__cu.cuStreamIsCapturing ? tp__cu.cuStreamIsCapturing(s, &st)
