@@ -3,6 +3,7 @@
  * Damaged input (truncation, an unknown opcode, a stack that does not add
  * up) ends the parse with the byte offset where it went wrong. */
 #include "pickle.h"
+#include "mix.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -177,13 +178,7 @@ static uint64_t key_hash(const char *s, size_t n, uint64_t seed) {
     h ^= (unsigned char)s[i];
     h *= 0x100000001B3ull;
   }
-  /* The finalizer of MurmurHash3: every bit of h reaches the low bits. */
-  h ^= h >> 33;
-  h *= 0xFF51AFD7ED558CCDull;
-  h ^= h >> 33;
-  h *= 0xC4CEB9FE1A85EC53ull;
-  h ^= h >> 33;
-  return h;
+  return tp_replay_mix64(h);
 }
 
 static size_t index_slots(size_t n) {

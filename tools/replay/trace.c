@@ -10,6 +10,7 @@
 #include <time.h>
 #include <zlib.h>
 
+#include "mix.h"
 #include "trace_internal.h"
 
 int trace_failf(char *err, size_t len, const char *fmt, ...) {
@@ -98,16 +99,6 @@ struct trace_map {
   uint64_t seed;
 };
 
-/* The finalizer of MurmurHash3: each bit of x reaches every bit. */
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xFF51AFD7ED558CCDull;
-  x ^= x >> 33;
-  x *= 0xC4CEB9FE1A85EC53ull;
-  x ^= x >> 33;
-  return x;
-}
-
 static trace_map *map_new(size_t cap) {
   trace_map *n = calloc(1, sizeof *n);
   if (!n)
@@ -123,8 +114,8 @@ static trace_map *map_new(size_t cap) {
   }
   memset(n->vals, 0xff, cap * sizeof *n->vals);
   /* Where the arrays lie and when: what a file cannot know. */
-  n->seed = mix64((uint64_t)(uintptr_t)n->keys ^
-                  (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull);
+  n->seed = tp_replay_mix64((uint64_t)(uintptr_t)n->keys ^
+                            (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull);
   return n;
 }
 
@@ -141,7 +132,7 @@ void trace_map_free(trace_map *n) {
 }
 
 uint32_t *trace_map_find(trace_map *n, uint64_t key, bool insert) {
-  size_t i = (size_t)mix64(key ^ n->seed) & (n->cap - 1);
+  size_t i = (size_t)tp_replay_mix64(key ^ n->seed) & (n->cap - 1);
   size_t tomb = SIZE_MAX;
   for (;; i = (i + 1) & (n->cap - 1)) {
     if (n->vals[i] == EMPTY)
