@@ -1521,6 +1521,106 @@ static void test_per_thread_streams(void) {
   CHECK_OK(tp_stream_synchronize(mine));
 }
 
+/* ---- a stream replaced between tidepool's question and its use -----------
+ * The application may destroy its stream and make a new one, which the
+ * driver may give the old handle, at any moment: between the question
+ * whether the handle still names the stream tidepool met and the query or
+ * record that follows it too. The fake driver's hook runs the owner's
+ * destroy and make right after a chosen question of the handle's id; the
+ * free still pending behind a held host function on the old stream must not
+ * be taken as done because the new, idle stream answered. */
+static tp_pool_t one_chunk_pool(void) {
+  tp_pool_props_t props = {0};
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location.type = TP_LOCATION_DEVICE;
+  props.location.id = 0;
+  props.max_size = 2 << 20;
+  tp_pool_t pool = NULL;
+  ok_or_exit(tp_pool_create(&pool, &props), "tp_pool_create");
+  return pool;
+}
+
+typedef void (*after_get_id_fn)(void *, void (*)(void *), void *);
+static struct {
+  after_get_id_fn hook;
+  void *old;
+  void *fresh;
+  int countdown;
+} swap;
+
+static void swap_stream(void *arg) {
+  (void)arg;
+  if (--swap.countdown > 0) {
+    swap.hook(swap.old, swap_stream, NULL);
+    return;
+  }
+  CHECK(drv.stream_destroy(swap.old) == 0);
+  for (int i = 0; i < 16 && !swap.fresh; i++) {
+    void *b = NULL;
+    if (drv.stream_create(&b, 1) != 0)
+      break;
+    if (b == swap.old)
+      swap.fresh = b;
+    else
+      drv.stream_destroy(b);
+  }
+}
+
+static void test_foreign_stream_replaced(void) {
+  if (check_on_host()) {
+    printf("   (host: every stream is tidepool's)\n");
+    return;
+  }
+  REQUIRE(drv_load());
+  const dl_sym hook[] = {{&swap.hook, "fake_cuda_after_next_get_id"}};
+  if (dl_table_load("libcuda.so.1", hook, 1)) {
+    printf("   (a driver without the fake's hook)\n");
+    return;
+  }
+  tp_pool_t pool = one_chunk_pool();
+  int off = 0;
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_OOM_WAIT, &off));
+  tp_stream_t y = new_stream(0);
+  static atomic_int gate;
+  /* The stream replaced at the question before the query, then at the one
+   * before the marker's record. */
+  for (int at = 1; at <= 2; at++) {
+    check_context(at == 1 ? "replaced before the query"
+                          : "replaced before the record");
+    void *a = NULL;
+    REQUIRE(drv.stream_create(&a, 1) == 0);
+    atomic_store(&gate, 0);
+    void *p = NULL, *q = NULL;
+    REQUIRE_OK(tp_malloc_from_pool_async(&p, 2 << 20, pool, (tp_stream_t)a));
+    CHECK_OK(tp_launch_host_func((tp_stream_t)a, wait_gate, &gate));
+    CHECK_OK(tp_free_async(p, (tp_stream_t)a));
+    swap.old = a;
+    swap.fresh = NULL;
+    swap.countdown = at;
+    swap.hook(a, swap_stream, NULL);
+    tp_error_t err = tp_malloc_from_pool_async(&q, 2 << 20, pool, y);
+    swap.hook(NULL, NULL, NULL);
+    if (!swap.fresh)
+      printf("   (the handle was not asked, or not given to a new stream)\n");
+    CHECK_EQ_INT(err, TP_ERROR_OUT_OF_MEMORY);
+    if (err == TP_SUCCESS)
+      CHECK_OK(tp_free_async(q, y));
+    atomic_store(&gate, 1);
+    CHECK_OK(tp_device_synchronize());
+    uint64_t reserved = 1;
+    CHECK_OK(tp_pool_get_attribute(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT,
+                                   &reserved));
+    CHECK_EQ_U64(reserved, 0);
+    if (swap.fresh)
+      drv.stream_destroy(swap.fresh);
+    else if (swap.countdown > 0)
+      drv.stream_destroy(a);
+  }
+  check_context(NULL);
+  CHECK_OK(tp_stream_destroy(y));
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
 /* ---- execs the driver made ----------------------------------------------
  * A graph the application captured and instantiated with the driver, while
  * tidepool allocated in it: once adopted, its launches are booked as
@@ -1653,6 +1753,7 @@ int main(void) {
   RUN_TEST(test_driver_answers);
   RUN_TEST(test_foreign_streams);
   RUN_TEST(test_per_thread_streams);
+  RUN_TEST(test_foreign_stream_replaced);
   RUN_TEST(test_adopted_execs);
   return check_done();
 }

@@ -474,11 +474,16 @@ static tp__marker *marker_record(tp__stream *s) {
    * another thread began between that check and the record took the record
    * into its graph, and a stream that waited on such a marker would join
    * the capture: asked again after the record, such a marker goes. */
+  /* A stream of another's may have been destroyed, and its handle given to
+   * a new stream, since the caller found it named: the record then went to
+   * the new stream, and the question asked again after it says so (the
+   * handle names the stream's id after the record only where it did
+   * throughout, ids not being reused). */
   tp_capture_status_t status = TP_CAPTURE_STATUS_NONE;
   if (!TP_ARRAY_ROOM(s->markers, s->nmarkers, s->capmarkers) ||
       tp__platform->event_record(m->ev, s->ps) != TP_SUCCESS ||
       tp__platform->capture_status(s->ps, &status, NULL) != TP_SUCCESS ||
-      status != TP_CAPTURE_STATUS_NONE) {
+      status != TP_CAPTURE_STATUS_NONE || !still_named(s)) {
     marker_discard(m);
     return NULL;
   }
@@ -573,7 +578,10 @@ static void ask_stream(tp__stream *s) {
     return;
   uint64_t epoch =
       atomic_fetch_add_explicit(&s->epoch, 1, memory_order_relaxed);
-  if (tp__platform->stream_poll(s->ps) == TP_SUCCESS) {
+  /* Asked again after the poll: the owner may have destroyed the stream
+   * and made a new one on its handle in between, which answered for it
+   * (test_capture's test_foreign_stream_replaced). */
+  if (tp__platform->stream_poll(s->ps) == TP_SUCCESS && still_named(s)) {
     tp__atomic_max(&s->seen_epoch, epoch);
     markers_trim(s);
   }

@@ -972,6 +972,26 @@ static CUresult stream_question(CUstream h, fstream **s) {
   return r;
 }
 
+/* A test's hook: run once, outside the lock, right after the next
+ * successful cuStreamGetId of `stream` has read the id, so that a test can
+ * let the stream's owner act between a caller's question and what the
+ * caller does with the answer (a destroy, a new stream on the handle), which
+ * a real driver allows at any moment. Not a driver function. */
+static struct {
+  CUstream stream;
+  void (*fn)(void *);
+  void *arg;
+} after_get_id;
+
+FK_API void fake_cuda_after_next_get_id(CUstream stream, void (*fn)(void *),
+                                        void *arg) {
+  lock();
+  after_get_id.stream = stream;
+  after_get_id.fn = fn;
+  after_get_id.arg = arg;
+  unlock();
+}
+
 FK_API CUresult CUDAAPI cuStreamGetId(CUstream hStream,
                                       unsigned long long *streamId) {
   NEED_INIT();
@@ -982,7 +1002,16 @@ FK_API CUresult CUDAAPI cuStreamGetId(CUstream hStream,
   CUresult r = stream_question(hStream, &s);
   if (r == CUDA_SUCCESS)
     *streamId = s->id;
+  void (*fn)(void *) = NULL;
+  void *arg = NULL;
+  if (r == CUDA_SUCCESS && after_get_id.fn && after_get_id.stream == hStream) {
+    fn = after_get_id.fn;
+    arg = after_get_id.arg;
+    after_get_id.fn = NULL;
+  }
   unlock();
+  if (fn)
+    fn(arg);
   return r;
 }
 
