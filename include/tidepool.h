@@ -202,7 +202,10 @@ typedef enum tp_pool_attr {
   /* int, read-write, default 1: before failing with out-of-memory, wait on
    * the host for pending frees and try once more. Turn it off in a program
    * whose pending frees may sit behind stream work that waits on the
-   * allocating thread: the wait would deadlock it. */
+   * allocating thread: the wait would deadlock it. On cuda, frees pending
+   * on another thread's per-thread default stream, or on a stream its owner
+   * destroyed, cannot be waited for (neither can be asked from here): they
+   * become reusable at a synchronize that covers them. */
   TP_POOL_ATTR_OOM_WAIT = 100,
   TP_POOL_ATTR_CHUNK_MAPS = 101,   /* uint64_t, read-only: chunks mapped */
   TP_POOL_ATTR_CHUNK_UNMAPS = 102, /* uint64_t, read-only: chunks unmapped */
