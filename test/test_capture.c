@@ -1621,6 +1621,42 @@ static void test_foreign_stream_replaced(void) {
   CHECK_OK(tp_pool_destroy(pool));
 }
 
+/* A thread that freed on its per-thread stream and then ended: its frees
+ * are no thread's to ask any more, so they must not wait for a device
+ * synchronize to be reused (the stream is lost at the thread's exit, with
+ * a last marker that covers them). */
+static void *ptds_free_and_exit(void *arg) {
+  tp_stream_t mine = (tp_stream_t)(uintptr_t)2;
+  void **p = arg;
+  CHECK_OK(tp_malloc_async(p, 2 << 20, mine));
+  CHECK_OK(tp_free_async(*p, mine));
+  return NULL;
+}
+
+static void test_per_thread_stream_of_ended_thread(void) {
+  if (check_on_host()) {
+    printf("   (host: no per-thread default stream)\n");
+    return;
+  }
+  tp_pool_t pool;
+  REQUIRE_OK(tp_device_get_default_mem_pool(&pool, 0));
+  tp_stream_t s = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  void *p = NULL, *r = NULL;
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, ptds_free_and_exit, &p) == 0);
+  pthread_join(t, NULL);
+  CHECK_OK(tp_malloc_async(&r, 2 << 20, s));
+  CHECK_EQ_PTR(r, p);
+  uint64_t reserved = 0;
+  CHECK_OK(tp_pool_get_attribute(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT,
+                                 &reserved));
+  CHECK_EQ_U64(reserved, 2 << 20);
+  CHECK_OK(tp_free_async(r, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
 /* ---- execs the driver made ----------------------------------------------
  * A graph the application captured and instantiated with the driver, while
  * tidepool allocated in it: once adopted, its launches are booked as
@@ -1753,6 +1789,7 @@ int main(void) {
   RUN_TEST(test_driver_answers);
   RUN_TEST(test_foreign_streams);
   RUN_TEST(test_per_thread_streams);
+  RUN_TEST(test_per_thread_stream_of_ended_thread);
   RUN_TEST(test_foreign_stream_replaced);
   RUN_TEST(test_adopted_execs);
   return check_done();

@@ -1,6 +1,7 @@
 /* Streams as the allocator sees them: identity that survives handle reuse,
  * free epochs, lazily recorded markers, dependency clocks carried by events,
  * and the legacy default stream's implicit ordering (stream.h). */
+#include <pthread.h>
 #include <string.h>
 
 #include "stream/clock.h"
@@ -197,6 +198,18 @@ static _Atomic uint64_t syncs_done[TP_MAX_DEVICES];
 #define TP_STREAM_UNNAMED (UINT64_C(1) << 62)
 static _Atomic uint64_t unnamed = 1;
 
+/* Nothing more is asked of s or recorded on it: its frees complete with
+ * its markers, or at a device synchronize begun from now on
+ * (tp__stream_dead_done). Stream lock held. */
+static void lose(tp__stream *s) {
+  atomic_store_explicit(
+      &s->dead_syncs,
+      atomic_load_explicit(&syncs_begun[s->device], memory_order_acquire),
+      memory_order_relaxed);
+  atomic_store_explicit(&s->released, true, memory_order_relaxed);
+  atomic_store_explicit(&s->destroyed, true, memory_order_release);
+}
+
 /* Whether s may still be asked, or recorded on, through its platform
  * stream. A stream of another's that its owner destroyed has left its
  * handle to no stream or to a new one, which would answer for it (the fake
@@ -212,20 +225,15 @@ static bool still_named(tp__stream *s) {
   /* A per-thread stream is asked only from its own thread, where its
    * handle names it; from another it names that thread's (test_capture's
    * per-thread streams: a free pending on one thread's was taken as done
-   * because another thread's, idle, answered). It is never lost: it lives
-   * as long as its thread. */
+   * because another thread's, idle, answered). It lives as long as its
+   * thread, and is lost as the thread ends (bound_exit). */
   if (s->thread_bound)
     return tp__platform->stream_named &&
            tp__platform->stream_named(s->ps, s->uid);
   if (s->owned || s->legacy || !s->uid || (s->uid & TP_STREAM_UNNAMED) ||
       !tp__platform->stream_named || tp__platform->stream_named(s->ps, s->uid))
     return true;
-  atomic_store_explicit(
-      &s->dead_syncs,
-      atomic_load_explicit(&syncs_begun[s->device], memory_order_acquire),
-      memory_order_relaxed);
-  atomic_store_explicit(&s->released, true, memory_order_relaxed);
-  atomic_store_explicit(&s->destroyed, true, memory_order_release);
+  lose(s);
   return false;
 }
 
@@ -320,6 +328,19 @@ static tp__stream **lost;
 static uint32_t nlost, caplost;
 static _Atomic uint32_t lost_count;
 
+/* Moves a lost stream from the registry to the list, with the registry's
+ * reference; where the list cannot grow, it stays registered. */
+static void lost_push(tp__stream *s) {
+  tp__mutex_lock(&reg_lock);
+  uint32_t i = reg_index(s);
+  if (i < nreg && TP_ARRAY_ROOM(lost, nlost, caplost)) {
+    reg[i] = reg[--nreg];
+    lost[nlost++] = s;
+    atomic_store_explicit(&lost_count, nlost, memory_order_release);
+  }
+  tp__mutex_unlock(&reg_lock);
+}
+
 /* Streams of another's met before under `handle`, which names `now` since:
  * each that the platform confirms gone is lost and leaves the registry,
  * which would otherwise keep every stream the application ever made (and
@@ -344,14 +365,8 @@ static void forget_lost(tp_stream_t handle, const tp__stream *now) {
     bool gone = !still_named(o) &&
                 atomic_load_explicit(&o->released, memory_order_relaxed);
     tp__blspin_unlock(&o->lock);
-    tp__mutex_lock(&reg_lock);
-    uint32_t i = reg_index(o);
-    if (gone && i < nreg && TP_ARRAY_ROOM(lost, nlost, caplost)) {
-      reg[i] = reg[--nreg];
-      lost[nlost++] = o; /* the registry's reference */
-      atomic_store_explicit(&lost_count, nlost, memory_order_release);
-    }
-    tp__mutex_unlock(&reg_lock);
+    if (gone)
+      lost_push(o);
     tp__stream_unref(o);
   }
 }
@@ -364,6 +379,59 @@ tp__stream *tp__stream_take_lost(void) {
   atomic_store_explicit(&lost_count, nlost, memory_order_release);
   tp__mutex_unlock(&reg_lock);
   return s;
+}
+
+/* ---- per-thread streams at their thread's exit
+ * A thread's per-thread default stream is asked only from that thread
+ * (still_named): once the thread has ended, nothing but a device
+ * synchronize would show its frees complete, and the registry would keep
+ * it, with a cache in each pool, for good. So as the thread ends, a last
+ * marker is recorded on it (the handle still names it there), which covers
+ * every free it issued, and it is lost. */
+static pthread_key_t bound_key;
+static pthread_once_t bound_once = PTHREAD_ONCE_INIT;
+static bool bound_key_made;
+
+static tp__marker *marker_record(tp__stream *s);
+
+/* `arg`: the thread's streams, one per device (held by the key rather than
+ * in static TLS, which a library loaded by dlopen must keep small). */
+static void bound_exit(void *arg) {
+  tp__stream **here = arg;
+  for (int d = 0; d < TP_MAX_DEVICES; d++) {
+    tp__stream *s = here[d];
+    if (!s)
+      continue;
+    tp__blspin_lock(&s->lock);
+    if (!atomic_load_explicit(&s->released, memory_order_relaxed)) {
+      (void)marker_record(s);
+      lose(s);
+    }
+    tp__blspin_unlock(&s->lock);
+    lost_push(s);
+  }
+  free(here);
+}
+
+static void bound_key_make(void) {
+  bound_key_made = pthread_key_create(&bound_key, bound_exit) == 0;
+}
+
+/* Where the key or its array cannot be made, such streams stay until a
+ * device synchronize, as before. */
+static void bound_note(tp__stream *s) {
+  pthread_once(&bound_once, bound_key_make);
+  if (!bound_key_made)
+    return;
+  tp__stream **here = pthread_getspecific(bound_key);
+  if (!here) {
+    here = calloc(TP_MAX_DEVICES, sizeof *here);
+    if (!here || pthread_setspecific(bound_key, here) != 0) {
+      free(here);
+      return;
+    }
+  }
+  here[s->device] = s;
 }
 
 /* A stream tidepool did not make: described by the platform, then found by
@@ -394,6 +462,8 @@ static tp_error_t adopt(tp_stream_t handle, tp__stream **out) {
     foreign_remember(handle, s);
     forget_lost(handle, s);
   }
+  if (s->thread_bound)
+    bound_note(s);
   *out = s;
   return TP_SUCCESS;
 }
