@@ -28,8 +28,12 @@
  * 4G: cuMemCreate fails with CUDA_ERROR_OUT_OF_MEMORY past it) and
  * CUDA_VISIBLE_DEVICES (ordinals only).
  *
- * Not emulated: kernels, memory outside VMM (cuMemAlloc and the
- * stream-ordered allocator), contexts other than the primary ones, timing
+ * Memory outside VMM (cuMemAlloc and the driver's own stream-ordered
+ * allocator, which tidepool's interposer passes calls on to) is emulated
+ * simply; see its section. The per-thread default stream's variants
+ * (_ptsz) are handed out for the calls that have them.
+ *
+ * Not emulated: kernels, contexts other than the primary ones, timing
  * events, graphs launched into a capture (refused), stream priorities, and
  * errors of the device itself (work touching unmapped memory faults the
  * process rather than the context). Potentially unsafe calls during a
@@ -2366,6 +2370,701 @@ FK_API CUresult CUDAAPI cuMemImportFromShareableHandle(
   return CUDA_SUCCESS;
 }
 
+/* ---- memory outside VMM: cuMemAlloc and the stream-ordered allocator -------
+ * What a program calls directly, and what reaches the driver through
+ * tidepool's interposer when tidepool does not answer (a pointer or a pool
+ * tidepool did not make). Each allocation is an anonymous mapping of its
+ * own, charged to its device's memory as cuMemCreate's are. Pools have the
+ * driver's attributes and figures but keep no memory: a block goes back when
+ * its stream reaches the free, as a driver's pool with a release threshold
+ * of 0 would give it back at the next synchronization. Not emulated:
+ * allocations and frees in a capture (graph memory nodes; refused with
+ * CUDA_ERROR_NOT_SUPPORTED), pools of host or managed memory, and pools
+ * shared between processes (CUDA_ERROR_NOT_SUPPORTED). */
+
+#define FK_MAGIC_POOL 0x504f4f4cu
+#define FK_PAGE ((size_t)4096)
+
+struct CUmemPoolHandle_st {
+  uint32_t magic;
+  int device;
+  bool is_default;
+  size_t max_size;
+  int follow, opportunistic, internal; /* the reuse policies */
+  cuuint64_t threshold;
+  cuuint64_t reserved, reserved_high, used, used_high;
+  CUmemAccess_flags access[FK_MAX_DEVICES];
+  struct CUmemPoolHandle_st *all_next;
+};
+/* Every pool ever made: a destroyed one stays, unusable, for the blocks it
+ * gave out, which may be freed after it. */
+static struct CUmemPoolHandle_st *all_pools;
+static struct CUmemPoolHandle_st *default_pools[FK_MAX_DEVICES];
+static struct CUmemPoolHandle_st *current_pools[FK_MAX_DEVICES];
+
+typedef struct dmem {
+  uintptr_t base;
+  size_t size, charged;
+  int device;
+  struct CUmemPoolHandle_st *pool; /* NULL for cuMemAlloc's */
+  bool freeing;                    /* a stream-ordered free is queued */
+  struct dmem *next;
+} dmem;
+static dmem *dmems;
+
+static bool pool_ok(CUmemoryPool p) {
+  return p && p->magic == FK_MAGIC_POOL;
+}
+
+static struct CUmemPoolHandle_st *pool_new(int device) {
+  struct CUmemPoolHandle_st *p = calloc(1, sizeof *p);
+  if (!p)
+    return NULL;
+  p->magic = FK_MAGIC_POOL;
+  p->device = device;
+  p->follow = p->opportunistic = p->internal = 1;
+  p->access[device] = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  p->all_next = all_pools;
+  all_pools = p;
+  return p;
+}
+
+/* The device's default and current pools (held lock); NULL when out of
+ * memory. */
+static struct CUmemPoolHandle_st *default_pool(int device) {
+  if (!default_pools[device]) {
+    default_pools[device] = pool_new(device);
+    if (default_pools[device])
+      default_pools[device]->is_default = true;
+  }
+  return default_pools[device];
+}
+
+static struct CUmemPoolHandle_st *current_pool(int device) {
+  return current_pools[device] ? current_pools[device] : default_pool(device);
+}
+
+static dmem *dmem_find(uintptr_t base) {
+  for (dmem *d = dmems; d; d = d->next)
+    if (d->base == base)
+      return d;
+  return NULL;
+}
+
+/* A new allocation of `size` bytes of `device` (held lock). */
+static CUresult dmem_new(size_t size, int device,
+                         struct CUmemPoolHandle_st *pool, dmem **out) {
+  size_t charged = (size + FK_PAGE - 1) & ~(FK_PAGE - 1);
+  if (charged < size || dev_total[device] - dev_used[device] < charged ||
+      (pool && pool->max_size && pool->max_size - pool->reserved < charged))
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  dmem *d = calloc(1, sizeof *d);
+  void *m = d ? mmap(NULL, charged, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+              : MAP_FAILED;
+  if (m == MAP_FAILED) {
+    free(d);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *d = (dmem){(uintptr_t)m, size, charged, device, pool, false, dmems};
+  dmems = d;
+  dev_used[device] += charged;
+  if (pool) {
+    pool->used += size;
+    pool->reserved += charged;
+    if (pool->used > pool->used_high)
+      pool->used_high = pool->used;
+    if (pool->reserved > pool->reserved_high)
+      pool->reserved_high = pool->reserved;
+  }
+  *out = d;
+  return CUDA_SUCCESS;
+}
+
+/* Gives an allocation back (held lock). */
+static void dmem_release(dmem *d) {
+  dmem **pp = &dmems;
+  while (*pp != d)
+    pp = &(*pp)->next;
+  *pp = d->next;
+  munmap((void *)d->base, d->charged);
+  dev_used[d->device] -= d->charged;
+  if (d->pool) {
+    d->pool->used -= d->size;
+    d->pool->reserved -= d->charged;
+  }
+  free(d);
+}
+
+/* The work of a stream-ordered free, run by the stream's worker. */
+static void free_work(void *arg) {
+  lock();
+  dmem_release(arg);
+  unlock();
+}
+
+FK_API CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) {
+  NEED_INIT();
+  if (!dptr || bytesize == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!current)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  lock();
+  dmem *d = NULL;
+  CUresult r = dmem_new(bytesize, current->device, NULL, &d);
+  if (r == CUDA_SUCCESS)
+    *dptr = (CUdeviceptr)d->base;
+  unlock();
+  return r;
+}
+
+/* cuMemFree waits for the context's work, as the driver synchronizes
+ * before it frees; it takes stream-ordered allocations too. */
+FK_API CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
+  NEED_INIT();
+  if (!dptr)
+    return CUDA_SUCCESS;
+  lock();
+  dmem *d = dmem_find((uintptr_t)dptr);
+  CUresult r = d && !d->freeing ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    d->freeing = true;
+    for (fstream *s = all_streams; s; s = s->all_next) {
+      if (s->ctx != &ctxs[d->device] || s->cap)
+        continue;
+      uint64_t target = s->enq;
+      while (s->done < target)
+        pthread_cond_wait(&progress, &G);
+    }
+    dmem_release(d);
+  }
+  unlock();
+  run_dead();
+  return r;
+}
+
+static CUresult alloc_async(CUdeviceptr *dptr, size_t size,
+                            struct CUmemPoolHandle_st *pool, bool from_pool,
+                            CUstream h) {
+  NEED_INIT();
+  if (!dptr)
+    return CUDA_ERROR_INVALID_VALUE;
+  lock();
+  fstream *s;
+  capture *c;
+  CUresult r = enqueue_begin(h, &s, &c);
+  if (r == CUDA_SUCCESS && c)
+    r = CUDA_ERROR_NOT_SUPPORTED;
+  if (r == CUDA_SUCCESS && from_pool && !pool_ok(pool))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && !from_pool) {
+    pool = current_pool(s->ctx->device);
+    if (!pool)
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (r == CUDA_SUCCESS && size == 0) {
+    *dptr = 0;
+  } else if (r == CUDA_SUCCESS) {
+    dmem *d = NULL;
+    r = dmem_new(size, pool->device, pool, &d);
+    if (r == CUDA_SUCCESS)
+      *dptr = (CUdeviceptr)d->base;
+  }
+  unlock();
+  return r;
+}
+
+/* The driver takes cuMemAlloc's memory too (an H200's answer in
+ * test/conformance/driver_answers.txt); a pointer it did not give out, or
+ * one whose free is already queued, is a bad value. */
+static CUresult free_async(CUdeviceptr dptr, CUstream h) {
+  NEED_INIT();
+  lock();
+  fstream *s;
+  capture *c;
+  CUresult r = enqueue_begin(h, &s, &c);
+  if (r == CUDA_SUCCESS && c)
+    r = CUDA_ERROR_NOT_SUPPORTED;
+  if (r == CUDA_SUCCESS && dptr) {
+    dmem *d = dmem_find((uintptr_t)dptr);
+    r = d && !d->freeing ? implicit_waits(s) : CUDA_ERROR_INVALID_VALUE;
+    work w = {.kind = W_HOST, .u.host = {free_work, d}};
+    if (r == CUDA_SUCCESS)
+      r = push(s, &w);
+    if (r == CUDA_SUCCESS)
+      d->freeing = true;
+  }
+  unlock();
+  return r;
+}
+
+FK_API CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize,
+                                        CUstream hStream) {
+  return alloc_async(dptr, bytesize, NULL, false, hStream);
+}
+
+FK_API CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr,
+                                                size_t bytesize,
+                                                CUmemoryPool pool,
+                                                CUstream hStream) {
+  return alloc_async(dptr, bytesize, pool, true, hStream);
+}
+
+FK_API CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  return free_async(dptr, hStream);
+}
+
+FK_API CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool,
+                                        const CUmemPoolProps *poolProps) {
+  NEED_INIT();
+  if (!pool || !poolProps ||
+      poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (!valid_dev(poolProps->location.id) ||
+      ((unsigned)poolProps->handleTypes &
+       ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+    return CUDA_ERROR_INVALID_VALUE;
+  lock();
+  struct CUmemPoolHandle_st *p = pool_new(poolProps->location.id);
+  if (p)
+    p->max_size = poolProps->maxSize;
+  unlock();
+  if (!p)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  *pool = p;
+  return CUDA_SUCCESS;
+}
+
+/* A device whose current pool is destroyed goes back to its default. */
+FK_API CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
+  NEED_INIT();
+  lock();
+  CUresult r = pool_ok(pool) && !pool->is_default ? CUDA_SUCCESS
+                                                  : CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    pool->magic = 0;
+    for (int i = 0; i < FK_MAX_DEVICES; i++)
+      if (current_pools[i] == pool)
+        current_pools[i] = NULL;
+  }
+  unlock();
+  return r;
+}
+
+FK_API CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool,
+                                              CUmemPool_attribute attr,
+                                              void *value) {
+  NEED_INIT();
+  if (!value)
+    return CUDA_ERROR_INVALID_VALUE;
+  lock();
+  CUresult r = pool_ok(pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+      *(int *)value = pool->follow;
+      break;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+      *(int *)value = pool->opportunistic;
+      break;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+      *(int *)value = pool->internal;
+      break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+      *(cuuint64_t *)value = pool->threshold;
+      break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+      *(cuuint64_t *)value = pool->reserved;
+      break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+      *(cuuint64_t *)value = pool->reserved_high;
+      break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+      *(cuuint64_t *)value = pool->used;
+      break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      *(cuuint64_t *)value = pool->used_high;
+      break;
+    default: r = CUDA_ERROR_INVALID_VALUE; break;
+    }
+  }
+  unlock();
+  return r;
+}
+
+/* The high marks may only be reset (to the current figure, with 0); the
+ * current figures are read-only. */
+FK_API CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool,
+                                              CUmemPool_attribute attr,
+                                              void *value) {
+  NEED_INIT();
+  if (!value)
+    return CUDA_ERROR_INVALID_VALUE;
+  lock();
+  CUresult r = pool_ok(pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+      pool->follow = *(int *)value != 0;
+      break;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+      pool->opportunistic = *(int *)value != 0;
+      break;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+      pool->internal = *(int *)value != 0;
+      break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+      pool->threshold = *(cuuint64_t *)value;
+      break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+      if (*(cuuint64_t *)value != 0)
+        r = CUDA_ERROR_INVALID_VALUE;
+      else
+        pool->reserved_high = pool->reserved;
+      break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      if (*(cuuint64_t *)value != 0)
+        r = CUDA_ERROR_INVALID_VALUE;
+      else
+        pool->used_high = pool->used;
+      break;
+    default: r = CUDA_ERROR_INVALID_VALUE; break;
+    }
+  }
+  unlock();
+  return r;
+}
+
+/* Nothing is kept, so there is nothing to trim. */
+FK_API CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool,
+                                        size_t minBytesToKeep) {
+  NEED_INIT();
+  (void)minBytesToKeep;
+  lock();
+  CUresult r = pool_ok(pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  unlock();
+  return r;
+}
+
+/* The pool's own device keeps read-write access: anything else for it, or
+ * a device that does not exist, is an invalid device (an H200's answers). */
+FK_API CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool pool,
+                                           const CUmemAccessDesc *map,
+                                           size_t count) {
+  NEED_INIT();
+  if (!map && count)
+    return CUDA_ERROR_INVALID_VALUE;
+  lock();
+  CUresult r = pool_ok(pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < count && r == CUDA_SUCCESS; i++) {
+    if (map[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        (unsigned)map[i].flags > CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+      r = CUDA_ERROR_INVALID_VALUE;
+    else if (!valid_dev(map[i].location.id) ||
+             (map[i].location.id == pool->device &&
+              map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE))
+      r = CUDA_ERROR_INVALID_DEVICE;
+  }
+  for (size_t i = 0; i < count && r == CUDA_SUCCESS; i++)
+    pool->access[map[i].location.id] = map[i].flags;
+  unlock();
+  return r;
+}
+
+FK_API CUresult CUDAAPI cuMemPoolGetAccess(CUmemAccess_flags *flags,
+                                           CUmemoryPool memPool,
+                                           CUmemLocation *location) {
+  NEED_INIT();
+  if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      !valid_dev(location->id))
+    return CUDA_ERROR_INVALID_VALUE;
+  lock();
+  CUresult r = pool_ok(memPool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS)
+    *flags = memPool->access[location->id];
+  unlock();
+  return r;
+}
+
+FK_API CUresult CUDAAPI cuMemPoolExportToShareableHandle(
+    void *handle_out, CUmemoryPool pool, CUmemAllocationHandleType handleType,
+    unsigned long long flags) {
+  (void)handle_out, (void)pool, (void)handleType, (void)flags;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+FK_API CUresult CUDAAPI cuMemPoolImportFromShareableHandle(
+    CUmemoryPool *pool_out, void *handle, CUmemAllocationHandleType handleType,
+    unsigned long long flags) {
+  (void)pool_out, (void)handle, (void)handleType, (void)flags;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+FK_API CUresult CUDAAPI
+cuMemPoolExportPointer(CUmemPoolPtrExportData *shareData_out, CUdeviceptr ptr) {
+  (void)shareData_out, (void)ptr;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+FK_API CUresult CUDAAPI
+cuMemPoolImportPointer(CUdeviceptr *ptr_out, CUmemoryPool pool,
+                       CUmemPoolPtrExportData *shareData) {
+  (void)ptr_out, (void)pool, (void)shareData;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+FK_API CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out,
+                                                  CUdevice dev) {
+  NEED_INIT();
+  if (!pool_out)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_dev(dev))
+    return CUDA_ERROR_INVALID_DEVICE;
+  lock();
+  struct CUmemPoolHandle_st *p = default_pool(dev);
+  unlock();
+  if (!p)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  *pool_out = p;
+  return CUDA_SUCCESS;
+}
+
+/* A device that does not exist is a bad value for the get and set forms
+ * (an H200's answers, through the runtime). */
+FK_API CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+  NEED_INIT();
+  if (!pool || !valid_dev(dev))
+    return CUDA_ERROR_INVALID_VALUE;
+  lock();
+  struct CUmemPoolHandle_st *p = current_pool(dev);
+  unlock();
+  if (!p)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  *pool = p;
+  return CUDA_SUCCESS;
+}
+
+FK_API CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+  NEED_INIT();
+  lock();
+  CUresult r = valid_dev(dev) && pool_ok(pool) && pool->device == dev
+                   ? CUDA_SUCCESS
+                   : CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS)
+    current_pools[dev] = pool;
+  unlock();
+  return r;
+}
+
+/* CUDA 13's forms, for device memory only. */
+static CUresult device_location(const CUmemLocation *location,
+                                CUmemAllocationType type, int *device) {
+  if (!location || type != CU_MEM_ALLOCATION_TYPE_PINNED)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (location->type != CU_MEM_LOCATION_TYPE_DEVICE)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (!valid_dev(location->id))
+    return CUDA_ERROR_INVALID_VALUE;
+  *device = location->id;
+  return CUDA_SUCCESS;
+}
+
+FK_API CUresult CUDAAPI cuMemGetDefaultMemPool(CUmemoryPool *pool_out,
+                                               CUmemLocation *location,
+                                               CUmemAllocationType type) {
+  NEED_INIT();
+  int dev = 0;
+  CUresult r = pool_out ? device_location(location, type, &dev)
+                        : CUDA_ERROR_INVALID_VALUE;
+  return r == CUDA_SUCCESS ? cuDeviceGetDefaultMemPool(pool_out, dev) : r;
+}
+
+FK_API CUresult CUDAAPI cuMemGetMemPool(CUmemoryPool *pool,
+                                        CUmemLocation *location,
+                                        CUmemAllocationType type) {
+  NEED_INIT();
+  int dev = 0;
+  CUresult r =
+      pool ? device_location(location, type, &dev) : CUDA_ERROR_INVALID_VALUE;
+  return r == CUDA_SUCCESS ? cuDeviceGetMemPool(pool, dev) : r;
+}
+
+FK_API CUresult CUDAAPI cuMemSetMemPool(CUmemLocation *location,
+                                        CUmemAllocationType type,
+                                        CUmemoryPool pool) {
+  NEED_INIT();
+  int dev = 0;
+  CUresult r = device_location(location, type, &dev);
+  return r == CUDA_SUCCESS ? cuDeviceSetMemPool(dev, pool) : r;
+}
+
+/* ---- more of the driver a program or a runtime asks for -------------------
+ */
+
+FK_API CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev,
+                                                   unsigned int *flags,
+                                                   int *active) {
+  NEED_INIT();
+  if (!flags || !active)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_dev(dev))
+    return CUDA_ERROR_INVALID_DEVICE;
+  lock();
+  *flags = 0;
+  *active = ctxs[dev].retains > 0;
+  unlock();
+  return CUDA_SUCCESS;
+}
+
+/* Priorities are not emulated: the stream is an ordinary one. */
+FK_API CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *phStream,
+                                                   unsigned int flags,
+                                                   int priority) {
+  (void)priority;
+  return cuStreamCreate(phStream, flags);
+}
+
+/* Only the default record; an external one (for a graph's event record
+ * node) is not emulated. */
+FK_API CUresult CUDAAPI cuEventRecordWithFlags(CUevent hEvent, CUstream hStream,
+                                               unsigned int flags) {
+  if (flags == CU_EVENT_RECORD_EXTERNAL)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (flags != CU_EVENT_RECORD_DEFAULT)
+    return CUDA_ERROR_INVALID_VALUE;
+  return cuEventRecord(hEvent, hStream);
+}
+
+/* CUDA 13's form names its context; NULL is the current one. */
+FK_API CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
+  NEED_INIT();
+  if (ctx && !valid_ctx(ctx))
+    return CUDA_ERROR_INVALID_CONTEXT;
+  if (!ctx || ctx == current)
+    return cuCtxSynchronize();
+  struct CUctx_st *saved = current;
+  current = ctx;
+  CUresult r = cuCtxSynchronize();
+  current = saved;
+  return r;
+}
+
+FK_API CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice,
+                                          size_t ByteCount, CUstream hStream) {
+  return cuMemcpyAsync((CUdeviceptr)(uintptr_t)dstHost, srcDevice, ByteCount,
+                       hStream);
+}
+
+FK_API CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice,
+                                          const void *srcHost, size_t ByteCount,
+                                          CUstream hStream) {
+  return cuMemcpyAsync(dstDevice, (CUdeviceptr)(uintptr_t)srcHost, ByteCount,
+                       hStream);
+}
+
+/* ---- the per-thread default stream's variants -------------------------------
+ * What cuGetProcAddress hands out with
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (and libcuda exports as
+ * NAME_ptsz): the same call, where a NULL stream is the calling thread's
+ * per-thread default stream rather than the legacy one. */
+
+static CUstream pt(CUstream h) {
+  return h ? h : CU_STREAM_PER_THREAD;
+}
+
+FK_API CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream s);
+FK_API CUresult CUDAAPI cuStreamQuery_ptsz(CUstream s);
+FK_API CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream s, CUevent e,
+                                               unsigned f);
+FK_API CUresult CUDAAPI cuEventRecord_ptsz(CUevent e, CUstream s);
+FK_API CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent e, CUstream s,
+                                                    unsigned f);
+FK_API CUresult CUDAAPI cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn,
+                                              void *arg);
+FK_API CUresult CUDAAPI cuMemsetD8Async_ptsz(CUdeviceptr p, unsigned char v,
+                                             size_t n, CUstream s);
+FK_API CUresult CUDAAPI cuMemcpyAsync_ptsz(CUdeviceptr d, CUdeviceptr src,
+                                           size_t n, CUstream s);
+FK_API CUresult CUDAAPI cuMemcpyDtoHAsync_v2_ptsz(void *d, CUdeviceptr src,
+                                                  size_t n, CUstream s);
+FK_API CUresult CUDAAPI cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr d,
+                                                  const void *src, size_t n,
+                                                  CUstream s);
+FK_API CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream s,
+                                                     CUstreamCaptureMode m);
+FK_API CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream s, CUgraph *g);
+FK_API CUresult CUDAAPI cuStreamIsCapturing_ptsz(CUstream s,
+                                                 CUstreamCaptureStatus *st);
+FK_API CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec e, CUstream s);
+FK_API CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n,
+                                             CUstream s);
+FK_API CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s);
+FK_API CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n,
+                                                     CUmemoryPool pool,
+                                                     CUstream s);
+
+CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream s) {
+  return cuStreamSynchronize(pt(s));
+}
+CUresult CUDAAPI cuStreamQuery_ptsz(CUstream s) {
+  return cuStreamQuery(pt(s));
+}
+CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned f) {
+  return cuStreamWaitEvent(pt(s), e, f);
+}
+CUresult CUDAAPI cuEventRecord_ptsz(CUevent e, CUstream s) {
+  return cuEventRecord(e, pt(s));
+}
+CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent e, CUstream s,
+                                             unsigned f) {
+  return cuEventRecordWithFlags(e, pt(s), f);
+}
+CUresult CUDAAPI cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *arg) {
+  return cuLaunchHostFunc(pt(s), fn, arg);
+}
+CUresult CUDAAPI cuMemsetD8Async_ptsz(CUdeviceptr p, unsigned char v, size_t n,
+                                      CUstream s) {
+  return cuMemsetD8Async(p, v, n, pt(s));
+}
+CUresult CUDAAPI cuMemcpyAsync_ptsz(CUdeviceptr d, CUdeviceptr src, size_t n,
+                                    CUstream s) {
+  return cuMemcpyAsync(d, src, n, pt(s));
+}
+CUresult CUDAAPI cuMemcpyDtoHAsync_v2_ptsz(void *d, CUdeviceptr src, size_t n,
+                                           CUstream s) {
+  return cuMemcpyDtoHAsync(d, src, n, pt(s));
+}
+CUresult CUDAAPI cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr d, const void *src,
+                                           size_t n, CUstream s) {
+  return cuMemcpyHtoDAsync(d, src, n, pt(s));
+}
+CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream s,
+                                              CUstreamCaptureMode m) {
+  return cuStreamBeginCapture(pt(s), m);
+}
+CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
+  return cuStreamEndCapture(pt(s), g);
+}
+CUresult CUDAAPI cuStreamIsCapturing_ptsz(CUstream s,
+                                          CUstreamCaptureStatus *st) {
+  return cuStreamIsCapturing(pt(s), st);
+}
+CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) {
+  return cuGraphLaunch(e, pt(s));
+}
+CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) {
+  return cuMemAllocAsync(p, n, pt(s));
+}
+CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
+  return cuMemFreeAsync(p, pt(s));
+}
+CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n,
+                                              CUmemoryPool pool, CUstream s) {
+  return cuMemAllocFromPoolAsync(p, n, pool, pt(s));
+}
+
 /* ---- errors -------------------------------------------------------------- */
 
 FK_API CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr) {
@@ -2418,19 +3117,29 @@ FK_API CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr) {
 
 typedef void (*fk_fn)(void);
 #define FK_PROC(name, version)                                                 \
-  { #name, version, (fk_fn)name }
+  { #name, version, (fk_fn)name, NULL }
+/* An entry point with a per-thread default stream variant. */
+#define FK_PROC_PT(name, version, ptsz)                                        \
+  { #name, version, (fk_fn)name, (fk_fn)ptsz }
 
 FK_API CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn,
                                          int cudaVersion, cuuint64_t flags,
                                          CUdriverProcAddressQueryResult *found);
 
+/* CUDA 11.3's form, which a driver still exports under the name cuda.h now
+ * maps to the _v2, and hands out for versions before 12.0. */
+FK_API CUresult CUDAAPI
+fk_get_proc_v1(const char *symbol, void **pfn, int cudaVersion,
+               cuuint64_t flags) __asm__("cuGetProcAddress");
+
 static const struct {
   const char *name;
   int version;
-  fk_fn fn;
+  fk_fn fn, ptsz;
 } procs[] = {
     FK_PROC(cuGetErrorName, 6000),
     FK_PROC(cuInit, 2000),
+    {"cuGetProcAddress", 11030, (fk_fn)fk_get_proc_v1, NULL},
     FK_PROC(cuGetProcAddress, 12000),
     FK_PROC(cuDeviceGet, 2000),
     FK_PROC(cuDeviceGetCount, 2000),
@@ -2448,15 +3157,15 @@ static const struct {
     FK_PROC(cuStreamGetFlags, 5050),
     FK_PROC(cuStreamGetCtx, 9020),
     FK_PROC(cuStreamGetDevice, 12080),
-    FK_PROC(cuStreamSynchronize, 2000),
-    FK_PROC(cuStreamQuery, 2000),
-    FK_PROC(cuStreamWaitEvent, 3020),
-    FK_PROC(cuMemsetD8Async, 3020),
-    FK_PROC(cuMemcpyAsync, 4000),
-    FK_PROC(cuLaunchHostFunc, 10000),
+    FK_PROC_PT(cuStreamSynchronize, 2000, cuStreamSynchronize_ptsz),
+    FK_PROC_PT(cuStreamQuery, 2000, cuStreamQuery_ptsz),
+    FK_PROC_PT(cuStreamWaitEvent, 3020, cuStreamWaitEvent_ptsz),
+    FK_PROC_PT(cuMemsetD8Async, 3020, cuMemsetD8Async_ptsz),
+    FK_PROC_PT(cuMemcpyAsync, 4000, cuMemcpyAsync_ptsz),
+    FK_PROC_PT(cuLaunchHostFunc, 10000, cuLaunchHostFunc_ptsz),
     FK_PROC(cuEventCreate, 2000),
     FK_PROC(cuEventDestroy, 4000),
-    FK_PROC(cuEventRecord, 2000),
+    FK_PROC_PT(cuEventRecord, 2000, cuEventRecord_ptsz),
     FK_PROC(cuEventQuery, 2000),
     FK_PROC(cuEventSynchronize, 2000),
     FK_PROC(cuMemGetAllocationGranularity, 10020),
@@ -2469,10 +3178,10 @@ static const struct {
     FK_PROC(cuMemSetAccess, 10020),
     FK_PROC(cuMemExportToShareableHandle, 10020),
     FK_PROC(cuMemImportFromShareableHandle, 10020),
-    FK_PROC(cuStreamBeginCapture, 10010),
+    FK_PROC_PT(cuStreamBeginCapture, 10010, cuStreamBeginCapture_v2_ptsz),
     FK_PROC(cuThreadExchangeStreamCaptureMode, 10010),
-    FK_PROC(cuStreamEndCapture, 10000),
-    FK_PROC(cuStreamIsCapturing, 10000),
+    FK_PROC_PT(cuStreamEndCapture, 10000, cuStreamEndCapture_ptsz),
+    FK_PROC_PT(cuStreamIsCapturing, 10000, cuStreamIsCapturing_ptsz),
     FK_PROC(cuStreamGetCaptureInfo, 12030),
     FK_PROC(cuStreamUpdateCaptureDependencies, 12030),
     FK_PROC(cuGraphAddEmptyNode, 10000),
@@ -2487,9 +3196,40 @@ static const struct {
     FK_PROC(cuGraphRetainUserObject, 11030),
     FK_PROC(cuGraphReleaseUserObject, 11030),
     FK_PROC(cuGraphInstantiateWithFlags, 11040),
-    FK_PROC(cuGraphLaunch, 10000),
+    FK_PROC_PT(cuGraphLaunch, 10000, cuGraphLaunch_ptsz),
     FK_PROC(cuGraphExecDestroy, 10000),
     FK_PROC(cuGraphDestroy, 10000),
+    /* cuda.h's cuGraphInstantiate is cuGraphInstantiateWithFlags from 12.0
+     * on; the older call is not emulated. */
+    {"cuGraphInstantiate", 12000, (fk_fn)cuGraphInstantiateWithFlags, NULL},
+    {"cuCtxSynchronize", 13000, (fk_fn)cuCtxSynchronize_v2, NULL},
+    FK_PROC(cuDevicePrimaryCtxGetState, 7000),
+    FK_PROC(cuStreamCreateWithPriority, 5050),
+    FK_PROC_PT(cuEventRecordWithFlags, 11010, cuEventRecordWithFlags_ptsz),
+    FK_PROC(cuMemAlloc, 3020),
+    FK_PROC(cuMemFree, 3020),
+    FK_PROC_PT(cuMemcpyDtoHAsync, 3020, cuMemcpyDtoHAsync_v2_ptsz),
+    FK_PROC_PT(cuMemcpyHtoDAsync, 3020, cuMemcpyHtoDAsync_v2_ptsz),
+    FK_PROC_PT(cuMemAllocAsync, 11020, cuMemAllocAsync_ptsz),
+    FK_PROC_PT(cuMemFreeAsync, 11020, cuMemFreeAsync_ptsz),
+    FK_PROC_PT(cuMemAllocFromPoolAsync, 11020, cuMemAllocFromPoolAsync_ptsz),
+    FK_PROC(cuMemPoolCreate, 11020),
+    FK_PROC(cuMemPoolDestroy, 11020),
+    FK_PROC(cuMemPoolGetAttribute, 11020),
+    FK_PROC(cuMemPoolSetAttribute, 11020),
+    FK_PROC(cuMemPoolSetAccess, 11020),
+    FK_PROC(cuMemPoolGetAccess, 11020),
+    FK_PROC(cuMemPoolTrimTo, 11020),
+    FK_PROC(cuMemPoolExportToShareableHandle, 11020),
+    FK_PROC(cuMemPoolImportFromShareableHandle, 11020),
+    FK_PROC(cuMemPoolExportPointer, 11020),
+    FK_PROC(cuMemPoolImportPointer, 11020),
+    FK_PROC(cuDeviceGetDefaultMemPool, 11020),
+    FK_PROC(cuDeviceGetMemPool, 11020),
+    FK_PROC(cuDeviceSetMemPool, 11020),
+    FK_PROC(cuMemGetDefaultMemPool, 13000),
+    FK_PROC(cuMemGetMemPool, 13000),
+    FK_PROC(cuMemSetMemPool, 13000),
 };
 
 FK_API CUresult CUDAAPI
@@ -2502,27 +3242,35 @@ cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
                              CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)))
     return CUDA_ERROR_INVALID_VALUE;
   *pfn = NULL;
+  /* Of a name's entries, the newest the caller's version has. */
+  bool named = false;
+  size_t best = sizeof procs / sizeof procs[0];
   for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
     if (strcmp(procs[i].name, symbol) != 0)
       continue;
-    if (cudaVersion < procs[i].version) {
-      if (found)
-        *found = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
-      return CUDA_ERROR_NOT_FOUND;
-    }
-    memcpy(pfn, &procs[i].fn, sizeof *pfn);
-    if (found)
-      *found = CU_GET_PROC_ADDRESS_SUCCESS;
-    return CUDA_SUCCESS;
+    named = true;
+    if (cudaVersion >= procs[i].version &&
+        (best == sizeof procs / sizeof procs[0] ||
+         procs[i].version > procs[best].version))
+      best = i;
   }
-  return CUDA_ERROR_NOT_FOUND;
+  if (best == sizeof procs / sizeof procs[0]) {
+    if (named && found)
+      *found = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+    return CUDA_ERROR_NOT_FOUND;
+  }
+  fk_fn fn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) &&
+                     procs[best].ptsz
+                 ? procs[best].ptsz
+                 : procs[best].fn;
+  memcpy(pfn, &fn, sizeof *pfn);
+  if (found)
+    *found = CU_GET_PROC_ADDRESS_SUCCESS;
+  return CUDA_SUCCESS;
 }
 
-/* CUDA 11.3's form, which a driver still exports. */
-#undef cuGetProcAddress
-FK_API CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn,
-                                         int cudaVersion, cuuint64_t flags);
-FK_API CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn,
-                                         int cudaVersion, cuuint64_t flags) {
+/* CUDA 11.3's form. */
+CUresult CUDAAPI fk_get_proc_v1(const char *symbol, void **pfn, int cudaVersion,
+                                cuuint64_t flags) {
   return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
 }
