@@ -25,7 +25,9 @@
  *
  * Settings, read at cuInit: FAKE_CUDA_DEVICES (devices, default 1, at most
  * 16), FAKE_CUDA_DEVICE_MEMORY (bytes per device, K/M/G/T suffixes, default
- * 4G: cuMemCreate fails with CUDA_ERROR_OUT_OF_MEMORY past it) and
+ * 4G: cuMemCreate fails with CUDA_ERROR_OUT_OF_MEMORY past it),
+ * FAKE_CUDA_HOST_MEMORY (the same bound for pinned host memory made with
+ * cuMemCreate, as the machine's RAM would be; unbounded by default) and
  * CUDA_VISIBLE_DEVICES (ordinals only).
  *
  * Memory outside VMM (cuMemAlloc and the driver's own stream-ordered
@@ -69,6 +71,7 @@ static size_t dev_total[FK_MAX_DEVICES];
 /* The machine's ordinal of each visible device (CUDA_VISIBLE_DEVICES). */
 static int physical[FK_MAX_DEVICES];
 static size_t dev_used[FK_MAX_DEVICES];
+static size_t host_total = SIZE_MAX, host_used;
 static unsigned long long next_stream_id = 0x1000;
 static uint64_t next_capture_id = 1;
 
@@ -337,6 +340,8 @@ FK_API CUresult CUDAAPI cuInit(unsigned int Flags) {
       dev_total[i] = mem;
       ctxs[i].device = i;
     }
+    host_total = parse_size(getenv("FAKE_CUDA_HOST_MEMORY"), SIZE_MAX);
+    host_total -= host_total % FK_GRAN;
     atomic_store(&initialized, 1);
   }
   unlock();
@@ -2094,6 +2099,8 @@ static void phys_put(phys *p) {
     return;
   if (p->loc >= 0 && !p->imported)
     dev_used[p->loc] -= p->size;
+  else if (!p->imported)
+    host_used -= p->size;
   if (p->own_fd)
     close(p->fd);
   else
@@ -2147,7 +2154,8 @@ FK_API CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle,
               .exportable = exportable,
               .fd = -1};
   lock();
-  if (loc >= 0 && dev_total[loc] - dev_used[loc] < size)
+  if (loc >= 0 ? dev_total[loc] - dev_used[loc] < size
+               : host_total - host_used < size)
     r = CUDA_ERROR_OUT_OF_MEMORY;
   if (r == CUDA_SUCCESS && exportable) {
     p->fd = memfd_create("fake-cuda-chunk", MFD_CLOEXEC);
@@ -2163,6 +2171,8 @@ FK_API CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle,
   if (r == CUDA_SUCCESS) {
     if (loc >= 0)
       dev_used[loc] += size;
+    else
+      host_used += size;
     p->next = all_phys;
     all_phys = p;
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)p;
@@ -3063,6 +3073,31 @@ CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
 CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n,
                                               CUmemoryPool pool, CUstream s) {
   return cuMemAllocFromPoolAsync(p, n, pool, pt(s));
+}
+
+/* Not a driver function: counts of the fake's live objects, so that a test
+ * that runs tidepool on it (fuzz_api's cuda mode) can check that everything
+ * it made was given back. Streams are those of cuStreamCreate that were not
+ * destroyed; dev_bytes takes the physical bytes of the first n devices. */
+FK_API void fake_cuda_live(unsigned long long *reservations,
+                           unsigned long long *allocations,
+                           unsigned long long *mappings,
+                           unsigned long long *streams,
+                           unsigned long long *dev_bytes, int n) {
+  lock();
+  *reservations = nresvs;
+  *mappings = nmaps;
+  unsigned long long k = 0;
+  for (phys *p = all_phys; p; p = p->next)
+    k++;
+  *allocations = k;
+  k = 0;
+  for (fstream *s = all_streams; s; s = s->all_next)
+    k += !s->destroyed && s->slot != NULL;
+  *streams = k;
+  for (int d = 0; d < n; d++)
+    dev_bytes[d] = d < ndev ? dev_used[d] : 0;
+  unlock();
 }
 
 /* ---- errors -------------------------------------------------------------- */

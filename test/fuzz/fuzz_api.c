@@ -12,7 +12,15 @@
  * with clang), and fuzz_replay.c runs the corpus through it in every build.
  * A finding prints the program that led to it and aborts. TP_FUZZ_TRACE=1
  * prints every call as it runs; TP_FUZZ_SKIP=name,... looks past findings
- * still open (findings/README.md names them). */
+ * still open (findings/README.md names them).
+ *
+ * With TIDEPOOL_PLATFORM=cuda in the environment it runs on the cuda
+ * platform instead, over the fake driver (test/fake_cuda, found through
+ * LD_LIBRARY_PATH) with the same two devices of 32 MiB; it refuses a real
+ * driver, whose devices the model does not describe. There the access faults
+ * of op_fault are left out (on a GPU they end the context) and the leak
+ * checks count the fake's objects instead of the host platform's. */
+#include <dlfcn.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -64,6 +72,9 @@
  * Failure reporting: the program so far, then abort, which libFuzzer
  * records as a crash with the input that led to it.
  * ======================================================================== */
+
+/* Whether the fuzzer runs on the cuda platform over the fake driver. */
+static bool on_cuda;
 
 static char log_lines[LOG_LINES][160];
 static unsigned log_n;
@@ -434,6 +445,12 @@ static int nitems;
 static unsigned stamp_now;
 
 static tp_pool_t default_pool[NDEV];
+
+/* The fake's count of its live objects (fake_cuda.c's fake_cuda_live). */
+typedef void (*fake_live_fn)(unsigned long long *, unsigned long long *,
+                             unsigned long long *, unsigned long long *,
+                             unsigned long long *, int);
+static fake_live_fn fake_live;
 static unsigned char wild_buf[256];
 static struct {
   uint32_t magic;
@@ -461,6 +478,21 @@ static int next_deps(int s, int *out) {
     if (l->tail >= 0)
       out[n++] = l->tail;
   }
+  return n;
+}
+
+/* What a synchronize or query of stream s covers. The host platform's wait
+ * for what an event recorded now would cover (next_deps): the legacy
+ * stream's covers the blocking streams' work, a blocking stream's the legacy
+ * stream's later work. CUDA documents only the stream's own operations (the
+ * legacy semantics order actions queued, and a synchronize queues none), and
+ * the fake driver waits for those alone; there only the tail is known done. */
+static int sync_roots(int s, int *out) {
+  if (!on_cuda)
+    return next_deps(s, out);
+  int n = 0;
+  if (M.streams[s].tail >= 0)
+    out[n++] = M.streams[s].tail;
   return n;
 }
 
@@ -789,6 +821,8 @@ static int live_created_pools(void) {
   return n;
 }
 
+static int memory_of(int q);
+
 static uint64_t capacity_of(const mpool *p) {
   (void)p;
   return DEVICE_MEMORY;
@@ -863,8 +897,9 @@ static void check_all_stats(void) {
     if (!M.pools[p].live)
       continue;
     check_pool_stats(p);
-    if (M.pools[p].device >= 0 && !M.pools[p].imported)
-      per_dev[M.pools[p].device] +=
+    int mem = on_cuda ? memory_of(p) : M.pools[p].device;
+    if (mem >= 0 && !M.pools[p].imported)
+      per_dev[mem] +=
           attr_u64(p, TP_POOL_ATTR_RESERVED_MEM_CURRENT, "RESERVED");
   }
   for (int d = 0; d < NDEV; d++)
@@ -1224,9 +1259,13 @@ static size_t rd_size(reader *r) {
 }
 
 /* The device whose memory a pool's chunks take, or -1 (host memory): the
- * host platform places managed memory without a location on device 0. */
+ * host platform places managed memory without a location on device 0; the
+ * cuda platform makes managed pools of pinned host chunks wherever the
+ * driver's VMM makes no managed memory, as the fake's does not. */
 static int memory_of(int q) {
   const mpool *m = &M.pools[q];
+  if (on_cuda && m->alloc_type == TP_ALLOCATION_MANAGED)
+    return -1;
   if (m->loc_type == TP_LOCATION_NONE && m->alloc_type == TP_ALLOCATION_MANAGED)
     return 0;
   return m->device;
@@ -1245,7 +1284,7 @@ static bool must_fit(int p, size_t size) {
     if ((M.blocks[b].live || M.blocks[b].held) && M.blocks[b].pool == p)
       return false;
   uint64_t need = align_up(size, m->chunk);
-  if (need > limit_of(m) || m->device < 0)
+  if (need > limit_of(m) || m->device < 0 || memory_of(p) < 0)
     return false;
   uint64_t others = 0;
   for (int q = 0; q < M.npools; q++)
@@ -1466,7 +1505,7 @@ static void expect_fault(tp_error_t err, int fault, bool maybe,
 /* Synchronizes stream s, opening the gates it waits for first. */
 static void sync_stream(int s, const char *why) {
   int roots[MAX_DEPS];
-  int n = next_deps(s, roots);
+  int n = sync_roots(s, roots);
   open_roots(roots, n);
   logf_("tp_stream_synchronize(%s)%s%s", sname(s), why ? " " : "",
         why ? why : "");
@@ -1560,7 +1599,7 @@ static void op_stream_sync(reader *r) {
   int s = pick_stream(r);
   bool query = rd8(r) & 1;
   int roots[MAX_DEPS];
-  int n = next_deps(s, roots);
+  int n = sync_roots(s, roots);
   if (query) {
     bool blk = roots_blocked(roots, n);
     logf_("tp_stream_query(%s)%s", sname(s), blk ? " [held by a gate]" : "");
@@ -2032,6 +2071,11 @@ static void op_access(reader *r) {
 /* A stream write into a block that the stream's device may not write:
  * TP_ERROR_ILLEGAL_ADDRESS at the next synchronize. */
 static void op_fault(reader *r) {
+  /* On a GPU such a write is an illegal address that ends the context for
+   * good, and the fake refuses it; only the host platform reports it and
+   * carries on, as the model expects. */
+  if (on_cuda)
+    return;
   int b = pick_block(r);
   if (b < 0)
     return;
@@ -2716,6 +2760,10 @@ static void op_bad(reader *r) {
     return;
   }
   case 14:
+    /* As op_fault: on cuda a fault ends the context, and the fake driver
+     * would write the address itself. */
+    if (on_cuda)
+      return;
     logf_("bad: tp_memset_async(wild address) on %s", sname(s));
     expect_ok(tp_memset_async((void *)(uintptr_t)0x1000, 0, 64, st),
               "tp_memset_async(wild address)");
@@ -2876,7 +2924,34 @@ static void op_quiesce(const char *why) {
  * One input
  * ======================================================================== */
 
-static tp__host_live live_base;
+/* The platform's live objects, for the checks that nothing is left. */
+typedef struct live_counts {
+  uint64_t reservations, chunks, mapped_chunks, streams;
+  uint64_t device_bytes[NDEV];
+} live_counts;
+
+static void live_get(live_counts *out) {
+  memset(out, 0, sizeof *out);
+  if (on_cuda) {
+    unsigned long long r, a, m, s, dev[NDEV];
+    fake_live(&r, &a, &m, &s, dev, NDEV);
+    *out = (live_counts){r, a, m, s, {0}};
+    for (int d = 0; d < NDEV; d++)
+      out->device_bytes[d] = dev[d];
+    return;
+  }
+  /* The host platform's streams finish their last work (a destroyed
+   * stream's drain) before its counts are read. */
+  tp__host_quiesce();
+  tp__host_live h;
+  tp__host_live_get(&h);
+  *out =
+      (live_counts){h.reservations, h.chunks, h.mapped_chunks, h.streams, {0}};
+  for (int d = 0; d < NDEV; d++)
+    out->device_bytes[d] = h.device_bytes[d];
+}
+
+static live_counts live_base;
 static bool live_base_set;
 
 static void reset_default_pool(int d) {
@@ -2968,7 +3043,7 @@ static void end_input(void) {
   /* The pools destroyed with frees still queued go at a synchronize after
    * those frees completed, and exporters once their importers' releases
    * arrive: poll a while. */
-  tp__host_live live;
+  live_counts live;
   double deadline = now_s() + 5.0;
   for (;;) {
     for (int d = 0; d < NDEV; d++) {
@@ -2976,8 +3051,7 @@ static void end_input(void) {
       (void)tp_device_synchronize();
       expect_ok(tp_pool_trim_to(default_pool[d], 0), "trim a default pool");
     }
-    tp__host_quiesce();
-    tp__host_live_get(&live);
+    live_get(&live);
     if (!live_base_set ||
         (live.chunks == live_base.chunks &&
          live.reservations == live_base.reservations) ||
@@ -3131,7 +3205,15 @@ static void parse_skip(void) {
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
-  setenv("TIDEPOOL_PLATFORM", "host", 1);
+  const char *want = getenv("TIDEPOOL_PLATFORM");
+  on_cuda = want && strcmp(want, "cuda") == 0;
+  if (on_cuda) {
+    setenv("FAKE_CUDA_DEVICES", "2", 1);
+    setenv("FAKE_CUDA_DEVICE_MEMORY", DEVICE_MEMORY_TEXT, 1);
+    setenv("FAKE_CUDA_HOST_MEMORY", DEVICE_MEMORY_TEXT, 1);
+  } else {
+    setenv("TIDEPOOL_PLATFORM", "host", 1);
+  }
   setenv("TIDEPOOL_HOST_DEVICES", "2", 1);
   setenv("TIDEPOOL_HOST_DEVICE_MEMORY", DEVICE_MEMORY_TEXT, 1);
   setenv("TIDEPOOL_HOST_HOST_MEMORY", DEVICE_MEMORY_TEXT, 1);
@@ -3144,9 +3226,20 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   }
   memset(wild_buf, 0x5A, sizeof wild_buf);
   const char *name = tp_platform_name();
-  if (!name || strcmp(name, "host") != 0) {
-    fprintf(stderr, "fuzz_api: the host platform did not start\n");
+  if (!name || strcmp(name, on_cuda ? "cuda" : "host") != 0) {
+    fprintf(stderr, "fuzz_api: the %s platform did not start\n",
+            on_cuda ? "cuda" : "host");
     abort();
+  }
+  if (on_cuda) {
+    /* The platform has loaded the driver by now; only the fake has this. */
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    *(void **)&fake_live = lib ? dlsym(lib, "fake_cuda_live") : NULL;
+    if (!fake_live) {
+      fprintf(stderr, "fuzz_api: the cuda mode runs on the fake driver only "
+                      "(test/fake_cuda), which is not the one loaded\n");
+      abort();
+    }
   }
   /* Every default pool an input may touch exists before the first one, so
    * that the live platform objects after each input compare with these. */
@@ -3161,7 +3254,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     expect_ok(tp_stream_synchronize(NULL), "tp_stream_synchronize(NULL)");
   }
   expect_ok(tp_set_device(0), "tp_set_device");
-  tp__host_live_get(&live_base);
+  live_get(&live_base);
   live_base_set = true;
   pthread_t w;
   pthread_attr_t attr;
