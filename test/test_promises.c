@@ -1104,6 +1104,35 @@ static void test_stream_destroyed_with_pending_free(void) {
   CHECK_OK(tp_pool_destroy(pool));
 }
 
+/* A free on the legacy stream follows the work its device's blocking
+ * streams queued before it (an action there waits for them): the block may
+ * be handed to another stream only behind that work. On cuda, asking the
+ * legacy stream itself (a query or synchronize of it) covers only its own
+ * queue, and had the free taken as done while a blocking stream was held
+ * (the fuzzer on the fake driver: another stream got the block and did not
+ * wait). */
+static void test_legacy_free_follows_blocking_streams(void) {
+  tp_stream_t blocking = NULL, other = new_stream();
+  CHECK_OK(tp_stream_create(&blocking, 0));
+  REQUIRE(blocking && other);
+  void *p = NULL, *q = NULL;
+  REQUIRE_OK(tp_malloc_async(&p, 2 * MiB, NULL));
+  CHECK_OK(tp_stream_synchronize(NULL));
+  gate_t g;
+  REQUIRE_OK(hold_stream(blocking, &g));
+  CHECK_OK(tp_free_async(p, NULL));
+  tp_error_t asked = tp_stream_query(NULL);
+  CHECK(asked == TP_SUCCESS || asked == TP_ERROR_NOT_READY);
+  CHECK_OK(tp_malloc_async(&q, 2 * MiB, other));
+  if (q == p)
+    CHECK_ERR(tp_stream_query(other), TP_ERROR_NOT_READY);
+  release(&g);
+  CHECK_OK(tp_free_async(q, other));
+  CHECK_OK(tp_device_synchronize());
+  stream_done(other);
+  stream_done(blocking);
+}
+
 /* Stream-ordered memory work refused at the call ("a range that wraps
  * around the end of the address space") queues nothing: the stream is not
  * faulted by it. */
@@ -2187,6 +2216,7 @@ int main(int argc, char **argv) {
       T(test_free_rejections),
       T(test_dead_and_foreign_streams),
       T(test_stream_destroyed_with_pending_free),
+      T(test_legacy_free_follows_blocking_streams),
       T(test_memory_work_rejections),
       T(test_event_semantics),
       T(test_event_reports_fault),

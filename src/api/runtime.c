@@ -152,11 +152,21 @@ static void drop_lost_streams(void) {
   }
 }
 
+/* Whether the platform's own query or synchronize of s covers everything
+ * its frees follow: not for the legacy stream where it covers only its own
+ * queue (platform.h), which a marker recorded first then makes cover them
+ * (tp__stream_legacy_fence). */
+static bool stream_covered(const tp__stream *s) {
+  return !s->legacy || tp__platform->legacy_covers_blocking;
+}
+
 /* After the host saw the stream's work up to `epoch` complete: its frees
- * become reusable by all, pools fall to their thresholds, and imported
- * pools unmap what they no longer use. */
-static void completed(tp__stream *s, uint64_t epoch) {
-  tp__stream_mark_done(s, epoch);
+ * become reusable by all (where that covers what they follow, `covered`),
+ * pools fall to their thresholds, and imported pools unmap what they no
+ * longer use. */
+static void completed(tp__stream *s, uint64_t epoch, bool covered) {
+  if (covered)
+    tp__stream_mark_done(s, epoch);
   tp__pool_after_sync(s);
   tp__ipc_settle();
 }
@@ -165,9 +175,10 @@ static tp_error_t stream_synchronize(tp_stream_t stream) {
   tp__stream *s;
   TP_FORWARD(stream_of(stream, &s));
   uint64_t epoch = tp__stream_advance(s);
+  bool covered = stream_covered(s) || tp__stream_legacy_fence(s, epoch);
   tp_error_t err = tp__platform->stream_synchronize(s->ps);
   if (err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS)
-    completed(s, epoch);
+    completed(s, epoch, covered);
   drop_lost_streams();
   return err;
 }
@@ -180,8 +191,9 @@ static tp_error_t stream_query(tp_stream_t stream) {
   tp__stream *s;
   TP_FORWARD(stream_of(stream, &s));
   uint64_t epoch = tp__stream_advance(s);
+  bool covered = stream_covered(s) || tp__stream_legacy_fence(s, epoch);
   tp_error_t err = tp__platform->stream_query(s->ps);
-  if (err == TP_SUCCESS)
+  if (err == TP_SUCCESS && covered)
     tp__stream_mark_done(s, epoch);
   return err;
 }
@@ -226,7 +238,7 @@ TP_API tp_error_t tp_device_synchronize(void) {
     tp__device_sync_done(device, ticket);
   for (size_t i = 0; i < n; i++) {
     if (err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS)
-      completed(v[i], epochs[i]);
+      completed(v[i], epochs[i], true);
     tp__stream_unref(v[i]);
   }
   /* With no live stream listed, frees of destroyed streams (now known done

@@ -115,6 +115,13 @@ typedef struct tp__platform_ops {
    * disturbs a capture (a capturing stream is taken as itself). NULL where
    * every stream is the core's own (host). */
   bool (*stream_named)(tp__pstream *ps, uint64_t uid);
+  /* Whether stream_query, stream_poll and stream_synchronize of a device's
+   * legacy stream also cover the work its blocking streams queued before
+   * (host: they answer as an action there would wait). Where not (cuda,
+   * whose documentation promises only the stream's own work), a free on
+   * the legacy stream, which follows that work, is known complete only
+   * through a marker, an action on the legacy stream. */
+  bool legacy_covers_blocking;
   tp_error_t (*stream_wait_event)(tp__pstream *ps, tp__pevent *ev);
   tp_error_t (*memset_async)(tp__pstream *ps, void *ptr, int value,
                              size_t size);

@@ -644,7 +644,7 @@ static bool covered(const tp__stream *s, uint64_t epoch) {
  * (test_capture_chaos with several threads saw a capture invalidated by a
  * query that came just after its begin). Stream lock held. */
 static void ask_stream(tp__stream *s) {
-  if (!still_named(s))
+  if (!still_named(s) || (s->legacy && !tp__platform->legacy_covers_blocking))
     return;
   uint64_t epoch =
       atomic_fetch_add_explicit(&s->epoch, 1, memory_order_relaxed);
@@ -660,6 +660,15 @@ static void ask_stream(tp__stream *s) {
 static bool seen_done(const tp__tag *t) {
   return !t->stream || atomic_load_explicit(&t->stream->seen_epoch,
                                             memory_order_acquire) >= t->epoch;
+}
+
+bool tp__stream_legacy_fence(tp__stream *s, uint64_t epoch) {
+  tp__blspin_lock(&s->lock);
+  bool ok = atomic_load_explicit(&s->last_tag, memory_order_relaxed) <=
+                atomic_load_explicit(&s->done_epoch, memory_order_relaxed) ||
+            marker_covering(s, epoch) != NULL;
+  tp__blspin_unlock(&s->lock);
+  return ok;
 }
 
 /* What polling finds is seen, not done: with opportunistic reuse off, one

@@ -83,6 +83,9 @@ struct tp__stream {
   _Alignas(64) tp__blspin lock; /* guards the mutable fields below, and the
                                    stream's caches */
   _Atomic uint64_t epoch;       /* epoch given to frees issued now */
+  /* The legacy stream's latest tag given (tp__stream_legacy_fence); 0 on
+   * other streams. */
+  _Atomic uint64_t last_tag;
   /* The pool layer's cache used last; under `lock`, never read here. */
   tp__cache *hint;
   tp__pstream *ps;
@@ -216,10 +219,20 @@ static inline uint64_t tp__legacy_seq(int device) {
  * the free orders it before the later work of every blocking stream. */
 static inline tp__tag tp__stream_tag(tp__stream *s) {
   tp__tag t = {s, atomic_load_explicit(&s->epoch, memory_order_relaxed), 0};
-  if (!(s->flags & TP_STREAM_NON_BLOCKING))
+  if (!(s->flags & TP_STREAM_NON_BLOCKING)) {
     t.lseq = tp__legacy_seq(s->device);
+    if (TP_UNLIKELY(s->legacy))
+      tp__atomic_max(&s->last_tag, t.epoch);
+  }
   return t;
 }
+/* Before a query or synchronize of the legacy stream whose answer covers
+ * only its own queue (platform.h): the tags given on it since, which
+ * follow its device's blocking streams' earlier work, get a marker there
+ * (an action, which waits for that work, as the driver's own free on the
+ * stream would have been), so that the answer covers them. False where
+ * one was needed and could not be recorded. */
+bool tp__stream_legacy_fence(tp__stream *s, uint64_t epoch);
 
 /* ---- events ----------------------------------------------------------------
  */

@@ -253,6 +253,7 @@ const tp__platform_ops tp__host_platform = {
     .device_uuid = host_device_uuid,
     .graph_maps_at_capture = host_graph_maps_at_capture,
     .captures_active = &tp__host_captures_active,
+    .legacy_covers_blocking = true,
     .capture_begin = tp__host_capture_begin,
     .capture_end = tp__host_capture_end,
     .capture_status = tp__host_capture_status,
