@@ -33,7 +33,10 @@
  * Memory outside VMM (cuMemAlloc and the driver's own stream-ordered
  * allocator, which tidepool's interposer passes calls on to) is emulated
  * simply; see its section. The per-thread default stream's variants
- * (_ptsz) are handed out for the calls that have them.
+ * (_ptsz) are handed out for the calls that have them. The stream memory
+ * operations tidepool-replay's lag model holds streams with are there
+ * (cuStreamWaitValue32 with GEQ only, cuStreamWriteValue32, on host memory
+ * of cuMemHostAlloc, which the device sees at the same address).
  *
  * Not emulated: kernels, contexts other than the primary ones, timing
  * events, graphs launched into a capture (refused), stream priorities, and
@@ -100,7 +103,7 @@ static _Thread_local CUstreamCaptureMode thread_mode =
 /* ---- work -------------------------------------------------------------------
  * One unit of stream work; graph nodes carry the same description, and an
  * exec is an array of them in a topological order. */
-enum { W_HOST, W_MEMSET, W_MEMCPY, W_WAIT, W_GRAPH, W_NONE };
+enum { W_HOST, W_MEMSET, W_MEMCPY, W_WAIT, W_GRAPH, W_VALUE, W_NONE };
 
 typedef struct fexec fexec;
 typedef struct work {
@@ -124,6 +127,11 @@ typedef struct work {
       fstream *on;
       uint64_t seq;
     } wait;
+    struct {
+      volatile uint32_t *at;
+      uint32_t v;
+      bool wait; /* wait until *at >= v (GEQ), or write v */
+    } value;
     fexec *exec;
   } u;
 } work;
@@ -900,8 +908,103 @@ static void run_work(const work *w) {
     for (size_t i = 0; i < w->u.exec->n; i++)
       run_work(&w->u.exec->w[i]);
     break;
+  case W_VALUE:
+    if (!w->u.value.wait)
+      __atomic_store_n(w->u.value.at, w->u.value.v, __ATOMIC_RELEASE);
+    while (w->u.value.wait &&
+           __atomic_load_n(w->u.value.at, __ATOMIC_ACQUIRE) < w->u.value.v)
+      usleep(50);
+    break;
   default: break;
   }
+}
+
+/* ---- stream memory operations and host memory the device maps ------------
+ * What tidepool-replay's lag model uses to hold a stream: a wait on a word
+ * of host memory (GEQ only), and a write of it. Host memory allocated here
+ * is the device's at the same address, as with unified addressing. */
+FK_API CUresult CUDAAPI cuStreamWaitValue32(CUstream hStream, CUdeviceptr addr,
+                                            cuuint32_t value,
+                                            unsigned int flags) {
+  NEED_INIT();
+  if (!addr || addr % 4 || flags != CU_STREAM_WAIT_VALUE_GEQ)
+    return CUDA_ERROR_INVALID_VALUE;
+  work w = {.kind = W_VALUE,
+            .u.value = {(volatile uint32_t *)(uintptr_t)addr, value, true}};
+  return submit(hStream, &w, CU_GRAPH_NODE_TYPE_BATCH_MEM_OP);
+}
+
+FK_API CUresult CUDAAPI cuStreamWriteValue32(CUstream hStream, CUdeviceptr addr,
+                                             cuuint32_t value,
+                                             unsigned int flags) {
+  NEED_INIT();
+  if (!addr || addr % 4 ||
+      (flags & ~(unsigned)CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER))
+    return CUDA_ERROR_INVALID_VALUE;
+  work w = {.kind = W_VALUE,
+            .u.value = {(volatile uint32_t *)(uintptr_t)addr, value, false}};
+  return submit(hStream, &w, CU_GRAPH_NODE_TYPE_BATCH_MEM_OP);
+}
+
+FK_API CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize,
+                                       unsigned int Flags) {
+  NEED_INIT();
+  (void)Flags;
+  if (!pp || !bytesize)
+    return CUDA_ERROR_INVALID_VALUE;
+  *pp = calloc(1, bytesize);
+  return *pp ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+FK_API CUresult CUDAAPI cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p,
+                                                  unsigned int Flags) {
+  NEED_INIT();
+  if (!pdptr || !p || Flags)
+    return CUDA_ERROR_INVALID_VALUE;
+  *pdptr = (CUdeviceptr)(uintptr_t)p;
+  return CUDA_SUCCESS;
+}
+
+FK_API CUresult CUDAAPI cuMemFreeHost(void *p) {
+  NEED_INIT();
+  free(p);
+  return CUDA_SUCCESS;
+}
+
+/* One context deep: the replay pushes the primary context around its
+ * calls and pops it after. */
+static _Thread_local struct CUctx_st *pushed;
+
+FK_API CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) {
+  NEED_INIT();
+  if (!valid_ctx(ctx))
+    return CUDA_ERROR_INVALID_CONTEXT;
+  pushed = current;
+  current = ctx;
+  return CUDA_SUCCESS;
+}
+
+FK_API CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx) {
+  NEED_INIT();
+  if (!current)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  if (pctx)
+    *pctx = current;
+  current = pushed;
+  pushed = NULL;
+  return CUDA_SUCCESS;
+}
+
+FK_API CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
+  NEED_INIT();
+  if (!valid_dev(dev))
+    return CUDA_ERROR_INVALID_DEVICE;
+  lock();
+  CUresult r = ctxs[dev].retains ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+  if (ctxs[dev].retains)
+    ctxs[dev].retains--;
+  unlock();
+  return r;
 }
 
 /* ---- streams: the API ---------------------------------------------------- */
@@ -3182,6 +3285,14 @@ static const struct {
     FK_PROC(cuDeviceTotalMem, 3020),
     FK_PROC(cuDeviceGetUuid, 11040),
     FK_PROC(cuDevicePrimaryCtxRetain, 7000),
+    FK_PROC(cuDevicePrimaryCtxRelease, 11000),
+    FK_PROC(cuCtxPushCurrent, 4000),
+    FK_PROC(cuCtxPopCurrent, 4000),
+    FK_PROC(cuMemHostAlloc, 2020),
+    FK_PROC(cuMemHostGetDevicePointer, 2020),
+    FK_PROC(cuMemFreeHost, 2000),
+    FK_PROC(cuStreamWaitValue32, 11070),
+    FK_PROC(cuStreamWriteValue32, 11070),
     FK_PROC(cuCtxGetCurrent, 4000),
     FK_PROC(cuCtxSetCurrent, 4000),
     FK_PROC(cuCtxGetDevice, 2000),
