@@ -334,7 +334,7 @@ static void test_bundled_multistream(void) {
 /* A 300-step training run must not creep far above its peak: the pool
  * once split its segments a little more at each growth that moved chunks,
  * and this trace replayed at 1.0207, against 1.0101 over its first 20
- * steps (docs/design.md, "Which chunks move"). */
+ * steps (docs/design.md, "Memory layout": which chunks move). */
 static void test_long_run(void) {
   const char *path = TP_TEST_DATA "/../../traces/gpt_train_long.csv.gz";
   if (access(path, R_OK) != 0) {

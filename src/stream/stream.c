@@ -1,6 +1,7 @@
 /* Streams as the allocator sees them: identity that survives handle reuse,
- * free epochs, lazily recorded markers, dependency clocks carried by events,
- * and the legacy default stream's implicit ordering (stream.h). */
+ * streams lost when their owner destroys them or their thread ends, free
+ * epochs, lazily recorded markers, dependency clocks carried by events, and
+ * the legacy default stream's implicit ordering (stream.h). */
 #include <pthread.h>
 #include <string.h>
 
@@ -622,8 +623,8 @@ static tp__marker *marker_covering(tp__stream *s, uint64_t epoch) {
   /* Recorded when first needed, behind whatever the stream queued since the
    * free: a stream made to wait for the free waits for that work too, and on
    * the legacy stream the marker is itself legacy work that the device's
-   * blocking streams then wait for (docs/design.md, "Markers"). Recording
-   * one at every free would put a driver call on the free path. */
+   * blocking streams then wait for (docs/design.md, "Streams and markers").
+   * Recording one at every free would put a driver call on the free path. */
   if (!still_named(s))
     return NULL;
   return marker_record(s);
