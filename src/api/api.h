@@ -1,5 +1,7 @@
-/* What the API layer's files share: one-time initialisation and the checks
- * of devices and locations that several entry points make. */
+/* What the API layer's files share: one-time initialisation, the checks of
+ * devices and locations that several entry points make, the capture hooks
+ * (capture.c) and what capture.c asks of graph.c, and what torch.c shares
+ * with torch_trace.c and the tests. */
 #ifndef TP_API_H
 #define TP_API_H
 
