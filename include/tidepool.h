@@ -203,9 +203,11 @@ typedef enum tp_pool_attr {
    * the host for pending frees and try once more. Turn it off in a program
    * whose pending frees may sit behind stream work that waits on the
    * allocating thread: the wait would deadlock it. On cuda, frees pending
-   * on another thread's per-thread default stream, or on a stream its owner
-   * destroyed, cannot be waited for (neither can be asked from here): they
-   * become reusable at a synchronize that covers them. */
+   * on another running thread's per-thread default stream, or on a stream
+   * its owner destroyed, cannot be waited for unless an event tidepool
+   * recorded there already follows them (neither stream can be asked from
+   * here): they become reusable at a synchronize that covers them. A
+   * thread's per-thread stream gets such an event as the thread ends. */
   TP_POOL_ATTR_OOM_WAIT = 100,
   TP_POOL_ATTR_CHUNK_MAPS = 101,   /* uint64_t, read-only: chunks mapped */
   TP_POOL_ATTR_CHUNK_UNMAPS = 102, /* uint64_t, read-only: chunks unmapped */
@@ -517,11 +519,19 @@ TP_API tp_error_t tp_stream_destroy(tp_stream_t stream);
 
 /* Waits for all work queued on the stream, then makes the frees it covered
  * reusable by every stream and releases pool memory above the release
- * threshold. Errors: INVALID_VALUE, ILLEGAL_ADDRESS (stream work faulted
- * since the last synchronize). */
+ * threshold. On cuda, where frees were made on the legacy stream (NULL)
+ * since it last completed, its synchronize and query first record an event
+ * there, which waits for the work of the device's blocking streams that
+ * those frees follow: the driver's own answer covers only the legacy
+ * stream's queue. Errors: INVALID_VALUE, ILLEGAL_ADDRESS (stream work
+ * faulted since the last synchronize). */
 TP_API tp_error_t tp_stream_synchronize(tp_stream_t stream);
 
-/* TP_SUCCESS when the stream's work has completed, else NOT_READY. */
+/* TP_SUCCESS when the stream's work has completed, else NOT_READY; a
+ * stream found complete makes its frees reusable by every stream, as a
+ * synchronize does. Errors: INVALID_VALUE (unknown stream),
+ * STREAM_CAPTURE_UNSUPPORTED (the stream captures: its capture is
+ * invalidated, as in CUDA). */
 TP_API tp_error_t tp_stream_query(tp_stream_t stream);
 
 /* Makes future work on `stream` wait for `event`'s recorded work; frees
@@ -823,9 +833,12 @@ TP_API tp_error_t tp_device_set_graph_mem_attribute(int device,
  *       by the process id (%% by %), so that the processes of one
  *       environment (torchrun's ranks) each record a file of their own;
  *       a process that finds the file being recorded by another process
- *       records nothing and says so on stderr, rather than write over it.
- *       A child made by fork() records nothing and leaves the parent's
- *       file alone.
+ *       records nothing and says so on stderr, rather than write over it;
+ *       on a file system without locks the file is recorded without that
+ *       check, with a note on stderr. A child made by fork() records
+ *       nothing and leaves the parent's file alone. A failed write (a full
+ *       disk, the lines still buffered at exit included) is reported on
+ *       stderr and ends the recording.
  *   TIDEPOOL_TORCH_TRACE_COMPLETION  K > 0: the trace gets a fifth column,
  *       how far each operation's stream had completed when it was issued,
  *       from an event recorded every Kth operation of the stream
@@ -843,7 +856,10 @@ TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream);
 /* Frees `ptr` in stream order on `stream`, the stream it was allocated on
  * (PyTorch remembers it). `size` is unused. NULL is ignored; a pointer that
  * tidepool did not give out is reported on stderr and otherwise ignored (a
- * TIDEPOOL_TORCH_TRACE being recorded still shows the request). */
+ * TIDEPOOL_TORCH_TRACE being recorded still shows the request). A pool
+ * allocation freed during a capture PyTorch announced
+ * (tp_torch_capture_begin) is freed once the last announced capture has
+ * ended, waiting then for its recorded streams. */
 TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream);
 
 /* The current pool's statistics of `device`: out[0] reserved bytes,
