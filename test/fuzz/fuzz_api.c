@@ -1,7 +1,8 @@
 /* fuzz_api: a model-based fuzzer of tidepool's public API on the host
- * platform. The input bytes are a program of API calls (pools, streams,
- * events, gates that hold streams, allocation and free on many streams,
- * policies, thresholds, trims, access, bad input, IPC records), and after
+ * platform, or on the cuda platform over the fake driver (below). The input
+ * bytes are a program of API calls (pools, streams, events, gates that hold
+ * streams, allocation and free on many streams, policies, thresholds, trims,
+ * access, bad input, IPC records), and after
  * every call a small model of include/tidepool.h's promises is checked:
  * no overlap of live blocks, no reuse before a free's work completed unless
  * a policy allows it, block contents intact, exact used figures, reserved at
