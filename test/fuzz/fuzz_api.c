@@ -2,12 +2,12 @@
  * platform, or on the cuda platform over the fake driver (below). The input
  * bytes are a program of API calls (pools, streams, events, gates that hold
  * streams, allocation and free on many streams, policies, thresholds, trims,
- * access, bad input, IPC records), and after
- * every call a small model of include/tidepool.h's promises is checked:
- * no overlap of live blocks, no reuse before a free's work completed unless
- * a policy allows it, block contents intact, exact used figures, reserved at
- * least used, reserved down to the threshold at a synchronize, every error
- * code, and nothing left behind once everything is destroyed.
+ * access, bad input, IPC records), and after every call a small model of
+ * include/tidepool.h's promises is checked: no overlap of live blocks, no
+ * reuse before a free's work completed unless a policy allows it, block
+ * contents intact, exact used figures, reserved at least used, reserved down
+ * to the threshold at a synchronize, every error code, and nothing left
+ * behind once everything is destroyed.
  *
  * The entry point is LLVMFuzzerTestOneInput; libFuzzer drives it (TP_FUZZ=ON
  * with clang), and fuzz_replay.c runs the corpus through it in every build.
