@@ -647,6 +647,11 @@ TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
  * stream (the order that tells when the graph's memory may go).
  * ======================================================================== */
 
+/* Graph and exec handles. Any value may be passed: one that is not a live
+ * graph's or exec's answers TP_ERROR_INVALID_VALUE, a destroyed one's also
+ * after another graph or exec has taken its slot (a handle is no address
+ * but a slot's number and generation; slots are reused, so that a program
+ * that captures a graph per step does not run out). */
 typedef struct tp_graph_opaque *tp_graph_t;
 typedef struct tp_graph_exec_opaque *tp_graph_exec_t;
 
