@@ -1,6 +1,8 @@
 /* The cuda platform's ops table: the CUDA driver API, loaded at run time,
  * behind the contract of platform.h. The ops live in cuda_driver.c,
- * cuda_stream.c and cuda_memory.c. */
+ * cuda_stream.c, cuda_memory.c and cuda_capture.c. legacy_covers_blocking
+ * is left false: the driver promises that a query or synchronize of the
+ * legacy stream covers its own queue only. */
 #include "platform/cuda/cuda_internal.h"
 
 /* The application may instantiate and launch captured graphs itself. */
