@@ -136,10 +136,10 @@ TP_API tp_error_t tp_stream_destroy(tp_stream_t stream) {
   return TP_GUARDED(stream_destroy(stream));
 }
 
-/* Streams of another's found destroyed by their owner (stream.h): the
- * pools let go of their caches, whose blocks complete with the stream's
- * markers or at a device synchronize, and the stream goes once no call
- * that reached it is inside. */
+/* Streams lost (stream.h): another's found destroyed by its owner, or a
+ * per-thread default stream whose thread ended. The pools let go of their
+ * caches, whose blocks complete with the stream's markers or at a device
+ * synchronize, and the stream goes once no call that reached it is inside. */
 static void unref_stream(void *s) {
   tp__stream_unref(s);
 }

@@ -129,9 +129,10 @@ void tp__stream_unref(tp__stream *s);
 static inline void tp__stream_ref(tp__stream *s) {
   atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
 }
-/* A stream of another's that its owner destroyed, found so and taken out
- * of the registry (stream.c, still_named), with its reference; NULL when
- * none waits. The caller drops what the pools keep for it, then unrefs. */
+/* A lost stream taken out of the registry, with its reference: another's
+ * that its owner destroyed, found so (stream.c, still_named), or a
+ * per-thread default stream whose thread ended (bound_exit); NULL when none
+ * waits. The caller drops what the pools keep for it, then unrefs. */
 tp__stream *tp__stream_take_lost(void);
 /* Every live stream of a device (or all devices when device < 0), with a
  * reference each; the caller unrefs each and frees the array. */
