@@ -1,7 +1,8 @@
 /* Tests of the trace readers on hostile or huge input, each made here
  * rather than kept as a file: gzip members and what follows the last one,
- * the bounds on what a small file may make the reader hold, and lookups
- * that must not cost the square of the input. */
+ * the bounds on what a small file may make the reader hold, lookups that
+ * must not cost the square of the input (timed against a file of the same
+ * size made ordinarily), and line numbers counted in 64 bits. */
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
