@@ -3,9 +3,14 @@
  * frees inside graphs (reuse in order, fixed addresses, allocations that
  * outlive launches, auto-free, frees in another graph), what is refused
  * during capture and the invalidation that follows, bad handles, the graph
- * memory accounts, and captures on several threads. Runs on host and on
- * cuda (TIDEPOOL_PLATFORM=cuda), and on host mapping graph memory as cuda
- * does (TIDEPOOL_HOST_GRAPH_MAPS_AT_CAPTURE=1); where the platforms map
+ * memory accounts, and captures on several threads; on cuda also streams
+ * tidepool did not make (a foreign stream whose handle a new stream takes,
+ * at a moment the fake driver's hook picks where it has one; per-thread
+ * default streams of several threads and of an ended one),
+ * whose pending frees must not be taken as done. Runs on host, on cuda
+ * (TIDEPOOL_PLATFORM=cuda: a GPU, or the fake driver of test/fake_cuda),
+ * and on host mapping graph memory as cuda does
+ * (TIDEPOOL_HOST_GRAPH_MAPS_AT_CAPTURE=1); where the platforms map
  * graph memory at different times the expectations say so. The driver's
  * own answers to the calls whose errors CUDA's documentation leaves open
  * are asked on a GPU (test_driver_answers). */
