@@ -1,7 +1,10 @@
 /* The PyTorch entry points (tp_torch_*) as PyTorch calls them: the
  * configuration variables, allocation and free on the legacy stream and on
  * a stream of the program's own, statistics, peaks, trim, errors, devices
- * and threads. Runs on whatever platform is chosen (host in CI). */
+ * and threads; the TIDEPOOL_TORCH_TRACE recording (across fork(), by two
+ * processes, a failed write at exit); record_stream, empty_cache, and frees
+ * deferred past an announced capture. Runs on whatever platform is chosen
+ * (host in CI, and cuda over the fake driver). */
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
