@@ -1,9 +1,11 @@
 /* test_ipc_limits: what one process sharing a pool must not be able to do
  * to the other, and how a descriptor is passed. An importer that opens
  * channel after channel cannot take the exporter's descriptors; an
- * exporter that stops answering cannot hang an importer; a descriptor is
- * taken by value, as the driver takes it. Children as in test_ipc
- * (ipc_child.h). */
+ * exporter that stops answering cannot hang an importer, whose releases
+ * then wait in order for it to read again and whose timed-out import
+ * holds nothing, while the exporter keeps the importer's holds; a
+ * descriptor is taken by value, as the driver takes it. Children as in
+ * test_ipc (ipc_child.h). */
 #include "ipc_child.h"
 
 #include <sys/socket.h>
