@@ -55,8 +55,9 @@ static void usage(FILE *f) {
       "Reading a trace may take at most 16 GiB of memory (the file, and what\n"
       "its operations or pickled values take), so that a small gzip'd file\n"
       "that decompresses to far more is refused, unless\n"
-      "TIDEPOOL_REPLAY_MEMORY_LIMIT (bytes, K/M/G/T) says otherwise.\n",
-      REPLAY_DEFAULT_LAG);
+      "TIDEPOOL_REPLAY_MEMORY_LIMIT (bytes, K/M/G/T) says otherwise.\n"
+      "A trace may use at most %d streams (each is a stream of the replay).\n",
+      REPLAY_DEFAULT_LAG, TRACE_MAX_STREAMS);
 }
 
 static int parse_bytes(const char *s, uint64_t *out) {
