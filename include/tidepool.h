@@ -523,8 +523,11 @@ TP_API tp_error_t tp_stream_destroy(tp_stream_t stream);
  * since it last completed, its synchronize and query first record an event
  * there, which waits for the work of the device's blocking streams that
  * those frees follow: the driver's own answer covers only the legacy
- * stream's queue. Errors: INVALID_VALUE, ILLEGAL_ADDRESS (stream work
- * faulted since the last synchronize). */
+ * stream's queue. That event also follows what those streams queued after
+ * the frees, so such a synchronize waits for that work too, where the
+ * driver's own free, an action of its moment, would not. Errors:
+ * INVALID_VALUE, ILLEGAL_ADDRESS (stream work faulted since the last
+ * synchronize). */
 TP_API tp_error_t tp_stream_synchronize(tp_stream_t stream);
 
 /* TP_SUCCESS when the stream's work has completed, else NOT_READY; a

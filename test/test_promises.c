@@ -1133,6 +1133,58 @@ static void test_legacy_free_follows_blocking_streams(void) {
   stream_done(blocking);
 }
 
+/* Under every reuse policy, a block freed on the legacy stream while a
+ * blocking stream is held (freed there, or taken pending from the held
+ * stream's free and so retagged to the legacy stream) goes to another
+ * stream, blocking or not, only behind the held work. */
+static void test_legacy_free_policies_and_takers(void) {
+  for (int policy = 0; policy < 8; policy++) {
+    for (int taker_kind = 0; taker_kind < 2; taker_kind++) {
+      for (int retagged = 0; retagged < 2; retagged++) {
+        tp_stream_t blocking = NULL, taker = NULL;
+        CHECK_OK(tp_stream_create(&blocking, 0));
+        CHECK_OK(
+            tp_stream_create(&taker, taker_kind ? 0 : TP_STREAM_NON_BLOCKING));
+        tp_pool_t pool = new_pool(0, 0);
+        REQUIRE(blocking && taker && pool);
+        set_int(pool, TP_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, policy & 1);
+        set_int(pool, TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+                (policy >> 1) & 1);
+        set_int(pool, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+                (policy >> 2) & 1);
+        void *p = NULL, *q = NULL;
+        gate_t g;
+        if (retagged) {
+          REQUIRE_OK(tp_malloc_from_pool_async(&p, 2 * MiB, pool, blocking));
+          REQUIRE_OK(hold_stream(blocking, &g));
+          CHECK_OK(tp_free_async(p, blocking));
+          void *r = NULL;
+          REQUIRE_OK(tp_malloc_from_pool_async(&r, 2 * MiB, pool, NULL));
+          p = r;
+        } else {
+          REQUIRE_OK(tp_malloc_from_pool_async(&p, 2 * MiB, pool, NULL));
+          CHECK_OK(tp_stream_synchronize(NULL));
+          REQUIRE_OK(hold_stream(blocking, &g));
+        }
+        CHECK_OK(tp_free_async(p, NULL));
+        (void)tp_stream_query(NULL);
+        CHECK_OK(tp_malloc_from_pool_async(&q, 2 * MiB, pool, taker));
+        if (q == p && tp_stream_query(taker) != TP_ERROR_NOT_READY) {
+          CHECK(!"taker did not wait");
+          printf("   policy %d taker %s retagged %d\n", policy,
+                 taker_kind ? "blocking" : "non-blocking", retagged);
+        }
+        release(&g);
+        CHECK_OK(tp_free_async(q, taker));
+        CHECK_OK(tp_device_synchronize());
+        stream_done(taker);
+        stream_done(blocking);
+        CHECK_OK(tp_pool_destroy(pool));
+      }
+    }
+  }
+}
+
 /* Stream-ordered memory work refused at the call ("a range that wraps
  * around the end of the address space") queues nothing: the stream is not
  * faulted by it. */
@@ -2217,6 +2269,7 @@ int main(int argc, char **argv) {
       T(test_dead_and_foreign_streams),
       T(test_stream_destroyed_with_pending_free),
       T(test_legacy_free_follows_blocking_streams),
+      T(test_legacy_free_policies_and_takers),
       T(test_memory_work_rejections),
       T(test_event_semantics),
       T(test_event_reports_fault),

@@ -175,7 +175,7 @@ static tp_error_t stream_synchronize(tp_stream_t stream) {
   tp__stream *s;
   TP_FORWARD(stream_of(stream, &s));
   uint64_t epoch = tp__stream_advance(s);
-  bool covered = stream_covered(s) || tp__stream_legacy_fence(s, epoch);
+  bool covered = stream_covered(s) || tp__stream_legacy_fence(s);
   tp_error_t err = tp__platform->stream_synchronize(s->ps);
   if (err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS)
     completed(s, epoch, covered);
@@ -191,7 +191,7 @@ static tp_error_t stream_query(tp_stream_t stream) {
   tp__stream *s;
   TP_FORWARD(stream_of(stream, &s));
   uint64_t epoch = tp__stream_advance(s);
-  bool covered = stream_covered(s) || tp__stream_legacy_fence(s, epoch);
+  bool covered = stream_covered(s) || tp__stream_legacy_fence(s);
   tp_error_t err = tp__platform->stream_query(s->ps);
   if (err == TP_SUCCESS && covered)
     tp__stream_mark_done(s, epoch);

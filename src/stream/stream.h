@@ -231,9 +231,13 @@ static inline tp__tag tp__stream_tag(tp__stream *s) {
  * only its own queue (platform.h): the tags given on it since, which
  * follow its device's blocking streams' earlier work, get a marker there
  * (an action, which waits for that work, as the driver's own free on the
- * stream would have been), so that the answer covers them. False where
+ * stream would have been), so that the answer covers them: one that covers
+ * the latest tag already is used again. Recorded at the question rather
+ * than at each free (a driver call on every free of a PyTorch program,
+ * whose default stream this is), it also follows what the blocking streams
+ * queued after the frees, which the answer then waits for. False where
  * one was needed and could not be recorded. */
-bool tp__stream_legacy_fence(tp__stream *s, uint64_t epoch);
+bool tp__stream_legacy_fence(tp__stream *s);
 
 /* ---- events ----------------------------------------------------------------
  */
