@@ -2311,7 +2311,14 @@ static tp_stream_t wild_stream(unsigned k) {
   case 1: h = (tp_stream_t)(void *)wild_buf; break;
   case 2: h = (tp_stream_t)(void *)default_pool[0]; break;
   case 3: h = M.ndead_streams ? M.dead_streams[0] : NULL; break;
-  default: h = M.nevents ? (tp_stream_t)(void *)M.events[0].h : NULL; break;
+  default:
+    /* On cuda tidepool hands a stream it does not know to the driver, for
+     * which a value that is no handle is undefined: an event's handle is a
+     * number, not memory, and the fake (as a GPU's driver would) reads
+     * through it once it is past the values the platform keeps for the
+     * special streams. There the variant is left out. */
+    h = M.nevents && !on_cuda ? (tp_stream_t)(void *)M.events[0].h : NULL;
+    break;
   }
   return h && !stream_handle_live(h) ? h : (tp_stream_t)(void *)wild_buf;
 }
