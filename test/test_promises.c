@@ -1185,6 +1185,40 @@ static void test_legacy_free_policies_and_takers(void) {
   }
 }
 
+/* The mirror image: a free on a blocking stream follows the work queued
+ * on the legacy stream before it (an action there would wait for it), so
+ * the block may be handed to another stream only behind that work. On
+ * cuda, asking the blocking stream itself (the core's poll, a query or a
+ * synchronize of it) covers only its own queue, which the free left empty
+ * (found by the fuzzer on the fake driver: with the legacy stream held,
+ * another stream got the block and did not wait). */
+static void test_blocking_free_follows_legacy(void) {
+  tp_stream_t blocking = NULL, other = new_stream();
+  CHECK_OK(tp_stream_create(&blocking, 0));
+  REQUIRE(blocking && other);
+  for (int query = 0; query < 2; query++) {
+    void *p = NULL, *q = NULL;
+    REQUIRE_OK(tp_malloc_async(&p, 2 * MiB, blocking));
+    CHECK_OK(tp_stream_synchronize(blocking));
+    gate_t g;
+    REQUIRE_OK(hold_stream(NULL, &g));
+    CHECK_OK(tp_free_async(p, blocking));
+    /* Asked by the allocation's poll alone, or by a query first. */
+    if (query) {
+      tp_error_t asked = tp_stream_query(blocking);
+      CHECK(asked == TP_SUCCESS || asked == TP_ERROR_NOT_READY);
+    }
+    CHECK_OK(tp_malloc_async(&q, 2 * MiB, other));
+    if (q == p)
+      CHECK_ERR(tp_stream_query(other), TP_ERROR_NOT_READY);
+    release(&g);
+    CHECK_OK(tp_free_async(q, other));
+    CHECK_OK(tp_device_synchronize());
+  }
+  stream_done(other);
+  stream_done(blocking);
+}
+
 /* Stream-ordered memory work refused at the call ("a range that wraps
  * around the end of the address space") queues nothing: the stream is not
  * faulted by it. */
@@ -2270,6 +2304,7 @@ int main(int argc, char **argv) {
       T(test_stream_destroyed_with_pending_free),
       T(test_legacy_free_follows_blocking_streams),
       T(test_legacy_free_policies_and_takers),
+      T(test_blocking_free_follows_legacy),
       T(test_memory_work_rejections),
       T(test_event_semantics),
       T(test_event_reports_fault),

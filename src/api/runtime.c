@@ -155,9 +155,12 @@ static void drop_lost_streams(void) {
 /* Whether the platform's own query or synchronize of s covers everything
  * its frees follow: not for the legacy stream where it covers only its own
  * queue (platform.h), which a marker recorded first then makes cover them
- * (tp__stream_legacy_fence). */
+ * (tp__stream_legacy_fence), nor for a blocking stream there, whose frees
+ * follow the legacy work queued before them: covered where the legacy
+ * stream is idle, or by a marker on s, which waits for that work. */
 static bool stream_covered(const tp__stream *s) {
-  return !s->legacy || tp__platform->legacy_covers_blocking;
+  return (!s->legacy || tp__platform->legacy_covers_blocking) &&
+         !tp__stream_misses_legacy(s);
 }
 
 /* After the host saw the stream's work up to `epoch` complete: its frees
@@ -175,7 +178,10 @@ static tp_error_t stream_synchronize(tp_stream_t stream) {
   tp__stream *s;
   TP_FORWARD(stream_of(stream, &s));
   uint64_t epoch = tp__stream_advance(s);
-  bool covered = stream_covered(s) || tp__stream_legacy_fence(s);
+  bool covered =
+      stream_covered(s) ||
+      (tp__stream_misses_legacy(s) && tp__stream_legacy_idle(s->device)) ||
+      tp__stream_legacy_fence(s, epoch);
   tp_error_t err = tp__platform->stream_synchronize(s->ps);
   if (err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS)
     completed(s, epoch, covered);
@@ -191,7 +197,12 @@ static tp_error_t stream_query(tp_stream_t stream) {
   tp__stream *s;
   TP_FORWARD(stream_of(stream, &s));
   uint64_t epoch = tp__stream_advance(s);
-  bool covered = stream_covered(s) || tp__stream_legacy_fence(s);
+  /* A blocking stream gets no marker here, which a caller's polling loop
+   * would otherwise add to at every question while the legacy stream is
+   * busy: its frees count as done once that stream is seen idle. */
+  bool covered = stream_covered(s) || (tp__stream_misses_legacy(s)
+                                           ? tp__stream_legacy_idle(s->device)
+                                           : tp__stream_legacy_fence(s, epoch));
   tp_error_t err = tp__platform->stream_query(s->ps);
   if (err == TP_SUCCESS && covered)
     tp__stream_mark_done(s, epoch);

@@ -120,7 +120,9 @@ typedef struct tp__platform_ops {
    * (host: they answer as an action there would wait). Where not (cuda,
    * whose documentation promises only the stream's own work), a free on
    * the legacy stream, which follows that work, is known complete only
-   * through a marker, an action on the legacy stream. */
+   * through a marker, an action on the legacy stream; and a free on a
+   * blocking stream, which follows the legacy stream's earlier work, once
+   * the legacy stream too is seen idle or through a marker there. */
   bool legacy_covers_blocking;
   tp_error_t (*stream_wait_event)(tp__pstream *ps, tp__pevent *ev);
   tp_error_t (*memset_async)(tp__pstream *ps, void *ptr, int value,

@@ -652,7 +652,8 @@ static void ask_stream(tp__stream *s) {
   /* Asked again after the poll: the owner may have destroyed the stream
    * and made a new one on its handle in between, which answered for it
    * (test_capture's test_foreign_stream_replaced). */
-  if (tp__platform->stream_poll(s->ps) == TP_SUCCESS && still_named(s)) {
+  if (tp__platform->stream_poll(s->ps) == TP_SUCCESS && still_named(s) &&
+      (!tp__stream_misses_legacy(s) || tp__stream_legacy_idle(s->device))) {
     tp__atomic_max(&s->seen_epoch, epoch);
     markers_trim(s);
   }
@@ -663,14 +664,31 @@ static bool seen_done(const tp__tag *t) {
                                             memory_order_acquire) >= t->epoch;
 }
 
-bool tp__stream_legacy_fence(tp__stream *s) {
+bool tp__stream_misses_legacy(const tp__stream *s) {
+  return !tp__platform->legacy_covers_blocking && !s->legacy &&
+         !(s->flags & TP_STREAM_NON_BLOCKING);
+}
+
+/* The legacy stream answers for its own queue only, but that is enough
+ * here: when it is idle, every legacy operation queued before the question
+ * has run, and with it the legacy work a free issued before followed. */
+bool tp__stream_legacy_idle(int device) {
+  tp__stream_desc d;
+  return tp__platform->stream_legacy(device, &d) == TP_SUCCESS &&
+         tp__platform->stream_poll(d.ps) == TP_SUCCESS;
+}
+
+bool tp__stream_legacy_fence(tp__stream *s, uint64_t epoch) {
   tp__blspin_lock(&s->lock);
-  /* A marker that covers the latest tag is enough; a new one at each
-   * question would pile up while the caller polls. */
+  /* On the legacy stream, which counts its tags, a marker that covers the
+   * latest is enough (a new one at each question would pile up while the
+   * caller polls); a blocking stream gets one whenever its legacy stream
+   * was found busy. */
   uint64_t last = atomic_load_explicit(&s->last_tag, memory_order_relaxed);
-  bool ok =
-      last <= atomic_load_explicit(&s->done_epoch, memory_order_relaxed) ||
-      marker_covering(s, last) != NULL;
+  bool ok = s->legacy ? last <= atomic_load_explicit(&s->done_epoch,
+                                                     memory_order_relaxed) ||
+                            marker_covering(s, last) != NULL
+                      : marker_covering(s, epoch) != NULL;
   tp__blspin_unlock(&s->lock);
   return ok;
 }

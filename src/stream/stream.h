@@ -235,9 +235,20 @@ static inline tp__tag tp__stream_tag(tp__stream *s) {
  * the latest tag already is used again. Recorded at the question rather
  * than at each free (a driver call on every free of a PyTorch program,
  * whose default stream this is), it also follows what the blocking streams
- * queued after the frees, which the answer then waits for. False where
- * one was needed and could not be recorded. */
-bool tp__stream_legacy_fence(tp__stream *s);
+ * queued after the frees, which the answer then waits for. On a blocking
+ * stream whose answer misses the legacy work its frees follow
+ * (tp__stream_misses_legacy) a marker is recorded all the same. False
+ * where one was needed and could not be recorded. */
+bool tp__stream_legacy_fence(tp__stream *s, uint64_t epoch);
+/* Whether s is a blocking stream whose own answer (query, poll,
+ * synchronize) does not cover the legacy work queued before its frees,
+ * which they follow as an action there would (platform.h: cuda). Its frees
+ * are known complete only once the device's legacy stream is also seen
+ * idle (tp__stream_legacy_idle) or a marker on s, which waits for that
+ * work, has completed. */
+bool tp__stream_misses_legacy(const tp__stream *s);
+/* Whether the device's legacy stream has run everything queued on it. */
+bool tp__stream_legacy_idle(int device);
 
 /* ---- events ----------------------------------------------------------------
  */
