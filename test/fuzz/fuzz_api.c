@@ -1653,8 +1653,15 @@ static int event_fault(const mevent *m, bool *maybe) {
   if (m->item < 0 || m->stream < 0 || !m->fault)
     return 0;
   const mstream *s = &M.streams[m->stream];
-  if (s->fault_gen != m->fault_gen)
+  if (s->fault_gen != m->fault_gen) {
+    /* A destroyed stream's fault is reported by a device synchronize only
+     * while its platform stream is still listed there, until its queued
+     * work has run; once gone, no synchronize of it can report the fault,
+     * and the event goes on answering ILLEGAL_ADDRESS (host: the fault
+     * stays with the stream the event holds). */
+    *maybe = !s->live;
     return 0;
+  }
   *maybe = m->fault == 2 || s->fault == 2 || !s->live;
   return 1;
 }
