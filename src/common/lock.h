@@ -23,7 +23,7 @@ typedef enum tp__rank {
   TP_RANK_EVENT_TABLE,  /* the registry of events */
   TP_RANK_STREAM,       /* a stream: epochs, markers, clock, caches */
   TP_RANK_EVENT,        /* an event's clock */
-  TP_RANK_DEAD_DONE,    /* completions of destroyed streams (stream.c) */
+  TP_RANK_DEAD_DONE,    /* completions of destroyed streams (order.c) */
   TP_RANK_HANDLES,      /* the table of pool handles */
   TP_RANK_ADDRESSES,    /* the address-to-pool registry */
   TP_RANK_LIMBO,        /* the guard's retired objects */

@@ -130,7 +130,7 @@ static inline void tp__stream_ref(tp__stream *s) {
   atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
 }
 /* A lost stream taken out of the registry, with its reference: another's
- * that its owner destroyed, found so (stream.c, still_named), or a
+ * that its owner destroyed, found so (order.c, tp__stream_still_named), or a
  * per-thread default stream whose thread ended (bound_exit); NULL when none
  * waits. The caller drops what the pools keep for it, then unrefs. */
 tp__stream *tp__stream_take_lost(void);
