@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "platform/cuda/cuda_driver.h"
 #include "platform/cuda/cuda_internal.h"
 
 tp__cu_api tp__cu;
