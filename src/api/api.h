@@ -1,7 +1,7 @@
-/* What the API layer's files share: one-time initialisation, the checks of
- * devices and locations that several entry points make, the capture hooks
- * (capture.c) and what capture.c asks of graph.c, and what torch.c shares
- * with torch_trace.c and the tests. */
+/* What the API layer's files share (api.c): one-time initialisation, the
+ * device check that several entry points make, legacy-stream ordering, the
+ * capture question, and what torch.c shares with torch_trace.c and the
+ * tests. The capture hooks are capture.h's, the pool slots pools.h's. */
 #ifndef TP_API_H
 #define TP_API_H
 
@@ -28,37 +28,6 @@ static inline void tp__work_end(tp__stream *s, tp_error_t err) {
     tp__legacy_end(s->device, err == TP_SUCCESS);
 }
 
-/* Stream capture's hooks (capture.c) in the allocator and event entry points.
- *
- * Whether no capture can be under way: where the platform sees every
- * capture, a count it keeps, read on every allocation and free before any
- * question is asked. */
-static inline bool tp__no_capture(void) {
-  const _Atomic uint32_t *n = tp__hot.captures_active;
-  return n && !atomic_load_explicit(n, memory_order_acquire);
-}
-/* Whether work on s goes to a capture: s captures (or its capture was
- * invalidated), or s is a legacy stream that a capture forbids. */
-bool tp__graph_capturing_slow(tp__stream *s);
-static inline bool tp__graph_capturing(tp__stream *s) {
-  return !tp__no_capture() && tp__graph_capturing_slow(s);
-}
-/* An allocation on such a stream, from `pool`'s kind of memory. */
-tp_error_t tp__graph_malloc(void **ptr, size_t size, tp_pool_t pool,
-                            tp__stream *s);
-/* A free: true when the capture or graph memory took it, with *err. */
-bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err);
-/* Event record and stream wait: true when a capture took them. */
-bool tp__graph_on_record(tp_event_t event, tp__stream *s, tp_error_t *err);
-bool tp__graph_on_wait(tp__stream *s, tp_event_t event, tp__event *e,
-                       tp_error_t *err);
-/* CAPTURED_EVENT for an event last recorded in a capture. */
-tp_error_t tp__graph_event_check(tp_event_t event);
-void tp__graph_event_forget(tp_event_t event);
-/* A stream being destroyed (already retired): a capture tidepool began on
- * it that has not ended can never end now, and its memory goes as a failed
- * capture's does. */
-void tp__graph_stream_destroyed(tp__stream *s);
 /* The capture status of s, in *status (and its id, where id is not NULL).
  * Legacy-stream work while a blocking stream captures is refused, and
  * costs that capture its validity, as in CUDA. */
@@ -71,17 +40,6 @@ static inline tp_error_t tp__capture_status_of(tp__stream *s,
   return err;
 }
 
-/* ---- graph.c, for capture.c ----------------------------------------------
- */
-
-/* The graph a capture ended in (`capture_id`: the capture's, or 0): a new
- * handle in *graph. Where none can be made, the graph is destroyed and the
- * capture's memory goes as a failed capture's. */
-tp_error_t tp__graph_made(tp__pgraph *pg, uint64_t capture_id,
-                          tp_graph_t *graph);
-/* Tells graph memory which destroyed execs' last launches have completed. */
-void tp__graph_settle_running(void);
-
 /* tp_malloc_async and tp_free_async; `uncaptured`: the caller knows that no
  * stream of the process captures now, so that the capture question (a
  * driver call on cuda) is not asked (torch.c while PyTorch, which announces
@@ -89,9 +47,6 @@ void tp__graph_settle_running(void);
 tp_error_t tp__malloc_async_as(void **ptr, size_t size, tp_stream_t stream,
                                bool uncaptured);
 tp_error_t tp__free_async_as(void *ptr, tp_stream_t stream, bool uncaptured);
-
-/* A destroyed pool that was current for its location stops being so. */
-void tp__current_pools_forget(tp_pool_t pool);
 
 /* torch.c's configuration from the TIDEPOOL_TORCH_* variables (see the
  * header's PyTorch section). The entry points read it once; it is exposed

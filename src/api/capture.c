@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "api/capture.h"
+#include "api/graph.h"
 #include "common/guard.h"
 #include "graph/graph_mem.h"
 #include "pool/alloc.h"

@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include "api/api.h"
+#include "api/graph.h"
 #include "common/guard.h"
 #include "common/slots.h"
 #include "graph/graph_mem.h"

@@ -31,7 +31,7 @@ static tp_error_t export_handle(int *handle, tp_pool_t pool,
 /* Fabric handles would need a channel that crosses machines, where the
  * descriptor channel of posix-fd handles cannot go: no platform exports
  * pools through them yet. The calls below that reach a pool do so inside
- * the guard, as those of pools.c. */
+ * the guard, as those of alloc.c and pools.c. */
 TP_API tp_error_t tp_pool_export_to_shareable_handle(void *handle,
                                                      tp_pool_t pool,
                                                      tp_handle_type_t type,

@@ -1,9 +1,10 @@
-/* The allocator's entry points: argument checking as the driver does it,
- * the default and current pool of each location and allocation type, and
- * the calls into the core. */
+/* The pool entry points: the default and current pool of each location and
+ * allocation type, pools' creation, attributes, trimming and access, with
+ * arguments checked as the driver does. Allocation is alloc.c's. */
 #include <string.h>
 
 #include "api/api.h"
+#include "api/pools.h"
 #include "common/guard.h"
 #include "ipc/ipc.h"
 #include "pool/alloc.h"
@@ -17,10 +18,11 @@ enum {
   SLOT_MANAGED_NONE,
   NSLOTS
 };
+_Static_assert(NSLOTS == TP_POOL_SLOTS, "pools.h counts the slots");
 
 static tp__mutex slots_lock = TP_MUTEX_INIT(TP_RANK_SLOTS);
 static tp_pool_t defaults[NSLOTS];
-static _Atomic(tp_pool_t) currents[NSLOTS];
+_Atomic(tp_pool_t) tp__current_pools[TP_POOL_SLOTS];
 
 /* The slot of a location and type, or the error the driver gives for it. */
 static tp_error_t slot_of(const tp_location_t *loc, tp_allocation_type_t type,
@@ -68,34 +70,25 @@ static tp_pool_props_t slot_props(int slot) {
   return props;
 }
 
-static tp_error_t default_of(int slot, tp_pool_t *out) {
+tp_error_t tp__default_pool_of(int slot, tp_pool_t *out) {
   tp__mutex_lock(&slots_lock);
   tp_error_t err = TP_SUCCESS;
   if (!defaults[slot]) {
     tp_pool_props_t props = slot_props(slot);
     err = tp__pool_new(&props, true, &defaults[slot]);
     if (err == TP_SUCCESS)
-      atomic_store(&currents[slot], defaults[slot]);
+      atomic_store(&tp__current_pools[slot], defaults[slot]);
   }
   *out = defaults[slot];
   tp__mutex_unlock(&slots_lock);
   return err;
 }
 
-static tp_error_t current_of(int slot, tp_pool_t *out) {
-  tp_pool_t p = atomic_load_explicit(&currents[slot], memory_order_acquire);
-  if (TP_LIKELY(p != NULL)) {
-    *out = p;
-    return TP_SUCCESS;
-  }
-  return default_of(slot, out);
-}
-
 void tp__current_pools_forget(tp_pool_t pool) {
   tp__mutex_lock(&slots_lock);
   for (int i = 0; i < NSLOTS; i++) {
     tp_pool_t expect = pool;
-    atomic_compare_exchange_strong(&currents[i], &expect, defaults[i]);
+    atomic_compare_exchange_strong(&tp__current_pools[i], &expect, defaults[i]);
   }
   tp__mutex_unlock(&slots_lock);
 }
@@ -107,7 +100,7 @@ TP_API tp_error_t tp_mem_get_default_pool(tp_pool_t *pool,
   TP_FORWARD(tp__api_init());
   int slot;
   TP_FORWARD(slot_of(location, type, &slot));
-  return default_of(slot, pool);
+  return tp__default_pool_of(slot, pool);
 }
 
 TP_API tp_error_t tp_mem_get_pool(tp_pool_t *pool,
@@ -117,7 +110,7 @@ TP_API tp_error_t tp_mem_get_pool(tp_pool_t *pool,
   TP_FORWARD(tp__api_init());
   int slot;
   TP_FORWARD(slot_of(location, type, &slot));
-  return current_of(slot, pool);
+  return tp__current_pool_of(slot, pool);
 }
 
 static bool same_location(const tp_location_t *a, const tp_location_t *b) {
@@ -140,7 +133,7 @@ static tp_error_t set_pool(int slot, const tp_location_t *location,
   tp__mutex_lock(&slots_lock);
   tp_error_t err = tp__pool_get_known(pool, &p);
   if (err == TP_SUCCESS)
-    atomic_store_explicit(&currents[slot], pool, memory_order_release);
+    atomic_store_explicit(&tp__current_pools[slot], pool, memory_order_release);
   tp__mutex_unlock(&slots_lock);
   return err;
 }
@@ -331,124 +324,4 @@ TP_API tp_error_t tp_pool_set_access(tp_pool_t pool,
   TP_RETURN_IF(!desc_list && count, TP_ERROR_INVALID_VALUE);
   TP_FORWARD(tp__api_init());
   return TP_GUARDED(pool_set_access(pool, desc_list, count));
-}
-
-/* ---- allocation ---------------------------------------------------------- */
-
-/* An allocation on `s` from `pool`: a graph's when the stream is being
- * captured, else the pool's. `idle`: resolving the stream just showed that
- * it does not capture. */
-static TP_ALWAYS_INLINE tp_error_t malloc_on(void **ptr, size_t size,
-                                             tp_pool_t pool, tp__pool *p,
-                                             tp__stream *s, bool idle) {
-  if (TP_UNLIKELY(!idle && tp__graph_capturing(s)))
-    return tp__graph_malloc(ptr, size, pool, s);
-  return tp__pool_malloc(p, ptr, size, s);
-}
-
-/* The current pool of the stream's device. A pool destroyed by another
- * thread stops being current before it stops answering, and the core
- * answers INVALID_VALUE for a pool destroyed while the call was on its way
- * in: then the call looks again (while the pool it found answers, the
- * error stands). Should a destroyed pool still be found there (made current
- * while it was being destroyed), the slot goes back to the default pool,
- * which cannot be destroyed. */
-static TP_ALWAYS_INLINE tp_error_t malloc_current(void **ptr, size_t size,
-                                                  tp__stream *s, bool idle) {
-  for (int tries = 0;; tries++) {
-    tp_pool_t pool;
-    tp__pool *p;
-    TP_FORWARD(current_of(s->device * 2, &pool));
-    tp_error_t err = tp__pool_get_known(pool, &p);
-    if (err == TP_SUCCESS)
-      err = malloc_on(ptr, size, pool, p, s, idle);
-    if (err != TP_ERROR_INVALID_VALUE ||
-        tp__pool_get_known(pool, &p) == TP_SUCCESS)
-      return err;
-    if (tries > 0)
-      tp__current_pools_forget(pool);
-  }
-}
-
-/* The stream is resolved inside the guard, which keeps a stream destroyed
- * meanwhile readable until the call leaves (see tp_stream_destroy).
- * `uncaptured`: the caller knows that nothing captures (see api.h). */
-static TP_ALWAYS_INLINE tp_error_t malloc_async(void **ptr, size_t size,
-                                                tp_stream_t stream,
-                                                bool uncaptured) {
-  tp__stream *s;
-  bool idle;
-  TP_FORWARD(tp__stream_resolve(stream, uncaptured, &s, &idle));
-  if (size == 0) {
-    *ptr = NULL;
-    return TP_SUCCESS;
-  }
-  return malloc_current(ptr, size, s, idle || uncaptured);
-}
-
-tp_error_t tp__malloc_async_as(void **ptr, size_t size, tp_stream_t stream,
-                               bool uncaptured) {
-  TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);
-  TP_FORWARD(tp__api_init());
-  return TP_GUARDED(malloc_async(ptr, size, stream, uncaptured));
-}
-
-TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream) {
-  return tp__malloc_async_as(ptr, size, stream, false);
-}
-
-static tp_error_t malloc_from(void **ptr, size_t size, tp_pool_t pool,
-                              tp_stream_t stream) {
-  tp__pool *p;
-  TP_FORWARD(tp__pool_get(pool, &p));
-  TP_RETURN_IF(p->imported, TP_ERROR_INVALID_VALUE);
-  tp__stream *s;
-  bool idle;
-  TP_FORWARD(tp__stream_resolve(stream, false, &s, &idle));
-  if (size == 0) {
-    *ptr = NULL;
-    return TP_SUCCESS;
-  }
-  return malloc_on(ptr, size, pool, p, s, idle);
-}
-
-TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
-                                            tp_pool_t pool,
-                                            tp_stream_t stream) {
-  TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);
-  TP_FORWARD(tp__api_init());
-  return TP_GUARDED(malloc_from(ptr, size, pool, stream));
-}
-
-/* A free of a graph's allocation, or during a capture, is the graph's; with
- * no capture anywhere, or none on `s` (`idle`: resolving it just showed so),
- * a pointer of a pool is the pool's at once. */
-static tp_error_t free_on(void *ptr, tp__stream *s, bool idle) {
-  if (TP_LIKELY(idle || tp__no_capture())) {
-    tp__pool *p = tp__registry_find((uintptr_t)ptr);
-    if (TP_LIKELY(p != NULL))
-      return tp__pool_free_in(p, ptr, s);
-  }
-  tp_error_t err;
-  if (tp__graph_free(ptr, s, &err))
-    return err;
-  return tp__pool_free(ptr, s);
-}
-
-static tp_error_t free_async(void *ptr, tp_stream_t stream, bool uncaptured) {
-  tp__stream *s;
-  bool idle;
-  TP_FORWARD(tp__stream_resolve(stream, uncaptured, &s, &idle));
-  if (!ptr)
-    return TP_SUCCESS;
-  return free_on(ptr, s, idle || uncaptured);
-}
-
-tp_error_t tp__free_async_as(void *ptr, tp_stream_t stream, bool uncaptured) {
-  TP_FORWARD(tp__api_init());
-  return TP_GUARDED(free_async(ptr, stream, uncaptured));
-}
-
-TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream) {
-  return tp__free_async_as(ptr, stream, false);
 }

@@ -38,7 +38,7 @@
  * same). */
 #define TP_TLS _Thread_local __attribute__((tls_model("initial-exec")))
 #define TP_UNLIKELY(x) __builtin_expect(!!(x), 0)
-/* For the allocation fast path (pool/alloc.h, api/pools.c), which must be
+/* For the allocation fast path (pool/alloc.h, api/alloc.c), which must be
  * inlined whole whatever the optimisation level's size heuristics say: at
  * -O2 they left four calls in a pair. */
 #define TP_ALWAYS_INLINE inline __attribute__((always_inline))

@@ -1,0 +1,126 @@
+/* The allocator's entry points, tp_malloc_async, tp_malloc_from_pool_async
+ * and tp_free_async: the fast path first (a stream resolved, a pool's cache),
+ * a capture's allocation where the stream captures (capture.h). */
+#include "pool/alloc.h"
+#include "api/api.h"
+#include "api/capture.h"
+#include "api/pools.h"
+#include "common/guard.h"
+
+/* An allocation on `s` from `pool`: a graph's when the stream is being
+ * captured, else the pool's. `idle`: resolving the stream just showed that
+ * it does not capture. */
+static TP_ALWAYS_INLINE tp_error_t malloc_on(void **ptr, size_t size,
+                                             tp_pool_t pool, tp__pool *p,
+                                             tp__stream *s, bool idle) {
+  if (TP_UNLIKELY(!idle && tp__graph_capturing(s)))
+    return tp__graph_malloc(ptr, size, pool, s);
+  return tp__pool_malloc(p, ptr, size, s);
+}
+
+/* The current pool of the stream's device. A pool destroyed by another
+ * thread stops being current before it stops answering, and the core
+ * answers INVALID_VALUE for a pool destroyed while the call was on its way
+ * in: then the call looks again (while the pool it found answers, the
+ * error stands). Should a destroyed pool still be found there (made current
+ * while it was being destroyed), the slot goes back to the default pool,
+ * which cannot be destroyed. */
+static TP_ALWAYS_INLINE tp_error_t malloc_current(void **ptr, size_t size,
+                                                  tp__stream *s, bool idle) {
+  for (int tries = 0;; tries++) {
+    tp_pool_t pool;
+    tp__pool *p;
+    TP_FORWARD(tp__current_pool_of(s->device * 2, &pool));
+    tp_error_t err = tp__pool_get_known(pool, &p);
+    if (err == TP_SUCCESS)
+      err = malloc_on(ptr, size, pool, p, s, idle);
+    if (err != TP_ERROR_INVALID_VALUE ||
+        tp__pool_get_known(pool, &p) == TP_SUCCESS)
+      return err;
+    if (tries > 0)
+      tp__current_pools_forget(pool);
+  }
+}
+
+/* The stream is resolved inside the guard, which keeps a stream destroyed
+ * meanwhile readable until the call leaves (see tp_stream_destroy).
+ * `uncaptured`: the caller knows that nothing captures (see api.h). */
+static TP_ALWAYS_INLINE tp_error_t malloc_async(void **ptr, size_t size,
+                                                tp_stream_t stream,
+                                                bool uncaptured) {
+  tp__stream *s;
+  bool idle;
+  TP_FORWARD(tp__stream_resolve(stream, uncaptured, &s, &idle));
+  if (size == 0) {
+    *ptr = NULL;
+    return TP_SUCCESS;
+  }
+  return malloc_current(ptr, size, s, idle || uncaptured);
+}
+
+tp_error_t tp__malloc_async_as(void **ptr, size_t size, tp_stream_t stream,
+                               bool uncaptured) {
+  TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  return TP_GUARDED(malloc_async(ptr, size, stream, uncaptured));
+}
+
+TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream) {
+  return tp__malloc_async_as(ptr, size, stream, false);
+}
+
+static tp_error_t malloc_from(void **ptr, size_t size, tp_pool_t pool,
+                              tp_stream_t stream) {
+  tp__pool *p;
+  TP_FORWARD(tp__pool_get(pool, &p));
+  TP_RETURN_IF(p->imported, TP_ERROR_INVALID_VALUE);
+  tp__stream *s;
+  bool idle;
+  TP_FORWARD(tp__stream_resolve(stream, false, &s, &idle));
+  if (size == 0) {
+    *ptr = NULL;
+    return TP_SUCCESS;
+  }
+  return malloc_on(ptr, size, pool, p, s, idle);
+}
+
+TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
+                                            tp_pool_t pool,
+                                            tp_stream_t stream) {
+  TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  return TP_GUARDED(malloc_from(ptr, size, pool, stream));
+}
+
+/* A free of a graph's allocation, or during a capture, is the graph's; with
+ * no capture anywhere, or none on `s` (`idle`: resolving it just showed so),
+ * a pointer of a pool is the pool's at once. */
+static tp_error_t free_on(void *ptr, tp__stream *s, bool idle) {
+  if (TP_LIKELY(idle || tp__no_capture())) {
+    tp__pool *p = tp__registry_find((uintptr_t)ptr);
+    if (TP_LIKELY(p != NULL))
+      return tp__pool_free_in(p, ptr, s);
+  }
+  tp_error_t err;
+  if (tp__graph_free(ptr, s, &err))
+    return err;
+  return tp__pool_free(ptr, s);
+}
+
+static tp_error_t free_async(void *ptr, tp_stream_t stream, bool uncaptured) {
+  tp__stream *s;
+  bool idle;
+  TP_FORWARD(tp__stream_resolve(stream, uncaptured, &s, &idle));
+  if (!ptr)
+    return TP_SUCCESS;
+  return free_on(ptr, s, idle || uncaptured);
+}
+
+tp_error_t tp__free_async_as(void *ptr, tp_stream_t stream, bool uncaptured) {
+  TP_FORWARD(tp__api_init());
+  return TP_GUARDED(free_async(ptr, stream, uncaptured));
+}
+
+TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream) {
+  return tp__free_async_as(ptr, stream, false);
+}

@@ -1,0 +1,29 @@
+/* The default and current pools of each location and allocation type
+ * (pools.c), as the allocator's entry points (alloc.c) read them: the current
+ * pool is one atomic load. Slots: device d pinned (2d) and managed (2d+1),
+ * then host, host NUMA node 0, and managed with no location. */
+#ifndef TP_API_POOLS_H
+#define TP_API_POOLS_H
+
+#include "api/api.h"
+
+#define TP_POOL_SLOTS (2 * TP_MAX_DEVICES + 3)
+extern _Atomic(tp_pool_t) tp__current_pools[TP_POOL_SLOTS];
+
+/* The slot's default pool, made on first use. */
+tp_error_t tp__default_pool_of(int slot, tp_pool_t *out);
+
+static inline tp_error_t tp__current_pool_of(int slot, tp_pool_t *out) {
+  tp_pool_t p =
+      atomic_load_explicit(&tp__current_pools[slot], memory_order_acquire);
+  if (TP_LIKELY(p != NULL)) {
+    *out = p;
+    return TP_SUCCESS;
+  }
+  return tp__default_pool_of(slot, out);
+}
+
+/* A destroyed pool that was current for its location stops being so. */
+void tp__current_pools_forget(tp_pool_t pool);
+
+#endif /* TP_API_POOLS_H */
