@@ -1,7 +1,6 @@
-/* What the readers of the trace formats share: a builder that turns
- * (action, address, size, raw stream) events into a trace's operations,
- * naming allocations by address, numbering streams by first use and
- * counting live bytes, and the error helper. */
+/* What the trace readers share, defined in trace.c: the builder that turns
+ * (action, address, size, raw stream) events into a trace's operations, the
+ * address table, the memory limit, the line walk and the error helper. */
 #ifndef TP_TRACE_INTERNAL_H
 #define TP_TRACE_INTERNAL_H
 
@@ -10,6 +9,11 @@
 #include <stdio.h>
 
 #include "trace.h"
+
+/* The files stand in layers, so that none calls back into one that calls it:
+ * trace.c calls no reader; the readers (trace_csv.c, trace_rmm.c,
+ * trace_snapshot.c) call trace.c; trace_load.c, which none of them calls,
+ * reads the file and calls the reader of its format. */
 
 /* What reading one trace may hold: the decompressed file, a snapshot's
  * pickled values and the operations built. A gzip'd file decompresses to
@@ -45,6 +49,8 @@ int trace_map_room(trace_map **m, trace_limit *l);
 uint32_t *trace_map_find(trace_map *m, uint64_t key, bool insert);
 void trace_map_remove(uint32_t *slot);
 
+/* The builder names allocations by address, numbers streams by first use
+ * and counts live bytes. */
 typedef struct trace_builder {
   trace *t;
   trace_limit *limit;
@@ -75,9 +81,14 @@ typedef int (*trace_line_fn)(void *ctx, const char *line, uint64_t lineno,
 int trace_each_line(const char *data, size_t len, const char *path,
                     trace_line_fn fn, void *ctx, char *err, size_t errlen);
 
-/* The readers of each format: t->path is set; `data` holds the whole
- * (decompressed) file, already counted in `limit`. Each returns 0 or -1
- * with a message in err. */
+/* The headers of tidepool's CSV: trace_load.c tells the format by either,
+ * and the CSV reader tells by the second that the fifth column is there. */
+#define TRACE_CSV_HEADER "action,addr,size,stream"
+#define TRACE_CSV_HEADER_DONE TRACE_CSV_HEADER ",done"
+
+/* The readers of each format, which trace_load.c calls: t->path is set; `data`
+ * holds the whole (decompressed) file, already counted in `limit`. Each returns
+ * 0 or -1 with a message in err. */
 int trace_read_csv(trace *t, const char *data, size_t len, trace_limit *limit,
                    char *err, size_t errlen);
 int trace_read_rmm(trace *t, const char *data, size_t len, trace_limit *limit,
