@@ -1,9 +1,9 @@
-/* Stream capture on the emulated device: captures and the streams that take
- * part in them, the graphs of nodes they record, execs, and launches, which
- * replay a graph's nodes in order on the launching stream's worker. One
- * mutex guards every capture, member and captured event; a graph is
- * immutable once its capture has ended, and an exec changes only its last
- * launch, under its own mutex. */
+/* Stream capture on the emulated device, above streams: captures and the
+ * streams that take part in them, the graphs of nodes they record, execs,
+ * and launches, which replay a graph's nodes in order as a job on the
+ * launching stream's worker. One mutex guards every capture, member and
+ * captured event; a graph is immutable once its capture has ended, and an
+ * exec changes only its last launch, under its own mutex. */
 #include <pthread.h>
 #include <string.h>
 
@@ -45,6 +45,8 @@ struct tp__pexec {
 
 typedef struct capture capture;
 
+/* A stream's part in a capture; the stream keeps a pointer to it. */
+typedef struct tp__host_member tp__host_member;
 struct tp__host_member {
   capture *c;
   tp__pstream *ps;
@@ -54,6 +56,9 @@ struct tp__host_member {
   tp__host_member *next;
 };
 
+/* Where an event was recorded in a capture; the event keeps a pointer to
+ * it. */
+typedef struct tp__host_capevent tp__host_capevent;
 struct tp__host_capevent {
   capture *c;
   nodeset deps;
@@ -74,7 +79,6 @@ struct capture {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static capture *active;
 _Atomic uint32_t tp__host_captures_active;
-static _Atomic uint32_t blocking_members[TP__HOST_MAX_DEVICES];
 static _Atomic uint64_t next_id = 1;
 
 /* ---- node sets ------------------------------------------------------------
@@ -163,8 +167,7 @@ static void mark_before(const tp__pgraph *g, const nodeset *from,
  * Everything here runs under mu. */
 
 static tp__host_member *member_of(tp__pstream *ps) {
-  return atomic_load_explicit(tp__host_stream_capture_slot(ps),
-                              memory_order_acquire);
+  return tp__host_stream_member(ps);
 }
 
 static tp_error_t member_join(capture *c, tp__pstream *ps,
@@ -182,18 +185,12 @@ static tp_error_t member_join(capture *c, tp__pstream *ps,
   m->ps = ps;
   m->next = c->members;
   c->members = m;
-  if (m->blocking)
-    atomic_fetch_add(&blocking_members[m->device], 1);
-  atomic_store_explicit(tp__host_stream_capture_slot(ps), m,
-                        memory_order_release);
+  tp__host_stream_join(ps, m);
   return TP_SUCCESS;
 }
 
 static void member_leave(tp__host_member *m) {
-  atomic_store_explicit(tp__host_stream_capture_slot(m->ps), NULL,
-                        memory_order_release);
-  if (m->blocking)
-    atomic_fetch_sub(&blocking_members[m->device], 1);
+  tp__host_stream_leave(m->ps);
   set_free(&m->deps);
   free(m);
 }
@@ -240,7 +237,7 @@ static tp_error_t legacy_refusal(tp__pstream *ps) {
   int device;
   bool legacy, blocking;
   tp__host_stream_describe(ps, &device, &legacy, &blocking);
-  if (!legacy || !atomic_load(&blocking_members[device]))
+  if (!legacy || !tp__host_stream_blocking_captures(device))
     return TP_SUCCESS;
   invalidate_blocking(device);
   return TP_ERROR_STREAM_CAPTURE_IMPLICIT;
@@ -266,11 +263,6 @@ static tp_error_t check_joined(const capture *c, const nodeset *origin) {
 
 /* ---- the ops --------------------------------------------------------------
  */
-
-bool tp__host_capture_blocking(int device) {
-  return atomic_load_explicit(&blocking_members[device],
-                              memory_order_acquire) != 0;
-}
 
 tp_error_t tp__host_capture_begin(tp__pstream *ps, tp_capture_mode_t mode) {
   TP_RETURN_IF(!ps, TP_ERROR_INVALID_VALUE);
@@ -366,7 +358,7 @@ tp_error_t tp__host_capture_status(tp__pstream *ps, tp_capture_status_t *status,
     int device;
     bool legacy, blocking;
     tp__host_stream_describe(ps, &device, &legacy, &blocking);
-    return legacy && tp__host_capture_blocking(device)
+    return legacy && tp__host_stream_blocking_captures(device)
                ? TP_ERROR_STREAM_CAPTURE_IMPLICIT
                : TP_SUCCESS;
   }
@@ -487,9 +479,8 @@ static void capevent_free(tp__host_capevent *ce) {
 
 void tp__host_capture_event_forget(tp__pevent *ev) {
   pthread_mutex_lock(&mu);
-  tp__host_capevent **slot = tp__host_event_capture_slot(ev);
-  tp__host_capevent *ce = *slot;
-  *slot = NULL;
+  tp__host_capevent *ce = tp__host_event_capture(ev);
+  tp__host_event_set_capture(ev, NULL);
   if (ce)
     capevent_free(ce);
   pthread_mutex_unlock(&mu);
@@ -590,10 +581,10 @@ tp_error_t tp__host_capture_event_record(tp__pevent *ev, tp__pstream *ps) {
   if (err == TP_SUCCESS) {
     ce->c = m->c;
     m->c->refs++;
-    tp__host_capevent **slot = tp__host_event_capture_slot(ev);
-    if (*slot)
-      capevent_free(*slot);
-    *slot = ce;
+    tp__host_capevent *old = tp__host_event_capture(ev);
+    if (old)
+      capevent_free(old);
+    tp__host_event_set_capture(ev, ce);
   } else {
     set_free(&ce->deps);
     free(ce);
@@ -606,7 +597,7 @@ tp_error_t tp__host_capture_event_wait(tp__pstream *ps, tp__pevent *ev) {
   TP_RETURN_IF(!ps || !ev, TP_ERROR_INVALID_VALUE);
   tp_error_t err = TP_SUCCESS;
   pthread_mutex_lock(&mu);
-  tp__host_capevent *ce = *tp__host_event_capture_slot(ev);
+  tp__host_capevent *ce = tp__host_event_capture(ev);
   tp__host_member *m = member_of(ps);
   if (!ce) {
     err = TP_ERROR_INVALID_VALUE;
@@ -665,7 +656,7 @@ tp_error_t tp__host_graph_instantiate(tp__pgraph *graph,
   return TP_SUCCESS;
 }
 
-void tp__host_exec_unref(tp__pexec *e) {
+static void exec_unref(tp__pexec *e) {
   if (atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) != 1)
     return;
   if (e->release.fn)
@@ -677,8 +668,11 @@ void tp__host_exec_unref(tp__pexec *e) {
   free(e);
 }
 
-bool tp__host_exec_run(tp__pexec *e) {
-  const tp__pgraph *g = e->graph;
+/* A launch, as the stream's worker runs it: each node with the access of the
+ * device it was captured on, whichever stream launched it. False when
+ * memory work faulted. */
+static bool launch_run(void *arg) {
+  const tp__pgraph *g = ((tp__pexec *)arg)->graph;
   bool ok = true;
   for (uint32_t i = 0; i < g->n; i++) {
     const tp__host_node *w = &g->nodes[i].work;
@@ -695,11 +689,16 @@ bool tp__host_exec_run(tp__pexec *e) {
   return ok;
 }
 
+/* A launch holds a reference on its exec until the worker is done with it. */
+static void launch_drop(void *arg) {
+  exec_unref(arg);
+}
+
 /* A launch into a capture would be a child-graph node, which the host
  * platform does not record. */
 tp_error_t tp__host_graph_launch(tp__pexec *e, tp__pstream *ps) {
   TP_RETURN_IF(!e || !ps, TP_ERROR_INVALID_VALUE);
-  if (TP_UNLIKELY(tp__host_capture_involved(ps))) {
+  if (TP_UNLIKELY(tp__host_stream_capture_involved(ps))) {
     pthread_mutex_lock(&mu);
     tp_error_t err =
         member_of(ps) ? TP_ERROR_NOT_SUPPORTED : legacy_refusal(ps);
@@ -709,7 +708,8 @@ tp_error_t tp__host_graph_launch(tp__pexec *e, tp__pstream *ps) {
   pthread_mutex_lock(&e->mu);
   atomic_fetch_add(&e->refs, 1);
   uint64_t pos = 0;
-  tp_error_t err = tp__host_exec_submit(ps, e, e->last, e->last_pos, &pos);
+  tp__host_job job = {launch_run, launch_drop, e};
+  tp_error_t err = tp__host_stream_job(ps, &job, e->last, e->last_pos, &pos);
   if (err == TP_SUCCESS) {
     if (e->last != ps) {
       tp__host_stream_ref(ps);
@@ -725,7 +725,7 @@ tp_error_t tp__host_graph_launch(tp__pexec *e, tp__pstream *ps) {
 
 tp_error_t tp__host_graph_exec_destroy(tp__pexec *e) {
   TP_RETURN_IF(!e, TP_ERROR_INVALID_VALUE);
-  tp__host_exec_unref(e);
+  exec_unref(e);
   return TP_SUCCESS;
 }
 

@@ -1,9 +1,9 @@
-/* The host platform's ops table and its emulated devices: configuration from
- * the environment, device attributes, kinds of memory and their capacity,
- * fault injection and live counts for tests. */
+/* The emulated devices, the bottom layer of the host platform: configuration
+ * from the environment, device attributes, kinds of memory and their capacity
+ * accounts, fault injection and live counts for tests. It calls no other
+ * file of the platform; memory and streams both build on it. */
 #include <ctype.h>
 #include <errno.h>
-#include <pthread.h>
 #include <string.h>
 
 #include "platform/host/host_internal.h"
@@ -12,9 +12,6 @@ int tp__host_devices;
 uint64_t tp__host_capacity[TP__HOST_ACCOUNTS];
 _Atomic uint64_t tp__host_charged[TP__HOST_ACCOUNTS];
 tp__host_counts tp__host_counted;
-
-static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
-static bool initialised;
 
 /* Per kind: operations counted so far, and the count at which the armed one
  * falls (0: none). */
@@ -42,17 +39,17 @@ static tp_error_t read_setting(const char *name, uint64_t fallback,
 /* TIDEPOOL_HOST_GRAPH_MAPS_AT_CAPTURE: graph memory handled as on cuda. */
 static bool maps_at_capture;
 
-static bool host_graph_maps_at_capture(void) {
+bool tp__host_graph_maps_at_capture(void) {
   return maps_at_capture;
 }
 
-static tp_error_t configure(void) {
-  uint64_t devices, device_mem, host_mem, late;
+tp_error_t tp__host_configure(void) {
+  uint64_t ndevices, device_mem, host_mem, late;
   TP_FORWARD(read_setting("TIDEPOOL_HOST_GRAPH_MAPS_AT_CAPTURE", 0, 0, 1,
                           "0 or 1", &late));
   maps_at_capture = late == 1;
   TP_FORWARD(read_setting("TIDEPOOL_HOST_DEVICES", 1, 1, TP__HOST_MAX_DEVICES,
-                          "a number of devices from 1 to 16", &devices));
+                          "a number of devices from 1 to 16", &ndevices));
   TP_FORWARD(read_setting("TIDEPOOL_HOST_DEVICE_MEMORY", (uint64_t)4 << 30,
                           TP__HOST_GRANULARITY, UINT64_MAX,
                           "a byte count of at least 2M, with an optional K, "
@@ -63,36 +60,21 @@ static tp_error_t configure(void) {
                           "a byte count of at least 2M, with an optional K, "
                           "M, G or T suffix",
                           &host_mem));
-  tp__host_devices = (int)devices;
+  tp__host_devices = (int)ndevices;
   for (int d = 0; d < TP__HOST_MAX_DEVICES; d++)
     tp__host_capacity[d] = d < tp__host_devices ? device_mem : 0;
   tp__host_capacity[TP__HOST_ACCOUNT_HOST] = host_mem;
   return TP_SUCCESS;
 }
 
-/* Idempotent, and retried after a failure, so that a test can check the
- * answer to bad settings and then start with good ones. */
-static tp_error_t host_init(void) {
-  tp_error_t err = TP_SUCCESS;
-  pthread_mutex_lock(&init_mu);
-  if (!initialised) {
-    err = configure();
-    if (err == TP_SUCCESS)
-      err = tp__host_streams_init();
-    initialised = err == TP_SUCCESS;
-  }
-  pthread_mutex_unlock(&init_mu);
-  return err;
-}
-
-static tp_error_t host_device_count(int *count) {
+tp_error_t tp__host_device_count(int *count) {
   TP_RETURN_IF(!count, TP_ERROR_INVALID_VALUE);
   *count = tp__host_devices;
   return TP_SUCCESS;
 }
 
-static tp_error_t host_device_attribute(int *value, tp_device_attr_t attr,
-                                        int device) {
+tp_error_t tp__host_device_attribute(int *value, tp_device_attr_t attr,
+                                     int device) {
   TP_RETURN_IF(!value, TP_ERROR_INVALID_VALUE);
   TP_RETURN_IF(device < 0 || device >= tp__host_devices,
                TP_ERROR_INVALID_DEVICE);
@@ -109,7 +91,7 @@ static tp_error_t host_device_attribute(int *value, tp_device_attr_t attr,
 }
 
 /* Host threads have no per-device context, so there is nothing to switch. */
-static tp_error_t host_set_device(int device) {
+tp_error_t tp__host_set_device(int device) {
   TP_RETURN_IF(device < 0 || device >= tp__host_devices,
                TP_ERROR_INVALID_DEVICE);
   return TP_SUCCESS;
@@ -151,8 +133,8 @@ tp_error_t tp__host_account_of(const tp__mem_kind *kind, int *account) {
   return TP_SUCCESS;
 }
 
-static tp_error_t host_mem_query(const tp__mem_kind *kind, size_t *granularity,
-                                 uint64_t *capacity) {
+tp_error_t tp__host_mem_query(const tp__mem_kind *kind, size_t *granularity,
+                              uint64_t *capacity) {
   int account;
   TP_FORWARD(tp__host_account_of(kind, &account));
   if (granularity)
@@ -164,7 +146,7 @@ static tp_error_t host_mem_query(const tp__mem_kind *kind, size_t *granularity,
 
 /* Emulated devices are numbered alike in every process of the machine that
  * configures them alike: device d is the same device everywhere. */
-static tp_error_t host_device_uuid(int device, unsigned char uuid[16]) {
+tp_error_t tp__host_device_uuid(int device, unsigned char uuid[16]) {
   TP_RETURN_IF(!uuid, TP_ERROR_INVALID_VALUE);
   TP_RETURN_IF(device < 0 || device >= tp__host_devices,
                TP_ERROR_INVALID_DEVICE);
@@ -214,58 +196,3 @@ void tp__host_live_get(tp__host_live *out) {
     out->device_bytes[d] = atomic_load(&tp__host_charged[d]);
   out->host_bytes = atomic_load(&tp__host_charged[TP__HOST_ACCOUNT_HOST]);
 }
-
-const tp__platform_ops tp__host_platform = {
-    .name = "host",
-    .init = host_init,
-    .device_count = host_device_count,
-    .device_attribute = host_device_attribute,
-    .set_device = host_set_device,
-    .mem_query = host_mem_query,
-    .stream_create = tp__host_stream_create,
-    .stream_destroy = tp__host_stream_destroy,
-    .stream_legacy = tp__host_stream_legacy,
-    .stream_adopt = tp__host_stream_adopt,
-    .stream_synchronize = tp__host_stream_synchronize,
-    .stream_query = tp__host_stream_query,
-    .stream_poll = tp__host_stream_poll,
-    .stream_wait_event = tp__host_stream_wait_event,
-    .memset_async = tp__host_memset_async,
-    .memcpy_async = tp__host_memcpy_async,
-    .launch_host_func = tp__host_launch_host_func,
-    .device_synchronize = tp__host_device_synchronize,
-    .event_create = tp__host_event_create,
-    .event_destroy = tp__host_event_destroy,
-    .event_record = tp__host_event_record,
-    .event_query = tp__host_event_query,
-    .event_synchronize = tp__host_event_synchronize,
-    .reserve = tp__host_reserve,
-    .unreserve = tp__host_unreserve,
-    .chunk_create = tp__host_chunk_create,
-    .chunk_release = tp__host_chunk_release,
-    .map = tp__host_map,
-    .unmap = tp__host_unmap,
-    .set_access = tp__host_set_access,
-    .share_reservation = tp__host_share_reservation,
-    .share_chunk = tp__host_share_chunk,
-    .reserve_imported = tp__host_reserve_imported,
-    .chunk_import = tp__host_chunk_import,
-    .device_uuid = host_device_uuid,
-    .graph_maps_at_capture = host_graph_maps_at_capture,
-    .captures_active = &tp__host_captures_active,
-    .legacy_covers_blocking = true,
-    .capture_begin = tp__host_capture_begin,
-    .capture_end = tp__host_capture_end,
-    .capture_status = tp__host_capture_status,
-    .capture_invalidate = tp__host_capture_invalidate,
-    .capture_point = tp__host_capture_point,
-    .capture_follows = tp__host_capture_follows,
-    .capture_attach = tp__host_capture_attach,
-    .capture_detach = tp__host_capture_detach,
-    .capture_event_record = tp__host_capture_event_record,
-    .capture_event_wait = tp__host_capture_event_wait,
-    .graph_instantiate = tp__host_graph_instantiate,
-    .graph_launch = tp__host_graph_launch,
-    .graph_exec_destroy = tp__host_graph_exec_destroy,
-    .graph_destroy = tp__host_graph_destroy,
-};

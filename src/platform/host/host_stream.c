@@ -1,7 +1,9 @@
-/* Streams and events of the emulated device. Each stream is a worker thread
- * that runs its queue of operations in order, with the legacy default
- * stream's implicit synchronisation; an event is a position in one stream.
- * Work on a capturing stream goes to host_capture.c instead of the queue. */
+/* Streams and events of the emulated device, above devices and memory. Each
+ * stream is a worker thread that runs its queue of operations in order, with
+ * the legacy default stream's implicit synchronisation; an event is a
+ * position in one stream. A stream keeps the capture it takes part in for
+ * host_capture.c without calling it: host_platform.c sends captured work
+ * there before it reaches a queue. */
 #include <pthread.h>
 
 #include "platform/host/host_internal.h"
@@ -16,9 +18,8 @@ typedef struct dep {
 typedef enum op_kind {
   OP_BARRIER, /* waits for its dependencies and does nothing else */
   OP_HOST_FUNC,
-  OP_MEMSET,
-  OP_MEMCPY,
-  OP_GRAPH /* one launch of an exec (host_capture.c) */
+  OP_MEM, /* a memset (src NULL) or a memcpy */
+  OP_JOB  /* work of the layers above, such as a graph launch */
 } op_kind;
 
 typedef struct op {
@@ -35,7 +36,7 @@ typedef struct op {
       int value;
       size_t size;
     } mem;
-    tp__pexec *exec;
+    tp__host_job job;
   } u;
   size_t ndeps;
   dep deps[];
@@ -66,9 +67,10 @@ struct tp__pstream {
   unsigned flags;
   bool legacy;
   tp__pstream *prev, *next; /* the device's list, under its mu */
-  /* The stream's part in a capture, NULL when it captures nothing; owned
-   * by host_capture.c, which changes it under its lock. */
-  _Atomic(tp__host_member *) capture;
+  /* The stream's membership of a capture, NULL when it captures nothing:
+   * host_capture.c's, which changes it under its lock. The stream only asks
+   * whether there is one, so it keeps it untyped. */
+  _Atomic(void *) member;
 };
 
 struct tp__pevent {
@@ -76,9 +78,9 @@ struct tp__pevent {
   int device;
   tp__pstream *s; /* NULL: never recorded, or known complete */
   uint64_t pos;
-  /* Where capture_event_record put it in a capture, or NULL; owned by
-   * host_capture.c, under its lock. */
-  tp__host_capevent *capture;
+  /* Where capture_event_record put it in a capture, or NULL: kept for
+   * host_capture.c, which reads and changes it under its lock. */
+  void *recorded_in;
 };
 
 typedef struct host_device {
@@ -91,6 +93,9 @@ typedef struct host_device {
   size_t nblocking;
   tp__pstream legacy; /* holds one reference forever, so it is never freed */
   bool ready;
+  /* Blocking streams of the device that take part in a capture: while
+   * there is one, legacy-stream work goes to the capture code. */
+  _Atomic uint32_t blocking_members;
 } host_device;
 
 static host_device devices[TP__HOST_MAX_DEVICES];
@@ -174,8 +179,8 @@ static op *op_alloc(size_t ndeps) {
 static void op_free(op *o) {
   for (size_t i = 0; i < o->ndeps; i++)
     unref(o->deps[i].s);
-  if (o->kind == OP_GRAPH)
-    tp__host_exec_unref(o->u.exec);
+  if (o->kind == OP_JOB)
+    o->u.job.drop(o->u.job.arg);
   free(o);
 }
 
@@ -262,14 +267,13 @@ static void run(tp__pstream *s, op *o) {
   switch (o->kind) {
   case OP_BARRIER: break;
   case OP_HOST_FUNC: o->u.host.fn(o->u.host.arg); break;
-  case OP_MEMSET:
-  case OP_MEMCPY:
+  case OP_MEM:
     if (!tp__host_mem_run(s->device, o->u.mem.dst, o->u.mem.src, o->u.mem.value,
                           o->u.mem.size))
       fault(s);
     break;
-  case OP_GRAPH:
-    if (!tp__host_exec_run(o->u.exec))
+  case OP_JOB:
+    if (!o->u.job.run(o->u.job.arg))
       fault(s);
     break;
   }
@@ -328,18 +332,6 @@ static tp_error_t start_worker(tp__pstream *s) {
   }
   s->started = true;
   return TP_SUCCESS;
-}
-
-/* Work on a stream that captures, or on the legacy stream while a blocking
- * stream of its device captures, goes to the capture code; true when it
- * took the work (or refused it, with *err). */
-static bool captured(tp__pstream *s, const tp__host_node *work,
-                     tp_error_t *err) {
-  if (TP_LIKELY(!tp__host_capture_involved(s)))
-    return false;
-  bool taken = false;
-  *err = tp__host_capture_node(s, work, &taken);
-  return taken;
 }
 
 /* Queues `o` on `s`; on failure frees it. *pos receives its position. */
@@ -424,8 +416,6 @@ tp_error_t tp__host_stream_create(int device, unsigned flags, tp__pstream **ps,
  * frees the stream itself. */
 tp_error_t tp__host_stream_destroy(tp__pstream *ps) {
   TP_RETURN_IF(!ps || ps->legacy, TP_ERROR_INVALID_VALUE);
-  if (atomic_load(&ps->capture))
-    tp__host_capture_stream_gone(ps);
   pthread_mutex_lock(&ps->mu);
   bool started = ps->started;
   if (started) {
@@ -490,8 +480,6 @@ tp_error_t tp__host_stream_adopt(tp_stream_t handle, tp__stream_desc *desc) {
  * and, through the legacy semantics, the work it implicitly waits for. */
 tp_error_t tp__host_stream_synchronize(tp__pstream *ps) {
   TP_RETURN_IF(!ps, TP_ERROR_INVALID_VALUE);
-  if (TP_UNLIKELY(tp__host_capture_involved(ps)))
-    TP_FORWARD(tp__host_capture_refuse(ps));
   op *o = op_new(ps, OP_BARRIER, 1);
   TP_RETURN_IF(!o, TP_ERROR_OUT_OF_MEMORY);
   add_dep(o, ps, atomic_load_explicit(&ps->submitted, memory_order_acquire));
@@ -508,8 +496,6 @@ static tp_error_t ran_all(tp__pstream *ps) {
 
 tp_error_t tp__host_stream_query(tp__pstream *ps) {
   TP_RETURN_IF(!ps, TP_ERROR_INVALID_VALUE);
-  if (TP_UNLIKELY(tp__host_capture_involved(ps)))
-    TP_FORWARD(tp__host_capture_refuse(ps));
   return ran_all(ps);
 }
 
@@ -517,7 +503,7 @@ tp_error_t tp__host_stream_query(tp__pstream *ps) {
  * sees this stream's positions read. */
 tp_error_t tp__host_stream_poll(tp__pstream *ps) {
   TP_RETURN_IF(!ps, TP_ERROR_INVALID_VALUE);
-  if (TP_UNLIKELY(tp__host_capture_involved(ps)))
+  if (TP_UNLIKELY(tp__host_stream_capture_involved(ps)))
     return TP_ERROR_NOT_READY;
   return ran_all(ps);
 }
@@ -525,7 +511,6 @@ tp_error_t tp__host_stream_poll(tp__pstream *ps) {
 tp_error_t tp__host_device_synchronize(int device) {
   TP_RETURN_IF(device < 0 || device >= tp__host_devices,
                TP_ERROR_INVALID_DEVICE);
-  TP_FORWARD(tp__host_capture_check_sync());
   host_device *dev = &devices[device];
   pthread_mutex_lock(&dev->mu);
   op *o = op_alloc(dev->nstreams + 1);
@@ -570,9 +555,9 @@ tp_error_t tp__host_stream_wait_event(tp__pstream *ps, tp__pevent *ev) {
   return push(ps, o, NULL);
 }
 
-static tp_error_t submit(tp__pstream *ps, op_kind kind, void *dst,
-                         const void *src, int value, size_t size) {
-  op *o = op_new(ps, kind, 0);
+tp_error_t tp__host_stream_mem(tp__pstream *ps, void *dst, const void *src,
+                               int value, size_t size) {
+  op *o = op_new(ps, OP_MEM, 0);
   TP_RETURN_IF(!o, TP_ERROR_OUT_OF_MEMORY);
   o->u.mem.dst = dst;
   o->u.mem.src = src;
@@ -581,49 +566,8 @@ static tp_error_t submit(tp__pstream *ps, op_kind kind, void *dst,
   return push(ps, o, NULL);
 }
 
-tp_error_t tp__host_memset_async(tp__pstream *ps, void *ptr, int value,
-                                 size_t size) {
-  TP_RETURN_IF(tp__host_fault_fires(TP__HOST_FAULT_STREAM),
-               tp__host_fault_fail());
-  TP_RETURN_IF(!ps || (!ptr && size), TP_ERROR_INVALID_VALUE);
-  TP_RETURN_IF(size > UINTPTR_MAX - (uintptr_t)ptr, TP_ERROR_INVALID_VALUE);
-  tp_error_t err;
-  if (TP_UNLIKELY(captured(ps,
-                           &(tp__host_node){.kind = TP__HOST_NODE_MEMSET,
-                                            .u.mem = {ptr, NULL, value, size}},
-                           &err)))
-    return err;
-  return submit(ps, OP_MEMSET, ptr, NULL, value, size);
-}
-
-tp_error_t tp__host_memcpy_async(tp__pstream *ps, void *dst, const void *src,
-                                 size_t size) {
-  TP_RETURN_IF(tp__host_fault_fires(TP__HOST_FAULT_STREAM),
-               tp__host_fault_fail());
-  TP_RETURN_IF(!ps || ((!dst || !src) && size), TP_ERROR_INVALID_VALUE);
-  TP_RETURN_IF(size > UINTPTR_MAX - (uintptr_t)dst ||
-                   size > UINTPTR_MAX - (uintptr_t)src,
-               TP_ERROR_INVALID_VALUE);
-  tp_error_t err;
-  if (TP_UNLIKELY(captured(ps,
-                           &(tp__host_node){.kind = TP__HOST_NODE_MEMCPY,
-                                            .u.mem = {dst, src, 0, size}},
-                           &err)))
-    return err;
-  return submit(ps, OP_MEMCPY, dst, src, 0, size);
-}
-
-tp_error_t tp__host_launch_host_func(tp__pstream *ps, void (*fn)(void *),
+tp_error_t tp__host_stream_host_func(tp__pstream *ps, void (*fn)(void *),
                                      void *arg) {
-  TP_RETURN_IF(tp__host_fault_fires(TP__HOST_FAULT_STREAM),
-               tp__host_fault_fail());
-  TP_RETURN_IF(!ps || !fn, TP_ERROR_INVALID_VALUE);
-  tp_error_t err;
-  if (TP_UNLIKELY(captured(ps,
-                           &(tp__host_node){.kind = TP__HOST_NODE_HOST_FUNC,
-                                            .u.host = {fn, arg}},
-                           &err)))
-    return err;
   op *o = op_new(ps, OP_HOST_FUNC, 0);
   TP_RETURN_IF(!o, TP_ERROR_OUT_OF_MEMORY);
   o->u.host.fn = fn;
@@ -647,8 +591,6 @@ tp_error_t tp__host_event_create(int device, tp__pevent **ev) {
 
 tp_error_t tp__host_event_destroy(tp__pevent *ev) {
   TP_RETURN_IF(!ev, TP_ERROR_INVALID_VALUE);
-  if (ev->capture)
-    tp__host_capture_event_forget(ev);
   if (ev->s)
     unref(ev->s);
   free(ev);
@@ -726,20 +668,43 @@ tp_error_t tp__host_event_synchronize(tp__pevent *ev) {
   return faulted ? TP_ERROR_ILLEGAL_ADDRESS : TP_SUCCESS;
 }
 
-/* ---- what host_capture.c needs of streams and events ---------------------
+/* ---- what the capture code above keeps on streams and events ------------
  */
 
-bool tp__host_capture_involved(tp__pstream *ps) {
-  return atomic_load_explicit(&ps->capture, memory_order_acquire) ||
-         (ps->legacy && tp__host_capture_blocking(ps->device));
+bool tp__host_stream_capture_involved(tp__pstream *ps) {
+  return atomic_load_explicit(&ps->member, memory_order_acquire) ||
+         (ps->legacy && tp__host_stream_blocking_captures(ps->device));
 }
 
-_Atomic(tp__host_member *) *tp__host_stream_capture_slot(tp__pstream *ps) {
-  return &ps->capture;
+bool tp__host_stream_blocking_captures(int device) {
+  return atomic_load_explicit(&devices[device].blocking_members,
+                              memory_order_acquire) != 0;
 }
 
-tp__host_capevent **tp__host_event_capture_slot(tp__pevent *ev) {
-  return &ev->capture;
+void *tp__host_stream_member(tp__pstream *ps) {
+  return atomic_load_explicit(&ps->member, memory_order_acquire);
+}
+
+/* The count goes up before the membership shows and down after it is gone,
+ * so that a stream seen in a capture always finds its device counted. */
+void tp__host_stream_join(tp__pstream *ps, void *member) {
+  if (blocking(ps))
+    atomic_fetch_add(&devices[ps->device].blocking_members, 1);
+  atomic_store_explicit(&ps->member, member, memory_order_release);
+}
+
+void tp__host_stream_leave(tp__pstream *ps) {
+  atomic_store_explicit(&ps->member, NULL, memory_order_release);
+  if (blocking(ps))
+    atomic_fetch_sub(&devices[ps->device].blocking_members, 1);
+}
+
+void *tp__host_event_capture(const tp__pevent *ev) {
+  return ev->recorded_in;
+}
+
+void tp__host_event_set_capture(tp__pevent *ev, void *recorded_in) {
+  ev->recorded_in = recorded_in;
 }
 
 void tp__host_stream_describe(const tp__pstream *ps, int *device, bool *legacy,
@@ -757,18 +722,18 @@ void tp__host_stream_unref(tp__pstream *ps) {
   unref(ps);
 }
 
-/* Queues one launch of `exec` on ps, ordered after `after` at position
- * `after_pos` (its previous launch; NULL for none). The op takes over one
- * reference on the exec, which it drops when it is done, also on failure. */
-tp_error_t tp__host_exec_submit(tp__pstream *ps, tp__pexec *exec,
-                                tp__pstream *after, uint64_t after_pos,
-                                uint64_t *pos) {
-  op *o = op_new(ps, OP_GRAPH, after ? 1 : 0);
+/* Queues `job` on ps, ordered after `after` at position `after_pos` (NULL
+ * for none). The op takes the job over: its drop runs when the op is done
+ * with, also on failure. */
+tp_error_t tp__host_stream_job(tp__pstream *ps, const tp__host_job *job,
+                               tp__pstream *after, uint64_t after_pos,
+                               uint64_t *pos) {
+  op *o = op_new(ps, OP_JOB, after ? 1 : 0);
   if (!o) {
-    tp__host_exec_unref(exec);
+    job->drop(job->arg);
     return TP_ERROR_OUT_OF_MEMORY;
   }
-  o->u.exec = exec;
+  o->u.job = *job;
   if (after &&
       atomic_load_explicit(&after->completed, memory_order_acquire) < after_pos)
     add_dep(o, after, after_pos);
