@@ -207,7 +207,9 @@ typedef enum tp_pool_attr {
    * its owner destroyed, cannot be waited for unless an event tidepool
    * recorded there already follows them (neither stream can be asked from
    * here): they become reusable at a synchronize that covers them. A
-   * thread's per-thread stream gets such an event as the thread ends. */
+   * thread's per-thread stream gets such an event as the thread ends (on
+   * its device's legacy stream where the driver has already ended the
+   * thread's own state). */
   TP_POOL_ATTR_OOM_WAIT = 100,
   TP_POOL_ATTR_CHUNK_MAPS = 101,   /* uint64_t, read-only: chunks mapped */
   TP_POOL_ATTR_CHUNK_UNMAPS = 102, /* uint64_t, read-only: chunks unmapped */

@@ -131,9 +131,10 @@ bool tp__stream_still_named(tp__stream *s) {
   return false;
 }
 
-/* Records a marker covering everything issued on the stream so far; stream
- * lock held. Returns NULL when the platform failed. */
-tp__marker *tp__stream_marker_record(tp__stream *s) {
+/* Records a marker covering everything issued on stream s so far, on the
+ * platform stream `on` (s's own, or its device's legacy stream for a fence);
+ * stream lock held. NULL when the platform failed. */
+static tp__marker *marker_record_on(tp__stream *s, tp__pstream *on, bool own) {
   tp__marker *m = s->nspare ? s->spare[--s->nspare] : calloc(1, sizeof *m);
   if (!m)
     return NULL;
@@ -152,9 +153,9 @@ tp__marker *tp__stream_marker_record(tp__stream *s) {
    * throughout, ids not being reused). */
   tp_capture_status_t status = TP_CAPTURE_STATUS_NONE;
   if (!TP_ARRAY_ROOM(s->markers, s->nmarkers, s->capmarkers) ||
-      tp__platform->event_record(m->ev, s->ps) != TP_SUCCESS ||
-      tp__platform->capture_status(s->ps, &status, NULL) != TP_SUCCESS ||
-      status != TP_CAPTURE_STATUS_NONE || !tp__stream_still_named(s)) {
+      tp__platform->event_record(m->ev, on) != TP_SUCCESS ||
+      tp__platform->capture_status(on, &status, NULL) != TP_SUCCESS ||
+      status != TP_CAPTURE_STATUS_NONE || (own && !tp__stream_still_named(s))) {
     marker_discard(m);
     return NULL;
   }
@@ -162,6 +163,35 @@ tp__marker *tp__stream_marker_record(tp__stream *s) {
   m->refs = 0;
   m->listed = true;
   s->markers[s->nmarkers++] = m;
+  return m;
+}
+
+tp__marker *tp__stream_marker_record(tp__stream *s) {
+  return marker_record_on(s, s->ps, true);
+}
+
+/* A per-thread stream's work is ordered before later work of its device's
+ * legacy stream, even once its thread has ended and the platform destroyed
+ * it: a marker recorded there covers every free the thread issued (on an
+ * H200, driver 580, an event recorded on the legacy stream by another
+ * thread after the exit stayed NOT_READY while a host function the ended
+ * thread had queued held its stream). Stream lock held. */
+static tp__marker *fence_record(tp__stream *s) {
+  tp__stream_desc d;
+  if (!s->thread_bound ||
+      tp__platform->stream_legacy(s->device, &d) != TP_SUCCESS)
+    return NULL;
+  tp__marker *m = marker_record_on(s, d.ps, false);
+  if (m)
+    s->fence_wanted = false;
+  return m;
+}
+
+tp__marker *tp__stream_exit_marker(tp__stream *s) {
+  tp__marker *m = tp__stream_marker_record(s);
+  if (!m)
+    m = fence_record(s);
+  s->fence_wanted = m == NULL;
   return m;
 }
 
@@ -226,7 +256,7 @@ static tp__marker *marker_covering(tp__stream *s, uint64_t epoch) {
    * blocking streams then wait for (docs/design.md, "Streams and markers").
    * Recording one at every free would put a driver call on the free path. */
   if (!tp__stream_still_named(s))
-    return NULL;
+    return s->fence_wanted ? fence_record(s) : NULL;
   return tp__stream_marker_record(s);
 }
 

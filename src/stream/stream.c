@@ -275,8 +275,11 @@ tp__stream *tp__stream_take_lost(void) {
  * (still_named): once the thread has ended, nothing but a device
  * synchronize would show its frees complete, and the registry would keep
  * it, with a cache in each pool, for good. So as the thread ends, a last
- * marker is recorded on it (the handle still names it there), which covers
- * every free it issued, and it is lost. */
+ * marker covers every free it issued (tp__stream_exit_marker), and it is
+ * lost. The driver may have ended the thread's own state first (on an
+ * H200, driver 580, a key made after cuInit found no current context), so
+ * the marker goes on the stream where the platform still answers there,
+ * else on the device's legacy stream, now or when next wanted. */
 static pthread_key_t bound_key;
 static pthread_once_t bound_once = PTHREAD_ONCE_INIT;
 static bool bound_key_made;
@@ -291,7 +294,7 @@ static void bound_exit(void *arg) {
       continue;
     tp__blspin_lock(&s->lock);
     if (!atomic_load_explicit(&s->released, memory_order_relaxed)) {
-      (void)tp__stream_marker_record(s);
+      (void)tp__stream_exit_marker(s);
       tp__stream_lose(s);
     }
     tp__blspin_unlock(&s->lock);

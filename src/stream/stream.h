@@ -90,6 +90,10 @@ struct tp__stream {
   tp__cache *hint;
   tp__pstream *ps;
   bool thread_bound; /* ps names the calling thread's own (platform.h) */
+  /* A per-thread stream whose thread ended without a marker on it: the
+   * next marker wanted is recorded on its device's legacy stream, which
+   * orders after all the stream's work (order.c, fence_record). */
+  bool fence_wanted;
   int device;
   unsigned flags;
   _Atomic uint64_t done_epoch; /* frees with epoch <= this completed */

@@ -25,6 +25,11 @@ uint64_t tp__legacy_settled(int device, bool op_epoch);
 /* Records a marker covering everything issued on s so far; stream lock
  * held. NULL where the platform failed or s may no longer be asked. */
 tp__marker *tp__stream_marker_record(tp__stream *s);
+/* The last marker of a per-thread stream as its thread ends: on the stream
+ * itself where the platform still answers for it there, else on its
+ * device's legacy stream, else on that legacy stream when next wanted, from
+ * another thread. Stream lock held. */
+tp__marker *tp__stream_exit_marker(tp__stream *s);
 /* Discards s's markers, recorded and spare, as s is freed. */
 void tp__stream_markers_free(tp__stream *s);
 /* Nothing more is asked of s or recorded on it; stream lock held. */

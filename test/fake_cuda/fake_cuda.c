@@ -95,6 +95,9 @@ struct CUctx_st {
 };
 static struct CUctx_st ctxs[FK_MAX_DEVICES];
 static _Thread_local struct CUctx_st *current;
+/* One context deep: the replay pushes the primary context around its
+ * calls and pops it after. */
+static _Thread_local struct CUctx_st *pushed;
 /* The thread's capture interaction mode (cuThreadExchangeStreamCaptureMode):
  * GLOBAL until changed, as in the driver. */
 static _Thread_local CUstreamCaptureMode thread_mode =
@@ -170,6 +173,18 @@ struct CUstream_st {
 static struct CUstream_st *free_slots;
 /* The per-thread default stream of each device, made on first use. */
 static _Thread_local fstream *per_thread[FK_MAX_DEVICES];
+/* A thread's driver state ends with the thread, as the driver's does,
+ * through a key made at cuInit: before any key a library that calls cuInit
+ * makes later, so its destructor runs first (glibc runs them in the order
+ * the keys were made). On an H200 (driver 580) such a library's destructor
+ * found no current context, and every call on the per-thread stream or the
+ * legacy stream answered INVALID_CONTEXT. */
+static pthread_key_t thread_key;
+static bool thread_key_made;
+/* FAKE_CUDA_ENDED_THREAD=refuse (read as a thread ends): the ended thread
+ * may not make a context current again either, a driver stricter than the
+ * H200's may be. */
+static _Thread_local bool thread_over;
 
 struct CUevent_st {
   uint32_t magic;
@@ -312,11 +327,39 @@ static void urefs_put(uref *r, size_t n) {
 
 /* ---- initialisation and devices ------------------------------------------ */
 
+/* The thread's per-thread streams are destroyed (their queued work still
+ * runs, and the legacy stream still waits for it) and it has no context. */
+static void thread_ends(void *arg) {
+  (void)arg;
+  lock();
+  for (int d = 0; d < FK_MAX_DEVICES; d++) {
+    fstream *s = per_thread[d];
+    if (!s)
+      continue;
+    s->destroyed = true;
+    pthread_cond_signal(&s->cv);
+    per_thread[d] = NULL;
+  }
+  current = NULL;
+  pushed = NULL;
+  const char *ended = getenv("FAKE_CUDA_ENDED_THREAD");
+  thread_over = ended && strcmp(ended, "refuse") == 0;
+  unlock();
+  run_dead();
+}
+
+/* The thread has driver state that its end takes down. */
+static void thread_touch(void) {
+  if (thread_key_made && !pthread_getspecific(thread_key))
+    (void)pthread_setspecific(thread_key, (void *)1);
+}
+
 FK_API CUresult CUDAAPI cuInit(unsigned int Flags) {
   if (Flags != 0)
     return CUDA_ERROR_INVALID_VALUE;
   lock();
   if (!atomic_load(&initialized)) {
+    thread_key_made = pthread_key_create(&thread_key, thread_ends) == 0;
     const char *n = getenv("FAKE_CUDA_DEVICES");
     if (n && *n) {
       ndev = atoi(n);
@@ -458,9 +501,11 @@ FK_API CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx) {
 
 FK_API CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
   NEED_INIT();
-  if (ctx && !valid_ctx(ctx))
+  if ((ctx && !valid_ctx(ctx)) || thread_over)
     return CUDA_ERROR_INVALID_CONTEXT;
   current = ctx;
+  if (ctx)
+    thread_touch();
   return CUDA_SUCCESS;
 }
 
@@ -505,8 +550,10 @@ static CUresult stream_of(CUstream h, fstream **out) {
     if (!current)
       return CUDA_ERROR_INVALID_CONTEXT;
     fstream **pt = &per_thread[current->device];
-    if (h == CU_STREAM_PER_THREAD && !*pt)
+    if (h == CU_STREAM_PER_THREAD && !*pt) {
       *pt = stream_new(current, 0, false);
+      thread_touch();
+    }
     *out = h == CU_STREAM_PER_THREAD ? *pt : legacy_of(current);
     return *out ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -971,16 +1018,13 @@ FK_API CUresult CUDAAPI cuMemFreeHost(void *p) {
   return CUDA_SUCCESS;
 }
 
-/* One context deep: the replay pushes the primary context around its
- * calls and pops it after. */
-static _Thread_local struct CUctx_st *pushed;
-
 FK_API CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) {
   NEED_INIT();
-  if (!valid_ctx(ctx))
+  if (!valid_ctx(ctx) || thread_over)
     return CUDA_ERROR_INVALID_CONTEXT;
   pushed = current;
   current = ctx;
+  thread_touch();
   return CUDA_SUCCESS;
 }
 
