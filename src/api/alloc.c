@@ -94,17 +94,19 @@ TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
 
 /* A free of a graph's allocation, or during a capture, is the graph's; with
  * no capture anywhere, or none on `s` (`idle`: resolving it just showed so),
- * a pointer of a pool is the pool's at once. */
+ * a pointer of a pool is the pool's at once. Otherwise the capture decides,
+ * and hands back the pool it found where the free is not the graph's. */
 static tp_error_t free_on(void *ptr, tp__stream *s, bool idle) {
-  if (TP_LIKELY(idle || tp__no_capture())) {
-    tp__pool *p = tp__registry_find((uintptr_t)ptr);
-    if (TP_LIKELY(p != NULL))
-      return tp__pool_free_in(p, ptr, s);
+  tp__pool *p = NULL;
+  if (TP_LIKELY(idle || tp__no_capture()))
+    p = tp__registry_find((uintptr_t)ptr);
+  if (TP_UNLIKELY(p == NULL)) {
+    tp_error_t err;
+    if (tp__graph_free(ptr, s, &p, &err))
+      return err;
+    TP_RETURN_IF(p == NULL, TP_ERROR_INVALID_VALUE);
   }
-  tp_error_t err;
-  if (tp__graph_free(ptr, s, &err))
-    return err;
-  return tp__pool_free(ptr, s);
+  return tp__pool_free_in(p, ptr, s);
 }
 
 static tp_error_t free_async(void *ptr, tp_stream_t stream, bool uncaptured) {

@@ -212,7 +212,8 @@ static int capture_now(tp__stream *s, uint64_t *id, tp_error_t *err) {
   return status != TP_CAPTURE_STATUS_NONE;
 }
 
-bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err) {
+bool tp__graph_free(void *ptr, tp__stream *s, tp__pool **pool,
+                    tp_error_t *err) {
   uint64_t id = 0;
   int now = capture_now(s, &id, err);
   if (now < 0)
@@ -228,7 +229,7 @@ bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err) {
   }
   /* Not capturing: the graph's only where no pool holds the address. */
   *err = TP_SUCCESS;
-  if (tp__registry_find((uintptr_t)ptr))
+  if ((*pool = tp__registry_find((uintptr_t)ptr)) != NULL)
     return false;
   tp__graph_settle_running();
   bool claimed = false;

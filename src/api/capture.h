@@ -23,8 +23,9 @@ static inline bool tp__graph_capturing(tp__stream *s) {
 /* An allocation on such a stream, from `pool`'s kind of memory. */
 tp_error_t tp__graph_malloc(void **ptr, size_t size, tp_pool_t pool,
                             tp__stream *s);
-/* A free: true when the capture or graph memory took it, with *err. */
-bool tp__graph_free(void *ptr, tp__stream *s, tp_error_t *err);
+/* A free: true when the capture or graph memory took it, with *err;
+ * otherwise *pool is the pool that holds ptr (NULL where none does). */
+bool tp__graph_free(void *ptr, tp__stream *s, tp__pool **pool, tp_error_t *err);
 /* Event record and stream wait: true when a capture took them. */
 bool tp__graph_on_record(tp_event_t event, tp__stream *s, tp_error_t *err);
 bool tp__graph_on_wait(tp__stream *s, tp_event_t event, tp__event *e,

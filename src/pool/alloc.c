@@ -1,22 +1,15 @@
 /* Allocation and free behind the fast path of alloc.h: the slow paths (the
  * pool lock and the reuse policy), frees from elsewhere (another process's
- * hold, a pointer without its pool), and each thread's share of the
- * bytes-in-use accounting. */
+ * hold), and each thread's share of the bytes-in-use accounting. */
 #include "pool/alloc.h"
 
 #include <string.h>
 
-tp_error_t tp__pool_free(void *ptr, tp__stream *s) {
-  tp__pool *p = tp__registry_find((uintptr_t)ptr);
-  TP_RETURN_IF(!p, TP_ERROR_INVALID_VALUE);
-  return tp__pool_free_in(p, ptr, s);
-}
-
-/* ---- the slow paths
- * ----------------------------------------------------------- They take the
- * pool lock and may find the pool torn down there, when it was destroyed while
- * the call was on its way in: the pool is gone for the caller (INVALID_VALUE),
- * and its object stays readable until the call leaves the guard. */
+/* ---- the slow paths -------------------------------------------------------
+ * They take the pool lock and may find the pool torn down there, when it was
+ * destroyed while the call was on its way in: the pool is gone for the caller
+ * (INVALID_VALUE), and its object stays readable until the call leaves the
+ * guard. */
 
 /* Why a stream has no cache in a pool: it is being destroyed by another
  * thread (the caller's handle is gone), or memory is short. */

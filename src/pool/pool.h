@@ -107,7 +107,6 @@ static inline tp__pool *tp__registry_find(uintptr_t addr) {
 /* ---- alloc.c: allocation and free -----------------------------------------
  */
 /* tp__pool_malloc and tp__pool_free_in, the fast path, are alloc.h's. */
-tp_error_t tp__pool_free(void *ptr, tp__stream *s);
 /* The bytes asked for by the live allocation at `ptr` (not an interior
  * pointer); INVALID_VALUE when there is none. */
 tp_error_t tp__pool_live_size(tp__pool *p, void *ptr, size_t *size);
