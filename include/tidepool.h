@@ -202,14 +202,13 @@ typedef enum tp_pool_attr {
   /* int, read-write, default 1: before failing with out-of-memory, wait on
    * the host for pending frees and try once more. Turn it off in a program
    * whose pending frees may sit behind stream work that waits on the
-   * allocating thread: the wait would deadlock it. On cuda, frees pending
-   * on another running thread's per-thread default stream, or on a stream
-   * its owner destroyed, cannot be waited for unless an event tidepool
-   * recorded there already follows them (neither stream can be asked from
-   * here): they become reusable at a synchronize that covers them. A
-   * thread's per-thread stream gets such an event as the thread ends (on
-   * its device's legacy stream where the driver has already ended the
-   * thread's own state). */
+   * allocating thread: the wait would deadlock it. On cuda, a free pending
+   * on another thread's per-thread default stream is waited for through an
+   * event on the device's legacy stream, so the wait also waits for the
+   * device's other blocking streams' earlier work. Frees pending on a
+   * stream its owner destroyed cannot be waited for unless an event tidepool
+   * recorded there already follows them (the stream cannot be asked any
+   * more): they become reusable at a synchronize that covers them. */
   TP_POOL_ATTR_OOM_WAIT = 100,
   TP_POOL_ATTR_CHUNK_MAPS = 101,   /* uint64_t, read-only: chunks mapped */
   TP_POOL_ATTR_CHUNK_UNMAPS = 102, /* uint64_t, read-only: chunks unmapped */

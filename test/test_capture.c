@@ -1727,6 +1727,71 @@ static void test_per_thread_stream_of_ended_thread_refused(void) {
   CHECK_OK(tp_pool_trim_to(pool, 0));
 }
 
+/* Another thread's per-thread stream cannot be asked from here (its handle
+ * names the caller's own), but the device's legacy stream orders after
+ * its work: an allocation that would fail for want of memory waits,
+ * through a marker recorded there, for a free pending on that stream behind
+ * held work, while the thread that freed lives on. */
+static atomic_int pt_gate;
+static void hold_until_gate(void *arg) {
+  (void)arg;
+  while (!atomic_load(&pt_gate))
+    check_sleep_ms(1);
+}
+
+typedef struct {
+  tp_pool_t pool;
+  void *p;
+  atomic_int freed, done;
+} pt_holder;
+
+static void *ptds_hold_and_free(void *arg) {
+  pt_holder *h = arg;
+  tp_stream_t mine = (tp_stream_t)(uintptr_t)2;
+  CHECK_OK(tp_malloc_from_pool_async(&h->p, 2 << 20, h->pool, mine));
+  CHECK_OK(tp_launch_host_func(mine, hold_until_gate, NULL));
+  CHECK_OK(tp_free_async(h->p, mine));
+  atomic_store(&h->freed, 1);
+  while (!atomic_load(&h->done))
+    check_sleep_ms(1);
+  CHECK_OK(tp_stream_synchronize(mine));
+  return NULL;
+}
+
+static void *open_gate_later(void *arg) {
+  (void)arg;
+  check_sleep_ms(100);
+  atomic_store(&pt_gate, 1);
+  return NULL;
+}
+
+static void test_oom_wait_for_per_thread_stream(void) {
+  if (check_on_host()) {
+    printf("   (host: no per-thread default stream)\n");
+    return;
+  }
+  atomic_store(&pt_gate, 0);
+  pt_holder h = {.pool = one_chunk_pool()};
+  tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING);
+  pthread_t t, opener;
+  REQUIRE(pthread_create(&t, NULL, ptds_hold_and_free, &h) == 0);
+  while (!atomic_load(&h.freed))
+    check_sleep_ms(1);
+  REQUIRE(pthread_create(&opener, NULL, open_gate_later, NULL) == 0);
+  void *q = NULL;
+  CHECK_OK(tp_malloc_from_pool_async(&q, 2 << 20, h.pool, s));
+  CHECK_EQ_PTR(q, h.p);
+  CHECK(atomic_load(&pt_gate) == 1);
+  if (q)
+    CHECK_OK(tp_free_async(q, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  atomic_store(&h.done, 1);
+  pthread_join(t, NULL);
+  pthread_join(opener, NULL);
+  CHECK_OK(tp_stream_destroy(s));
+  CHECK_OK(tp_pool_destroy(h.pool));
+}
+
 /* ---- execs the driver made ----------------------------------------------
  * A graph the application captured and instantiated with the driver, while
  * tidepool allocated in it: once adopted, its launches are booked as
@@ -1861,6 +1926,7 @@ int main(void) {
   RUN_TEST(test_per_thread_streams);
   RUN_TEST(test_per_thread_stream_of_ended_thread);
   RUN_TEST(test_per_thread_stream_of_ended_thread_refused);
+  RUN_TEST(test_oom_wait_for_per_thread_stream);
   RUN_TEST(test_foreign_stream_replaced);
   RUN_TEST(test_adopted_execs);
   return check_done();

@@ -353,6 +353,12 @@ tp_error_t tp__stream_wait_host(const tp__tag *t) {
   tp__stream *s = t->stream;
   tp__blspin_lock(&s->lock);
   tp__marker *m = marker_covering(s, t->epoch);
+  /* Another running thread's per-thread stream cannot be recorded on from
+   * here, but its device's legacy stream orders after it: a wait of the
+   * host, a last resort, may wait for the device's other blocking work too
+   * (test_oom_wait_for_per_thread_stream). */
+  if (!m && s->thread_bound)
+    m = fence_record(s);
   if (m)
     m->refs++;
   tp__blspin_unlock(&s->lock);
