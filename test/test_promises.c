@@ -1104,6 +1104,41 @@ static void test_stream_destroyed_with_pending_free(void) {
   CHECK_OK(tp_pool_destroy(pool));
 }
 
+/* 2 MiB on `s` from `pool`, or from the current pool where pool is NULL. */
+static tp_error_t alloc_2mib(void **p, tp_pool_t pool, tp_stream_t s) {
+  return pool ? tp_malloc_from_pool_async(p, 2 * MiB, pool, s)
+              : tp_malloc_async(p, 2 * MiB, s);
+}
+
+/* A block freed on the legacy stream while `blocking` is held, then asked
+ * for by `taker` from the same pool: where the taker gets it, it must wait
+ * behind the held work. `retagged`: the block was first freed on the held
+ * stream and taken, pending, by the legacy stream. */
+static void legacy_free_taken(tp_pool_t pool, tp_stream_t blocking,
+                              tp_stream_t taker, bool retagged) {
+  void *p = NULL, *q = NULL;
+  gate_t g;
+  if (retagged) {
+    REQUIRE_OK(alloc_2mib(&p, pool, blocking));
+    REQUIRE_OK(hold_stream(blocking, &g));
+    CHECK_OK(tp_free_async(p, blocking));
+    REQUIRE_OK(alloc_2mib(&p, pool, NULL));
+  } else {
+    REQUIRE_OK(alloc_2mib(&p, pool, NULL));
+    CHECK_OK(tp_stream_synchronize(NULL));
+    REQUIRE_OK(hold_stream(blocking, &g));
+  }
+  CHECK_OK(tp_free_async(p, NULL));
+  tp_error_t asked = tp_stream_query(NULL);
+  CHECK(asked == TP_SUCCESS || asked == TP_ERROR_NOT_READY);
+  CHECK_OK(alloc_2mib(&q, pool, taker));
+  if (q == p)
+    CHECK_ERR(tp_stream_query(taker), TP_ERROR_NOT_READY);
+  release(&g);
+  CHECK_OK(tp_free_async(q, taker));
+  CHECK_OK(tp_device_synchronize());
+}
+
 /* A free on the legacy stream follows the work its device's blocking
  * streams queued before it (an action there waits for them): the block may
  * be handed to another stream only behind that work. On cuda, asking the
@@ -1115,20 +1150,7 @@ static void test_legacy_free_follows_blocking_streams(void) {
   tp_stream_t blocking = NULL, other = new_stream();
   CHECK_OK(tp_stream_create(&blocking, 0));
   REQUIRE(blocking && other);
-  void *p = NULL, *q = NULL;
-  REQUIRE_OK(tp_malloc_async(&p, 2 * MiB, NULL));
-  CHECK_OK(tp_stream_synchronize(NULL));
-  gate_t g;
-  REQUIRE_OK(hold_stream(blocking, &g));
-  CHECK_OK(tp_free_async(p, NULL));
-  tp_error_t asked = tp_stream_query(NULL);
-  CHECK(asked == TP_SUCCESS || asked == TP_ERROR_NOT_READY);
-  CHECK_OK(tp_malloc_async(&q, 2 * MiB, other));
-  if (q == p)
-    CHECK_ERR(tp_stream_query(other), TP_ERROR_NOT_READY);
-  release(&g);
-  CHECK_OK(tp_free_async(q, other));
-  CHECK_OK(tp_device_synchronize());
+  legacy_free_taken(NULL, blocking, other, false);
   stream_done(other);
   stream_done(blocking);
 }
@@ -1138,6 +1160,9 @@ static void test_legacy_free_follows_blocking_streams(void) {
  * stream's free and so retagged to the legacy stream) goes to another
  * stream, blocking or not, only behind the held work. */
 static void test_legacy_free_policies_and_takers(void) {
+  static const char *names[2][2] = {
+      {"non-blocking taker", "non-blocking taker, retagged"},
+      {"blocking taker", "blocking taker, retagged"}};
   for (int policy = 0; policy < 8; policy++) {
     for (int taker_kind = 0; taker_kind < 2; taker_kind++) {
       for (int retagged = 0; retagged < 2; retagged++) {
@@ -1152,31 +1177,12 @@ static void test_legacy_free_policies_and_takers(void) {
                 (policy >> 1) & 1);
         set_int(pool, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
                 (policy >> 2) & 1);
-        void *p = NULL, *q = NULL;
-        gate_t g;
-        if (retagged) {
-          REQUIRE_OK(tp_malloc_from_pool_async(&p, 2 * MiB, pool, blocking));
-          REQUIRE_OK(hold_stream(blocking, &g));
-          CHECK_OK(tp_free_async(p, blocking));
-          void *r = NULL;
-          REQUIRE_OK(tp_malloc_from_pool_async(&r, 2 * MiB, pool, NULL));
-          p = r;
-        } else {
-          REQUIRE_OK(tp_malloc_from_pool_async(&p, 2 * MiB, pool, NULL));
-          CHECK_OK(tp_stream_synchronize(NULL));
-          REQUIRE_OK(hold_stream(blocking, &g));
-        }
-        CHECK_OK(tp_free_async(p, NULL));
-        (void)tp_stream_query(NULL);
-        CHECK_OK(tp_malloc_from_pool_async(&q, 2 * MiB, pool, taker));
-        if (q == p && tp_stream_query(taker) != TP_ERROR_NOT_READY) {
-          CHECK(!"taker did not wait");
-          printf("   policy %d taker %s retagged %d\n", policy,
-                 taker_kind ? "blocking" : "non-blocking", retagged);
-        }
-        release(&g);
-        CHECK_OK(tp_free_async(q, taker));
-        CHECK_OK(tp_device_synchronize());
+        char label[64];
+        snprintf(label, sizeof label, "policy %d, %s", policy,
+                 names[taker_kind][retagged]);
+        check_context(label);
+        legacy_free_taken(pool, blocking, taker, retagged);
+        check_context(NULL);
         stream_done(taker);
         stream_done(blocking);
         CHECK_OK(tp_pool_destroy(pool));
