@@ -10,18 +10,10 @@
 #include "pool/alloc.h"
 
 /* ---- default and current pools --------------------------------------------
- * Keyed by location and type: device d pinned, device d managed, host, host
- * NUMA node 0, and managed with no location. */
-enum {
-  SLOT_HOST = 2 * TP_MAX_DEVICES,
-  SLOT_HOST_NUMA,
-  SLOT_MANAGED_NONE,
-  NSLOTS
-};
-_Static_assert(NSLOTS == TP_POOL_SLOTS, "pools.h counts the slots");
+ * Keyed by location and type, in pools.h's slots. */
 
 static tp__mutex slots_lock = TP_MUTEX_INIT(TP_RANK_SLOTS);
-static tp_pool_t defaults[NSLOTS];
+static tp_pool_t defaults[TP_POOL_SLOTS];
 _Atomic(tp_pool_t) tp__current_pools[TP_POOL_SLOTS];
 
 /* The slot of a location and type, or the error the driver gives for it. */
@@ -37,16 +29,16 @@ static tp_error_t slot_of(const tp_location_t *loc, tp_allocation_type_t type,
     return TP_SUCCESS;
   case TP_LOCATION_HOST:
     TP_RETURN_IF(type != TP_ALLOCATION_PINNED, TP_ERROR_INVALID_VALUE);
-    *slot = SLOT_HOST;
+    *slot = TP_SLOT_HOST;
     return TP_SUCCESS;
   case TP_LOCATION_HOST_NUMA:
     TP_RETURN_IF(type != TP_ALLOCATION_PINNED || loc->id != 0,
                  TP_ERROR_INVALID_VALUE);
-    *slot = SLOT_HOST_NUMA;
+    *slot = TP_SLOT_HOST_NUMA;
     return TP_SUCCESS;
   case TP_LOCATION_NONE:
     TP_RETURN_IF(type != TP_ALLOCATION_MANAGED, TP_ERROR_INVALID_VALUE);
-    *slot = SLOT_MANAGED_NONE;
+    *slot = TP_SLOT_MANAGED_NONE;
     return TP_SUCCESS;
   default: return TP_ERROR_INVALID_VALUE;
   }
@@ -55,13 +47,13 @@ static tp_error_t slot_of(const tp_location_t *loc, tp_allocation_type_t type,
 static tp_pool_props_t slot_props(int slot) {
   tp_pool_props_t props = {0};
   props.alloc_type = TP_ALLOCATION_PINNED;
-  if (slot < SLOT_HOST) {
+  if (slot < TP_SLOT_HOST) {
     props.location = (tp_location_t){TP_LOCATION_DEVICE, slot / 2, 0};
     if (slot % 2)
       props.alloc_type = TP_ALLOCATION_MANAGED;
-  } else if (slot == SLOT_HOST) {
+  } else if (slot == TP_SLOT_HOST) {
     props.location.type = TP_LOCATION_HOST;
-  } else if (slot == SLOT_HOST_NUMA) {
+  } else if (slot == TP_SLOT_HOST_NUMA) {
     props.location.type = TP_LOCATION_HOST_NUMA;
   } else {
     props.alloc_type = TP_ALLOCATION_MANAGED;
@@ -86,7 +78,7 @@ tp_error_t tp__default_pool_of(int slot, tp_pool_t *out) {
 
 void tp__current_pools_forget(tp_pool_t pool) {
   tp__mutex_lock(&slots_lock);
-  for (int i = 0; i < NSLOTS; i++) {
+  for (int i = 0; i < TP_POOL_SLOTS; i++) {
     tp_pool_t expect = pool;
     atomic_compare_exchange_strong(&tp__current_pools[i], &expect, defaults[i]);
   }

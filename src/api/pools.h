@@ -7,7 +7,12 @@
 
 #include "api/api.h"
 
-#define TP_POOL_SLOTS (2 * TP_MAX_DEVICES + 3)
+enum {
+  TP_SLOT_HOST = 2 * TP_MAX_DEVICES,
+  TP_SLOT_HOST_NUMA,
+  TP_SLOT_MANAGED_NONE,
+  TP_POOL_SLOTS
+};
 extern _Atomic(tp_pool_t) tp__current_pools[TP_POOL_SLOTS];
 
 /* The slot's default pool, made on first use. */
