@@ -13,9 +13,9 @@
 static TP_ALWAYS_INLINE tp_error_t malloc_on(void **ptr, size_t size,
                                              tp_pool_t pool, tp__pool *p,
                                              tp__stream *s, bool idle) {
-  if (TP_UNLIKELY(!idle && tp__graph_capturing(s)))
-    return tp__graph_malloc(ptr, size, pool, s);
-  return tp__pool_malloc(p, ptr, size, s);
+  if (TP_LIKELY(idle || !tp__graph_capturing(s)))
+    return tp__pool_malloc(p, ptr, size, s);
+  return tp__graph_malloc(ptr, size, pool, s);
 }
 
 /* The current pool of the stream's device. A pool destroyed by another
@@ -60,9 +60,13 @@ static TP_ALWAYS_INLINE tp_error_t malloc_async(void **ptr, size_t size,
 
 tp_error_t tp__malloc_async_as(void **ptr, size_t size, tp_stream_t stream,
                                bool uncaptured) {
-  TP_RETURN_IF(!ptr, TP_ERROR_INVALID_VALUE);
+  if (TP_UNLIKELY(!ptr))
+    return TP_ERROR_INVALID_VALUE;
   TP_FORWARD(tp__api_init());
-  return TP_GUARDED(malloc_async(ptr, size, stream, uncaptured));
+  tp__guard_enter();
+  tp_error_t err = malloc_async(ptr, size, stream, uncaptured);
+  tp__guard_exit();
+  return err;
 }
 
 TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream) {
@@ -95,8 +99,11 @@ TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
 /* A free of a graph's allocation, or during a capture, is the graph's; with
  * no capture anywhere, or none on `s` (`idle`: resolving it just showed so),
  * a pointer of a pool is the pool's at once. Otherwise the capture decides,
- * and hands back the pool it found where the free is not the graph's. */
-static tp_error_t free_on(void *ptr, tp__stream *s, bool idle) {
+ * and hands back the pool it found where the free is not the graph's. The
+ * pool's free has two steps: the pool takes the block back, then the
+ * stream's cache keeps it. */
+static TP_ALWAYS_INLINE tp_error_t free_on(void *ptr, tp__stream *s,
+                                           bool idle) {
   tp__pool *p = NULL;
   if (TP_LIKELY(idle || tp__no_capture()))
     p = tp__registry_find((uintptr_t)ptr);
@@ -104,12 +111,18 @@ static tp_error_t free_on(void *ptr, tp__stream *s, bool idle) {
     tp_error_t err;
     if (tp__graph_free(ptr, s, &p, &err))
       return err;
-    TP_RETURN_IF(p == NULL, TP_ERROR_INVALID_VALUE);
+    if (p == NULL)
+      return TP_ERROR_INVALID_VALUE;
   }
-  return tp__pool_free_in(p, ptr, s);
+  tp__claim c;
+  tp_error_t err = tp__pool_claim(p, ptr, s, &c);
+  if (TP_LIKELY(err == TP_SUCCESS && !c.kept))
+    tp__pool_free_put(p, s, &c);
+  return err;
 }
 
-static tp_error_t free_async(void *ptr, tp_stream_t stream, bool uncaptured) {
+static TP_ALWAYS_INLINE tp_error_t free_async(void *ptr, tp_stream_t stream,
+                                              bool uncaptured) {
   tp__stream *s;
   bool idle;
   TP_FORWARD(tp__stream_resolve(stream, uncaptured, &s, &idle));
@@ -120,7 +133,10 @@ static tp_error_t free_async(void *ptr, tp_stream_t stream, bool uncaptured) {
 
 tp_error_t tp__free_async_as(void *ptr, tp_stream_t stream, bool uncaptured) {
   TP_FORWARD(tp__api_init());
-  return TP_GUARDED(free_async(ptr, stream, uncaptured));
+  tp__guard_enter();
+  tp_error_t err = free_async(ptr, stream, uncaptured);
+  tp__guard_exit();
+  return err;
 }
 
 TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream) {

@@ -160,18 +160,11 @@ void tp__pool_free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
 
 tp_error_t tp__pool_live_size(tp__pool *p, void *ptr, size_t *size) {
   uintptr_t addr = (uintptr_t)ptr;
-  TP_RETURN_IF(addr % TP_GRANULE, TP_ERROR_INVALID_VALUE);
-  _Atomic uintptr_t *entry = tp__space_entry(&p->space, addr, false);
-  uintptr_t v = entry ? atomic_load_explicit(entry, memory_order_acquire) : 0;
-  TP_RETURN_IF(!v, TP_ERROR_INVALID_VALUE);
-  if (!(v & 1u)) {
-    *size = atomic_load(&((tp__block *)v)->req);
-    return TP_SUCCESS;
-  }
-  tp__slab *slab = (tp__slab *)(v & ~(uintptr_t)1);
-  int64_t idx = tp__slab_index(slab, addr);
-  TP_RETURN_IF(idx < 0, TP_ERROR_INVALID_VALUE);
-  *size = atomic_load(&slab->req[idx]);
+  tp__found f;
+  TP_RETURN_IF(addr % TP_GRANULE || !tp__claim_find(p, addr, &f),
+               TP_ERROR_INVALID_VALUE);
+  *size =
+      f.block ? atomic_load(&f.block->req) : atomic_load(&f.slab->req[f.idx]);
   TP_RETURN_IF(*size == 0, TP_ERROR_INVALID_VALUE);
   return TP_SUCCESS;
 }
@@ -187,29 +180,11 @@ static void free_to_pool(tp__pool *p, tp__stream *s, unsigned cls, bool large,
 }
 
 tp_error_t tp__pool_free_tagged(tp__pool *p, void *ptr, tp__tag tag) {
-  uintptr_t addr = (uintptr_t)ptr;
-  _Atomic uintptr_t *entry = tp__space_entry(&p->space, addr, false);
-  uintptr_t v = entry ? atomic_load_explicit(entry, memory_order_acquire) : 0;
+  tp__claim c;
   tp_error_t err = TP_ERROR_INVALID_VALUE;
-  tp__centry e = {addr, NULL, tag.epoch, tag.lseq};
-  if (v & 1u) {
-    tp__slab *slab = (tp__slab *)(v & ~(uintptr_t)1);
-    int64_t idx = tp__slab_index(slab, addr);
-    uint32_t req = idx < 0 ? 0
-                           : atomic_exchange_explicit(&slab->req[idx], 0,
-                                                      memory_order_acq_rel);
-    if (req) {
-      e.owner = slab;
-      free_to_pool(p, tag.stream, slab->cls, false, &e, req);
-      err = TP_SUCCESS;
-    }
-  } else if (v &&
-             atomic_compare_exchange_strong_explicit(
-                 entry, &v, 0, memory_order_acq_rel, memory_order_relaxed)) {
-    tp__block *b = (tp__block *)v;
-    atomic_store_explicit(&b->state, TP_BLOCK_CACHED, memory_order_relaxed);
-    e.owner = b;
-    free_to_pool(p, tag.stream, 0, true, &e, (int64_t)atomic_load(&b->req));
+  if (tp__claim_take(p, (uintptr_t)ptr, &c)) {
+    tp__centry e = {c.addr, c.owner, tag.epoch, tag.lseq};
+    free_to_pool(p, tag.stream, c.cls, c.large, &e, c.req);
     err = TP_SUCCESS;
   }
   tp__stream_unref(tag.stream);

@@ -5,7 +5,7 @@
 #ifndef TP_ALLOC_H
 #define TP_ALLOC_H
 
-#include "pool/pool.h"
+#include "pool/claim.h"
 
 /* ---- alloc.c's slow paths ------------------------------------------------ */
 
@@ -46,27 +46,7 @@ static inline void tp__peak_note(tp__pool *p, int64_t delta, bool rose) {
   }
 }
 
-/* ---- allocation ------------------------------------------------------------
- * The bytes-asked word (or entry) is written before the pointer is handed
- * out, so that a free racing on another thread finds the allocation. */
-
-static inline void *tp__finish_small(const tp__centry *e, size_t size) {
-  tp__slab *s = e->owner;
-  TP_CHECK(tp__slab_index(s, e->addr) >= 0);
-  atomic_store_explicit(&s->req[tp__slab_index_of(s, e->addr)], (uint32_t)size,
-                        memory_order_release);
-  return (void *)e->addr;
-}
-
-/* The entry goes in before the state says USED, so that a walker that sees
- * a used block sees its entry. */
-static inline void *tp__finish_large(tp__pool *p, tp__block *b, size_t size) {
-  atomic_store_explicit(&b->req, size, memory_order_relaxed);
-  _Atomic uintptr_t *e = tp__space_entry(&p->space, b->addr, false);
-  atomic_store_explicit(e, (uintptr_t)b, memory_order_release);
-  atomic_store_explicit(&b->state, TP_BLOCK_USED, memory_order_release);
-  return (void *)b->addr;
-}
+/* ---- allocation ---------------------------------------------------------- */
 
 static TP_ALWAYS_INLINE tp_error_t tp__pool_malloc(tp__pool *p, void **ptr,
                                                    size_t size, tp__stream *s) {
@@ -91,70 +71,27 @@ static TP_ALWAYS_INLINE tp_error_t tp__pool_malloc(tp__pool *p, void **ptr,
 }
 
 /* ---- free ------------------------------------------------------------------
- * A freed block goes into its stream's cache with the free's position; the
- * pool lock only when the cache is full or missing. */
+ * claim.h's tp__pool_claim takes the block back; then it goes into its
+ * stream's cache with the free's position, and to the pool lock only when
+ * the cache is full or missing. */
 
-static TP_ALWAYS_INLINE void tp__free_entry(tp__pool *p, tp__stream *s,
-                                            unsigned cls, bool large,
-                                            uintptr_t addr, void *owner,
-                                            int64_t req) {
+/* The free's second half. The thread's count drops first: a free never
+ * makes a peak, and this way the fast path's rooms are entered in one order.
+ * A destroyed pool may go once its last allocation is freed: every free
+ * asks, and the answer is rarely yes. */
+static TP_ALWAYS_INLINE void tp__pool_free_put(tp__pool *p, tp__stream *s,
+                                               const tp__claim *c) {
+  tp__peak_note(p, -c->req, false);
   bool biased = tp__blspin_enter(&s->lock);
   tp__tag t = tp__stream_tag(s);
-  tp__centry e = {addr, owner, t.epoch, t.lseq};
-  bool kept = tp__cache_push(tp__cache_find(s, &p->caches), cls, large, e, req);
+  tp__centry e = {c->addr, c->owner, t.epoch, t.lseq};
+  bool kept = tp__cache_push(tp__cache_find(s, &p->caches), c->cls, c->large, e,
+                             c->req);
   tp__blspin_leave(&s->lock, biased);
   if (TP_UNLIKELY(!kept))
-    tp__pool_free_slow(p, s, cls, large, &e, req);
-  tp__peak_note(p, -req, false);
-  tp__pool_maybe_reap(p);
-}
-
-/* The free of a large block, found at `entry`: the entry is taken first, so
- * that of two racing frees one fails. */
-static inline tp_error_t tp__pool_free_large(tp__pool *p, tp__block *b,
-                                             _Atomic uintptr_t *entry,
-                                             tp__stream *s) {
-  uintptr_t expect = (uintptr_t)b;
-  TP_RETURN_IF(!atomic_compare_exchange_strong_explicit(entry, &expect, 0,
-                                                        memory_order_acq_rel,
-                                                        memory_order_relaxed),
-               TP_ERROR_INVALID_VALUE);
-  int64_t req = (int64_t)atomic_load_explicit(&b->req, memory_order_relaxed);
-  atomic_store_explicit(&b->state, TP_BLOCK_CACHED, memory_order_relaxed);
-  tp__free_entry(p, s, 0, true, b->addr, b, req);
-  return TP_SUCCESS;
-}
-
-/* The free of `ptr` once the caller found its pool (tp__registry_find). A
- * pool another process shares may consume the free itself: an importer
- * gives up its hold, an exporter keeps a block an importer still holds
- * (and frees it with this free's tag once released). The acquire pairs
- * with the exporter's store: a pool seen unwatched shows the free that the
- * exporter finished before its last entry went. */
-static TP_ALWAYS_INLINE tp_error_t tp__pool_free_in(tp__pool *p, void *ptr,
-                                                    tp__stream *s) {
-  uintptr_t addr = (uintptr_t)ptr;
-  TP_RETURN_IF(addr % TP_GRANULE, TP_ERROR_INVALID_VALUE);
-  if (TP_UNLIKELY(p->imported ||
-                  atomic_load_explicit(&p->watched, memory_order_acquire))) {
-    bool kept = false;
-    TP_FORWARD(p->ops->free(p, addr, s, &kept));
-    if (kept)
-      return TP_SUCCESS;
-  }
-  _Atomic uintptr_t *entry = tp__space_entry(&p->space, addr, false);
-  uintptr_t v = entry ? atomic_load_explicit(entry, memory_order_acquire) : 0;
-  TP_RETURN_IF(!v, TP_ERROR_INVALID_VALUE);
-  if (TP_UNLIKELY(!(v & 1u)))
-    return tp__pool_free_large(p, (tp__block *)v, entry, s);
-  tp__slab *slab = (tp__slab *)(v & ~(uintptr_t)1);
-  int64_t idx = tp__slab_index(slab, addr);
-  TP_RETURN_IF(idx < 0, TP_ERROR_INVALID_VALUE);
-  uint32_t req =
-      atomic_exchange_explicit(&slab->req[idx], 0, memory_order_acq_rel);
-  TP_RETURN_IF(req == 0, TP_ERROR_INVALID_VALUE);
-  tp__free_entry(p, s, slab->cls, false, addr, slab, req);
-  return TP_SUCCESS;
+    tp__pool_free_slow(p, s, c->cls, c->large, &e, c->req);
+  if (TP_UNLIKELY(atomic_load_explicit(&p->destroyed, memory_order_acquire)))
+    tp__pools_reap();
 }
 
 #endif /* TP_ALLOC_H */

@@ -106,7 +106,8 @@ static inline tp__pool *tp__registry_find(uintptr_t addr) {
 
 /* ---- alloc.c: allocation and free -----------------------------------------
  */
-/* tp__pool_malloc and tp__pool_free_in, the fast path, are alloc.h's. */
+/* The fast path is alloc.h's (tp__pool_malloc, tp__pool_free_put) and
+ * claim.h's (tp__pool_claim). */
 /* The bytes asked for by the live allocation at `ptr` (not an interior
  * pointer); INVALID_VALUE when there is none. */
 tp_error_t tp__pool_live_size(tp__pool *p, void *ptr, size_t *size);
@@ -127,13 +128,9 @@ tp_error_t tp__pool_new(const tp_pool_props_t *props, bool is_default,
 tp_error_t tp__pool_new_imported(const tp_pool_props_t *props,
                                  const tp__pool_ops *ops, tp__pool **out);
 tp_error_t tp__pool_destroy(tp__pool *p);
-/* A destroyed pool may go once its last allocation is freed: every free
- * asks, so the question is inline and the answer rarely yes. */
+/* Finishes destroyed pools whose last allocation was freed (every free
+ * asks, see alloc.h). */
 void tp__pools_reap(void);
-static inline void tp__pool_maybe_reap(tp__pool *p) {
-  if (TP_UNLIKELY(atomic_load_explicit(&p->destroyed, memory_order_acquire)))
-    tp__pools_reap();
-}
 /* Finishes destroyed pools whose frees are found complete, asking their
  * streams (an allocation that found the device full calls it, since such a
  * pool's memory counts against the device until then); true when one went.
