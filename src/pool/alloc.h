@@ -29,21 +29,34 @@ static inline uint64_t tp__peak_key(const tp__pool *p) {
   return atomic_load_explicit(&p->peak_key, memory_order_relaxed);
 }
 
-/* Notes a change of the calling thread's bytes in use, after it was
- * counted; `rose`: the cache's count passed its mark. A thread's first
- * operation on a pool since the high was last reset (or since its slot
- * served another pool) starts the slot over. */
-static inline void tp__peak_note(tp__pool *p, int64_t delta, bool rose) {
+/* The calling thread's slot for `p`. A thread's first operation on a pool
+ * since the high was last reset (or since its slot served another pool)
+ * starts the slot over. */
+static inline tp__peak_slot *tp__peak_slot_of(const tp__pool *p) {
   uint64_t key = tp__peak_key(p);
   tp__peak_slot *t = &tp__peak_slots[key % 4];
   if (TP_UNLIKELY(t->key != key))
     *t = (tp__peak_slot){key, 0, 0};
-  t->count += delta;
-  if (TP_UNLIKELY(delta > 0 && (t->count > t->mark || rose))) {
-    if (t->count > t->mark)
-      t->mark = t->count;
+  return t;
+}
+
+/* Notes an allocation of `size` bytes by the calling thread, after it was
+ * counted; `rose`: the cache's count passed its mark. */
+static inline void tp__peak_note(tp__pool *p, int64_t size, bool rose) {
+  tp__peak_slot *t = tp__peak_slot_of(p);
+  int64_t n = t->count + size;
+  t->count = n;
+  if (TP_UNLIKELY(n > t->mark || rose)) {
+    if (n > t->mark)
+      t->mark = n;
     tp__pool_peak_raise(p);
   }
+}
+
+/* Notes a free of `size` bytes by the calling thread: never a new peak. */
+static inline void tp__peak_drop(tp__pool *p, int64_t size) {
+  tp__peak_slot *t = tp__peak_slot_of(p);
+  t->count -= size;
 }
 
 /* ---- allocation ---------------------------------------------------------- */
@@ -81,7 +94,7 @@ static TP_ALWAYS_INLINE tp_error_t tp__pool_malloc(tp__pool *p, void **ptr,
  * asks, and the answer is rarely yes. */
 static TP_ALWAYS_INLINE void tp__pool_free_put(tp__pool *p, tp__stream *s,
                                                const tp__claim *c) {
-  tp__peak_note(p, -c->req, false);
+  tp__peak_drop(p, c->req);
   bool biased = tp__blspin_enter(&s->lock);
   tp__tag t = tp__stream_tag(s);
   tp__centry e = {c->addr, c->owner, t.epoch, t.lseq};
