@@ -1,7 +1,7 @@
 /* edge_answers: what the CUDA runtime answers to edge cases of the
  * stream-ordered allocator that test/conformance/driver_answers.txt does not
  * cover (pool handle types, allocator calls during a capture, null and
- * out-of-range handles). One row per call, "label -> error name", as in that
+ * out-of-range handles, what a synchronize releases). One row per call, "label -> error name", as in that
  * file. Run it natively, then under tidepool-run, and compare the two:
  *
  *   nvcc -O2 -cudart shared bench/edge_answers.cu -o edge_answers
@@ -248,6 +248,58 @@ static void handle_cases(void) {
   cudaStreamDestroy(s);
 }
 
+static void CUDART_CB set_flag(void *arg) {
+  __atomic_store_n((int *)arg, 1, __ATOMIC_RELEASE);
+}
+
+/* Whether a synchronize releases a free that nothing synchronized: a pool
+ * with threshold 0 frees a block on `a`, the host learns that `a` ran past
+ * the free only through a host function's flag, and then synchronizes
+ * `what` (a stream that never ran anything, an event of it, or the
+ * device). Prints the reserved bytes before and after. */
+static void release_case(const char *label, size_t size, int what) {
+  cudaMemPoolProps p = device_props(0);
+  cudaMemPool_t pool = NULL;
+  cudaStream_t a = NULL, b = NULL;
+  cudaEvent_t e = NULL;
+  void *ptr = NULL;
+  volatile int flag = 0;
+  if (cudaMemPoolCreate(&pool, &p) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaEventCreate(&e) != cudaSuccess ||
+      cudaMallocFromPoolAsync(&ptr, size, pool, a) != cudaSuccess ||
+      cudaFreeAsync(ptr, a) != cudaSuccess ||
+      cudaLaunchHostFunc(a, set_flag, (void *)&flag) != cudaSuccess) {
+    printf("   %s: setup failed\n", label);
+    (void)cudaGetLastError();
+    return;
+  }
+  while (!__atomic_load_n(&flag, __ATOMIC_ACQUIRE))
+    ;
+  uint64_t before = 0, after = 0;
+  cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &before);
+  cudaError_t err = what == 0   ? cudaStreamSynchronize(b)
+                    : what == 1 ? (cudaEventRecord(e, b), cudaEventSynchronize(e))
+                                : cudaDeviceSynchronize();
+  cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &after);
+  printf("   %s: %s, reserved %llu -> %llu\n", label, cudaGetErrorName(err),
+         (unsigned long long)before, (unsigned long long)after);
+  (void)cudaGetLastError();
+  cudaStreamSynchronize(a);
+  cudaEventDestroy(e);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+  cudaMemPoolDestroy(pool);
+}
+
+static void release_cases(void) {
+  release_case("256 B freed on a, sync of idle stream b", 256, 0);
+  release_case("4 MiB freed on a, sync of idle stream b", 4 << 20, 0);
+  release_case("4 MiB freed on a, sync of an event on b", 4 << 20, 1);
+  release_case("4 MiB freed on a, device sync", 4 << 20, 2);
+}
+
 int main(void) {
   if (cudaSetDevice(0) != cudaSuccess) {
     printf("no device\n");
@@ -265,6 +317,7 @@ int main(void) {
                        cudaMemHandleTypeFabric);
   handle_cases();
   capture_cases();
+  release_cases();
   printf("DONE\n");
   return 0;
 }
