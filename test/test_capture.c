@@ -1530,6 +1530,55 @@ static void test_per_thread_streams(void) {
   CHECK_OK(tp_stream_synchronize(mine));
 }
 
+/* A capture on the per-thread stream, begun through tidepool, on a thread
+ * that has used that stream before (warm) or not: the driver refuses the
+ * stream's id while it captures and invalidates the capture, so tidepool
+ * must recognise the stream without asking. Once the capture ended, the
+ * stream is its ordinary self again. */
+static void *ptds_capture_thread(void *arg) {
+  bool warm = *(bool *)arg;
+  tp_stream_t mine = (tp_stream_t)(uintptr_t)2;
+  void *p = NULL;
+  if (warm) {
+    CHECK_OK(tp_malloc_async(&p, 4096, mine));
+    CHECK_OK(tp_free_async(p, mine));
+    CHECK_OK(tp_stream_synchronize(mine));
+  }
+  CHECK_OK(tp_stream_begin_capture(mine, TP_CAPTURE_MODE_THREAD_LOCAL));
+  tp_capture_status_t st = TP_CAPTURE_STATUS_NONE;
+  CHECK_OK(tp_stream_is_capturing(mine, &st));
+  CHECK_EQ_INT(st, TP_CAPTURE_STATUS_ACTIVE);
+  CHECK_OK(tp_malloc_async(&p, 4096, mine));
+  CHECK_OK(tp_free_async(p, mine));
+  CHECK_OK(tp_stream_is_capturing(mine, &st));
+  CHECK_EQ_INT(st, TP_CAPTURE_STATUS_ACTIVE);
+  tp_graph_t g = NULL;
+  CHECK_OK(tp_stream_end_capture(mine, &g));
+  CHECK(g != NULL);
+  if (g)
+    CHECK_OK(tp_graph_destroy(g));
+  CHECK_OK(tp_malloc_async(&p, 4096, mine));
+  CHECK_OK(tp_free_async(p, mine));
+  CHECK_OK(tp_stream_synchronize(mine));
+  CHECK_OK(tp_stream_is_capturing(mine, &st));
+  CHECK_EQ_INT(st, TP_CAPTURE_STATUS_NONE);
+  return NULL;
+}
+
+static void test_per_thread_stream_captures(void) {
+  if (check_on_host()) {
+    printf("   (host: no per-thread default stream)\n");
+    return;
+  }
+  for (int w = 0; w < 2; w++) {
+    bool warm = w == 1;
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, ptds_capture_thread, &warm) == 0);
+    pthread_join(t, NULL);
+  }
+  CHECK_OK(tp_device_synchronize());
+}
+
 /* ---- a stream replaced between tidepool's question and its use -----------
  * The application may destroy its stream and make a new one, which the
  * driver may give the old handle, at any moment: between the question
@@ -1924,6 +1973,7 @@ int main(void) {
   RUN_TEST(test_driver_answers);
   RUN_TEST(test_foreign_streams);
   RUN_TEST(test_per_thread_streams);
+  RUN_TEST(test_per_thread_stream_captures);
   RUN_TEST(test_per_thread_stream_of_ended_thread);
   RUN_TEST(test_per_thread_stream_of_ended_thread_refused);
   RUN_TEST(test_oom_wait_for_per_thread_stream);

@@ -286,29 +286,35 @@ static bool bound_key_made;
 
 /* `arg`: the thread's streams, one per device (held by the key rather than
  * in static TLS, which a library loaded by dlopen must keep small). */
+static void bound_lose(tp__stream *s) {
+  tp__blspin_lock(&s->lock);
+  if (!atomic_load_explicit(&s->released, memory_order_relaxed)) {
+    (void)tp__stream_exit_marker(s);
+    tp__stream_lose(s);
+  }
+  tp__blspin_unlock(&s->lock);
+  lost_push(s);
+}
+
 static void bound_exit(void *arg) {
   tp__stream **here = arg;
-  for (int d = 0; d < TP_MAX_DEVICES; d++) {
-    tp__stream *s = here[d];
-    if (!s)
-      continue;
-    tp__blspin_lock(&s->lock);
-    if (!atomic_load_explicit(&s->released, memory_order_relaxed)) {
-      (void)tp__stream_exit_marker(s);
-      tp__stream_lose(s);
-    }
-    tp__blspin_unlock(&s->lock);
-    lost_push(s);
-  }
+  for (int d = 0; d < TP_MAX_DEVICES; d++)
+    if (here[d])
+      bound_lose(here[d]);
   free(here);
 }
 
+static _Atomic bool bound_ready;
+
 static void bound_key_make(void) {
   bound_key_made = pthread_key_create(&bound_key, bound_exit) == 0;
+  atomic_store_explicit(&bound_ready, bound_key_made, memory_order_release);
 }
 
 /* Where the key or its array cannot be made, such streams stay until a
- * device synchronize, as before. */
+ * device synchronize, as before. A stream the thread first met while it
+ * captured, and so without its name (see bound_mine), goes once the
+ * stream is met under its name. */
 static void bound_note(tp__stream *s) {
   pthread_once(&bound_once, bound_key_make);
   if (!bound_key_made)
@@ -321,18 +327,36 @@ static void bound_note(tp__stream *s) {
       return;
     }
   }
+  tp__stream *old = here[s->device];
   here[s->device] = s;
+  if (old && old != s && (old->uid & TP_STREAM_UNNAMED))
+    bound_lose(old);
+}
+
+/* The calling thread's per-thread stream of d's device as met before,
+ * where the platform described it without a name: while it captures, the
+ * platform cannot ask the stream's id without ending the capture. Under
+ * reg_lock. */
+static tp__stream *bound_mine(const tp__stream_desc *d) {
+  tp__stream **here = NULL;
+  if (atomic_load_explicit(&bound_ready, memory_order_acquire))
+    here = pthread_getspecific(bound_key);
+  tp__stream *s = here ? here[d->device] : NULL;
+  return s && reg_find_uid(s->uid) == s ? s : NULL;
 }
 
 /* A stream tidepool did not make: described by the platform, then found by
- * uid (or, while it captures, by handle) or registered. */
+ * uid (or, while it captures, by handle, or as the calling thread's own
+ * per-thread stream) or registered. */
 static tp_error_t adopt(tp_stream_t handle, tp__stream **out) {
   tp__stream_desc d = {0};
   TP_FORWARD(tp__platform->stream_adopt(handle, &d));
   if (d.legacy)
     return tp__legacy_get(d.device, out);
   tp__mutex_lock(&reg_lock);
-  tp__stream *s = d.uid ? reg_find_uid(d.uid) : reg_find_foreign(handle);
+  tp__stream *s = d.uid            ? reg_find_uid(d.uid)
+                  : d.thread_bound ? bound_mine(&d)
+                                   : reg_find_foreign(handle);
   if (!s && (s = stream_alloc(&d)) != NULL) {
     s->handle = handle;
     /* A stream met first where the platform could not name it keeps a

@@ -75,8 +75,17 @@ static tp_error_t adopt_per_thread(tp__stream_desc *desc) {
   TP_FORWARD(tp__cu_scope_enter(d, &scope));
   unsigned long long id = 0;
   unsigned flags = 0;
-  CUresult r = tp__cu.cuStreamGetId(CU_STREAM_PER_THREAD, &id);
-  if (r == CUDA_SUCCESS)
+  /* As for any stream (below), the driver refuses the id and the flags of
+   * a capturing per-thread stream, and invalidates its capture: the stream
+   * is then described without them, and the core finds it as the calling
+   * thread's. It is a blocking stream. */
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = tp__cu.cuStreamIsCapturing
+                   ? tp__cu.cuStreamIsCapturing(CU_STREAM_PER_THREAD, &st)
+                   : CUDA_SUCCESS;
+  if (r == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE)
+    r = tp__cu.cuStreamGetId(CU_STREAM_PER_THREAD, &id);
+  if (r == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE)
     r = tp__cu.cuStreamGetFlags(CU_STREAM_PER_THREAD, &flags);
   tp__cu_scope_leave(&scope);
   TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
