@@ -208,7 +208,9 @@ typedef enum tp_pool_attr {
    * device's other blocking streams' earlier work. Frees pending on a
    * stream its owner destroyed cannot be waited for unless an event tidepool
    * recorded there already follows them (the stream cannot be asked any
-   * more): they become reusable at a synchronize that covers them. */
+   * more): they become reusable at a synchronize that covers them. The
+   * wait is tidepool's own: a capture in progress, on this thread or
+   * another, in any mode, neither refuses it nor is invalidated by it. */
   TP_POOL_ATTR_OOM_WAIT = 100,
   TP_POOL_ATTR_CHUNK_MAPS = 101,   /* uint64_t, read-only: chunks mapped */
   TP_POOL_ATTR_CHUNK_UNMAPS = 102, /* uint64_t, read-only: chunks unmapped */

@@ -1841,6 +1841,79 @@ static void test_oom_wait_for_per_thread_stream(void) {
   CHECK_OK(tp_pool_destroy(h.pool));
 }
 
+/* The OOM wait is tidepool's own: made while a capture in global mode runs
+ * on another stream (of this thread or another), it must not be refused or
+ * invalidate that capture, as the driver would for the application's own
+ * synchronize (test_oom_wait_for_per_thread_stream's pool and gate). */
+typedef struct cap_side {
+  tp_stream_t s;
+  atomic_int phase; /* 1: capturing, 2: may end */
+  tp_error_t end;
+} cap_side;
+
+static void *capture_aside(void *arg) {
+  cap_side *c = arg;
+  CHECK_OK(tp_stream_begin_capture(c->s, TP_CAPTURE_MODE_GLOBAL));
+  atomic_store(&c->phase, 1);
+  while (atomic_load(&c->phase) != 2)
+    check_sleep_ms(1);
+  tp_graph_t g = NULL;
+  c->end = tp_stream_end_capture(c->s, &g);
+  if (g)
+    CHECK_OK(tp_graph_destroy(g));
+  return NULL;
+}
+
+static void test_oom_wait_during_capture(void) {
+  for (int other = 0; other < 2; other++) {
+    atomic_store(&pt_gate, 0);
+    tp_pool_t pool = one_chunk_pool();
+    int off = 0;
+    CHECK_OK(tp_pool_set_attribute(
+        pool, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off));
+    tp_stream_t held = new_stream(0);
+    tp_stream_t n = new_stream(TP_STREAM_NON_BLOCKING);
+    cap_side c = {.s = new_stream(TP_STREAM_NON_BLOCKING)};
+    void *p = NULL, *q = NULL;
+    REQUIRE_OK(tp_malloc_from_pool_async(&p, 2 << 20, pool, held));
+    CHECK_OK(tp_launch_host_func(held, hold_until_gate, NULL));
+    CHECK_OK(tp_free_async(p, held));
+    pthread_t capturer, opener;
+    if (other) {
+      REQUIRE(pthread_create(&capturer, NULL, capture_aside, &c) == 0);
+      while (!atomic_load(&c.phase))
+        check_sleep_ms(1);
+    } else {
+      CHECK_OK(tp_stream_begin_capture(c.s, TP_CAPTURE_MODE_GLOBAL));
+    }
+    REQUIRE(pthread_create(&opener, NULL, open_gate_later, NULL) == 0);
+    CHECK_OK(tp_malloc_from_pool_async(&q, 2 << 20, pool, n));
+    CHECK_EQ_PTR(q, p);
+    tp_capture_status_t st = TP_CAPTURE_STATUS_NONE;
+    CHECK_OK(tp_stream_is_capturing(c.s, &st));
+    CHECK_EQ_INT(st, TP_CAPTURE_STATUS_ACTIVE);
+    if (other) {
+      atomic_store(&c.phase, 2);
+      pthread_join(capturer, NULL);
+    } else {
+      tp_graph_t g = NULL;
+      c.end = tp_stream_end_capture(c.s, &g);
+      if (g)
+        CHECK_OK(tp_graph_destroy(g));
+    }
+    CHECK_OK(c.end);
+    pthread_join(opener, NULL);
+    if (q)
+      CHECK_OK(tp_free_async(q, n));
+    CHECK_OK(tp_stream_synchronize(n));
+    CHECK_OK(tp_stream_synchronize(held));
+    CHECK_OK(tp_stream_destroy(c.s));
+    CHECK_OK(tp_stream_destroy(n));
+    CHECK_OK(tp_stream_destroy(held));
+    CHECK_OK(tp_pool_destroy(pool));
+  }
+}
+
 /* ---- execs the driver made ----------------------------------------------
  * A graph the application captured and instantiated with the driver, while
  * tidepool allocated in it: once adopted, its launches are booked as
@@ -1977,6 +2050,7 @@ int main(void) {
   RUN_TEST(test_per_thread_stream_of_ended_thread);
   RUN_TEST(test_per_thread_stream_of_ended_thread_refused);
   RUN_TEST(test_oom_wait_for_per_thread_stream);
+  RUN_TEST(test_oom_wait_during_capture);
   RUN_TEST(test_foreign_stream_replaced);
   RUN_TEST(test_adopted_execs);
   return check_done();

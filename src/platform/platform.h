@@ -145,6 +145,10 @@ typedef struct tp__platform_ops {
   tp_error_t (*event_record)(tp__pevent *ev, tp__pstream *ps);
   tp_error_t (*event_query)(tp__pevent *ev); /* SUCCESS / NOT_READY */
   tp_error_t (*event_synchronize)(tp__pevent *ev);
+  /* The same for a wait of tidepool's own (a last resort before OUT_OF_
+   * MEMORY): the calling thread's capture mode does not bar it, so that it
+   * neither fails nor invalidates a capture of this thread or another's. */
+  tp_error_t (*event_wait)(tp__pevent *ev);
 
   /* ---- memory -----------------------------------------------------------
    * reserve: a virtual range of `size` bytes aligned to `align` (both

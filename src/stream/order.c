@@ -365,7 +365,7 @@ tp_error_t tp__stream_wait_host(const tp__tag *t) {
   TP_RETURN_IF(!m, tp__stream_done(t) ? TP_SUCCESS : TP_ERROR_PLATFORM);
   /* A fault is the stream's synchronize's to report: the free's work has
    * finished all the same. */
-  tp_error_t err = tp__platform->event_synchronize(m->ev);
+  tp_error_t err = tp__platform->event_wait(m->ev);
   if (tp__pevent_finished(err))
     err = TP_SUCCESS;
   tp__blspin_lock(&s->lock);

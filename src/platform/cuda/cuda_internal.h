@@ -38,6 +38,7 @@ tp_error_t tp__cu_event_destroy(tp__pevent *ev);
 tp_error_t tp__cu_event_record(tp__pevent *ev, tp__pstream *ps);
 tp_error_t tp__cu_event_query(tp__pevent *ev);
 tp_error_t tp__cu_event_synchronize(tp__pevent *ev);
+tp_error_t tp__cu_event_wait(tp__pevent *ev);
 
 tp_error_t tp__cu_mem_query(const tp__mem_kind *kind, size_t *granularity,
                             uint64_t *capacity);

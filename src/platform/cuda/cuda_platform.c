@@ -36,6 +36,7 @@ const tp__platform_ops tp__cuda_platform = {
     .event_record = tp__cu_event_record,
     .event_query = tp__cu_event_query,
     .event_synchronize = tp__cu_event_synchronize,
+    .event_wait = tp__cu_event_wait,
     .reserve = tp__cu_reserve,
     .unreserve = tp__cu_unreserve,
     .chunk_create = tp__cu_chunk_create,

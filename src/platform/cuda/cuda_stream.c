@@ -402,3 +402,11 @@ tp_error_t tp__cu_event_query(tp__pevent *ev) {
 tp_error_t tp__cu_event_synchronize(tp__pevent *ev) {
   return tp__cu_error(tp__cu.cuEventSynchronize(ev->ev));
 }
+
+tp_error_t tp__cu_event_wait(tp__pevent *ev) {
+  tp__cu_scope scope = {0};
+  tp__cu_scope_relax(&scope);
+  CUresult r = tp__cu.cuEventSynchronize(ev->ev);
+  tp__cu_scope_leave(&scope);
+  return tp__cu_error(r);
+}

@@ -155,6 +155,7 @@ const tp__platform_ops tp__host_platform = {
     .event_record = tp__host_event_record,
     .event_query = tp__host_event_query,
     .event_synchronize = tp__host_event_synchronize,
+    .event_wait = tp__host_event_synchronize,
     .reserve = tp__host_reserve,
     .unreserve = tp__host_unreserve,
     .chunk_create = tp__host_chunk_create,
