@@ -530,7 +530,8 @@ TP_API tp_error_t tp_stream_destroy(tp_stream_t stream);
  * the frees, so such a synchronize waits for that work too, where the
  * driver's own free, an action of its moment, would not. Errors:
  * INVALID_VALUE, ILLEGAL_ADDRESS (stream work faulted since the last
- * synchronize). */
+ * synchronize), STREAM_CAPTURE_UNSUPPORTED (a capture forbids it: see
+ * "Forbidden while capturing"). */
 TP_API tp_error_t tp_stream_synchronize(tp_stream_t stream);
 
 /* TP_SUCCESS when the stream's work has completed, else NOT_READY; a
@@ -552,7 +553,9 @@ TP_API tp_error_t tp_stream_wait_event(tp_stream_t stream, tp_event_t event,
  * tp_event_synchronize also releases pool memory like a stream
  * synchronize. Once the work an event covers has faulted, both answer
  * ILLEGAL_ADDRESS, as CUDA's do, until the stream's synchronize reports
- * the fault (on cuda the driver's fault stays for the context's life). */
+ * the fault (on cuda the driver's fault stays for the context's life).
+ * tp_event_synchronize answers STREAM_CAPTURE_UNSUPPORTED where a capture
+ * forbids it (see "Forbidden while capturing"). */
 TP_API tp_error_t tp_event_create(tp_event_t *event);
 TP_API tp_error_t tp_event_destroy(tp_event_t event);
 TP_API tp_error_t tp_event_record(tp_event_t event, tp_stream_t stream);
@@ -632,9 +635,11 @@ TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
  * stream of its device captures (STREAM_CAPTURE_IMPLICIT); waiting on an
  * event recorded outside the capture, whether or not its work is done
  * (STREAM_CAPTURE_ISOLATION; waiting on one never recorded orders nothing,
- * and the capture goes on, as the driver allows); tp_device_synchronize
- * during a capture in global mode, or in thread-local mode on the
- * capturing thread (STREAM_CAPTURE_UNSUPPORTED). tp_event_query and
+ * and the capture goes on, as the driver allows); tp_device_synchronize,
+ * and tp_stream_synchronize or tp_event_synchronize of any stream or
+ * event, during a capture in global mode on any thread, or in thread-local
+ * mode on the capturing thread (STREAM_CAPTURE_UNSUPPORTED; a capture in
+ * relaxed mode forbids none; queries are allowed). tp_event_query and
  * tp_event_synchronize refuse an event last recorded in a capture
  * (CAPTURED_EVENT), and tp_stream_wait_event refuses it once that capture
  * has ended (INVALID_VALUE, as the driver answers on an H200);

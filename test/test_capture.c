@@ -1914,6 +1914,70 @@ static void test_oom_wait_during_capture(void) {
   }
 }
 
+/* A synchronize of a stream or an event that no capture involves is one of
+ * the calls CUDA's capture modes forbid: on any thread during a capture in
+ * global mode, on the capturing thread during one in thread-local mode, on
+ * none during a relaxed one; a forbidding capture is invalidated. Queries
+ * are allowed (tidepool asks in relaxed mode on cuda). The same on every
+ * platform. */
+typedef struct sync_case {
+  tp_capture_mode_t mode;
+  tp_stream_t s1, s2;
+  tp_event_t e;
+  atomic_int phase; /* 1: capturing, 2: may end */
+  tp_error_t end;
+} sync_case;
+
+static void *capture_for_sync(void *arg) {
+  sync_case *c = arg;
+  CHECK_OK(tp_stream_begin_capture(c->s1, c->mode));
+  atomic_store(&c->phase, 1);
+  while (atomic_load(&c->phase) != 2)
+    check_sleep_ms(1);
+  tp_graph_t g = NULL;
+  c->end = tp_stream_end_capture(c->s1, &g);
+  if (g)
+    CHECK_OK(tp_graph_destroy(g));
+  return NULL;
+}
+
+/* Runs `what` (0 stream synchronize, 1 event synchronize, 2 stream query,
+ * 3 event query) on this thread while another captures in `mode`. */
+static void sync_beside(tp_capture_mode_t mode, int what, tp_error_t want,
+                        tp_error_t want_end) {
+  sync_case c = {.mode = mode};
+  c.s1 = new_stream(TP_STREAM_NON_BLOCKING);
+  c.s2 = new_stream(TP_STREAM_NON_BLOCKING);
+  CHECK_OK(tp_event_create(&c.e));
+  CHECK_OK(tp_event_record(c.e, c.s2));
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, capture_for_sync, &c) == 0);
+  while (!atomic_load(&c.phase))
+    check_sleep_ms(1);
+  tp_error_t got = what == 0   ? tp_stream_synchronize(c.s2)
+                   : what == 1 ? tp_event_synchronize(c.e)
+                   : what == 2 ? tp_stream_query(c.s2)
+                               : tp_event_query(c.e);
+  CHECK_ERR(got, want);
+  atomic_store(&c.phase, 2);
+  pthread_join(t, NULL);
+  CHECK_ERR(c.end, want_end);
+  CHECK_OK(tp_event_destroy(c.e));
+  CHECK_OK(tp_stream_destroy(c.s1));
+  CHECK_OK(tp_stream_destroy(c.s2));
+}
+
+static void test_synchronize_beside_capture(void) {
+  for (int what = 0; what < 4; what++) {
+    bool sync = what < 2;
+    sync_beside(TP_CAPTURE_MODE_GLOBAL, what,
+                sync ? TP_ERROR_STREAM_CAPTURE_UNSUPPORTED : TP_SUCCESS,
+                sync ? TP_ERROR_STREAM_CAPTURE_INVALIDATED : TP_SUCCESS);
+    sync_beside(TP_CAPTURE_MODE_THREAD_LOCAL, what, TP_SUCCESS, TP_SUCCESS);
+    sync_beside(TP_CAPTURE_MODE_RELAXED, what, TP_SUCCESS, TP_SUCCESS);
+  }
+}
+
 /* ---- execs the driver made ----------------------------------------------
  * A graph the application captured and instantiated with the driver, while
  * tidepool allocated in it: once adopted, its launches are booked as
@@ -2051,6 +2115,7 @@ int main(void) {
   RUN_TEST(test_per_thread_stream_of_ended_thread_refused);
   RUN_TEST(test_oom_wait_for_per_thread_stream);
   RUN_TEST(test_oom_wait_during_capture);
+  RUN_TEST(test_synchronize_beside_capture);
   RUN_TEST(test_foreign_stream_replaced);
   RUN_TEST(test_adopted_execs);
   return check_done();

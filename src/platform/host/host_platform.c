@@ -95,10 +95,20 @@ static tp_error_t refused(tp__pstream *ps) {
   return tp__host_capture_refuse(ps);
 }
 
+/* A synchronize, of a stream, an event or a device, is one of the calls
+ * that the modes of the captures in progress may forbid, as the driver's
+ * do; tidepool's own waits (event_wait) are not. */
 static tp_error_t host_stream_synchronize(tp__pstream *ps) {
   TP_RETURN_IF(!ps, TP_ERROR_INVALID_VALUE);
   TP_FORWARD(refused(ps));
+  TP_FORWARD(tp__host_capture_check_sync());
   return tp__host_stream_synchronize(ps);
+}
+
+static tp_error_t host_event_synchronize(tp__pevent *ev) {
+  TP_RETURN_IF(!ev, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__host_capture_check_sync());
+  return tp__host_event_synchronize(ev);
 }
 
 static tp_error_t host_stream_query(tp__pstream *ps) {
@@ -107,8 +117,7 @@ static tp_error_t host_stream_query(tp__pstream *ps) {
   return tp__host_stream_query(ps);
 }
 
-/* The modes of the captures in progress may forbid a device synchronize; a
- * device that does not exist is answered first, invalidating none. */
+/* A device that does not exist is answered first, invalidating none. */
 static tp_error_t host_device_synchronize(int device) {
   TP_RETURN_IF(device < 0 || device >= tp__host_devices,
                TP_ERROR_INVALID_DEVICE);
@@ -154,7 +163,7 @@ const tp__platform_ops tp__host_platform = {
     .event_destroy = host_event_destroy,
     .event_record = tp__host_event_record,
     .event_query = tp__host_event_query,
-    .event_synchronize = tp__host_event_synchronize,
+    .event_synchronize = host_event_synchronize,
     .event_wait = tp__host_event_synchronize,
     .reserve = tp__host_reserve,
     .unreserve = tp__host_unreserve,
