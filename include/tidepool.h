@@ -774,6 +774,16 @@ TP_API tp_error_t tp_graph_exec_adopt(tp_graph_exec_t *exec,
                                       void *platform_exec, void *platform_graph,
                                       unsigned long long flags);
 
+/* Whether tidepool allocated or freed in the capture that made the
+ * platform's graph `platform_graph` (1) or not (0), in *adoptable: an
+ * interposer tells so a refusal of tp_graph_exec_adopt that the
+ * application must see (the graph's memory already has an exec, which
+ * CUDA's instantiation refuses for a graph with memory nodes) from a graph
+ * that is none of tidepool's. Errors: INVALID_VALUE (a pointer NULL),
+ * NOT_SUPPORTED (host, as for tp_graph_exec_adopt). Thread-safe. */
+TP_API tp_error_t tp_graph_adoptable(const void *platform_graph,
+                                     int *adoptable);
+
 /* The live adopted exec of the platform's exec `platform_exec`, in *exec.
  * Errors: INVALID_VALUE (exec NULL, none adopted). Thread-safe. */
 TP_API tp_error_t tp_graph_exec_find(tp_graph_exec_t *exec,

@@ -70,6 +70,9 @@ static void test_rules(void) {
   tp__pexec *pe;
   REQUIRE(make_graph(s, MIB, 0, &p, &pg, &pe));
   tp_graph_exec_t e = NULL, again = NULL, found = NULL;
+  int adoptable = 0;
+  CHECK_OK(tp_graph_adoptable(pg, &adoptable));
+  CHECK_EQ_INT(adoptable, 1);
   REQUIRE_OK(tp_graph_exec_adopt(&e, pe, pg, 0));
   CHECK_OK(tp_graph_exec_adopt(&again, pe, pg, 0));
   CHECK_EQ_PTR(again, e);
@@ -81,6 +84,9 @@ static void test_rules(void) {
   REQUIRE_OK(tp__platform->graph_instantiate(pg, 0, NULL, NULL, &second));
   CHECK_EQ_INT(tp_graph_exec_adopt(&e2, second, pg, 0), TP_ERROR_INVALID_VALUE);
   CHECK(e2 == NULL);
+  /* ... a refusal an interposer passes on, since the graph is tidepool's. */
+  CHECK_OK(tp_graph_adoptable(pg, &adoptable));
+  CHECK_EQ_INT(adoptable, 1);
   CHECK_OK(tp__platform->graph_exec_destroy(second));
 
   CHECK_EQ_INT(tp_free_async(p, s), TP_ERROR_INVALID_VALUE);
@@ -132,6 +138,9 @@ static void test_forget(void) {
   REQUIRE(make_graph(s, 4096, 0, &p, &pg, &pe));
   CHECK_OK(tp_graph_forget(pg));
   tp_graph_exec_t e = NULL;
+  int adoptable = 1;
+  CHECK_OK(tp_graph_adoptable(pg, &adoptable));
+  CHECK_EQ_INT(adoptable, 0);
   CHECK_EQ_INT(tp_graph_exec_adopt(&e, pe, pg, 0), TP_ERROR_INVALID_VALUE);
   CHECK_OK(tp__platform->graph_exec_destroy(pe));
   CHECK_OK(tp__platform->graph_destroy(pg));
@@ -144,6 +153,9 @@ static void test_forget(void) {
   REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
   REQUIRE_OK(tp__platform->capture_end(ps, &pg));
   REQUIRE_OK(tp__platform->graph_instantiate(pg, 0, NULL, NULL, &pe));
+  adoptable = 1;
+  CHECK_OK(tp_graph_adoptable(pg, &adoptable));
+  CHECK_EQ_INT(adoptable, 0);
   CHECK_EQ_INT(tp_graph_exec_adopt(&e, pe, pg, 0), TP_ERROR_INVALID_VALUE);
   drop_graph(pg, pe);
   CHECK_OK(tp_stream_synchronize(s));
@@ -167,6 +179,12 @@ static void test_bad_input(void) {
   CHECK_EQ_INT(tp_graph_exec_find(&e, &dummy), TP_ERROR_INVALID_VALUE);
   CHECK_EQ_INT(tp_graph_forget(NULL), TP_ERROR_INVALID_VALUE);
   CHECK_OK(tp_graph_forget(&dummy));
+  int adoptable = 1;
+  CHECK_EQ_INT(tp_graph_adoptable(NULL, &adoptable), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(adoptable, 0);
+  CHECK_EQ_INT(tp_graph_adoptable(&dummy, NULL), TP_ERROR_INVALID_VALUE);
+  CHECK_OK(tp_graph_adoptable(&dummy, &adoptable));
+  CHECK_EQ_INT(adoptable, 0);
 }
 
 /* One thread launches and frees an adopted exec in a loop while another

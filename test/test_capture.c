@@ -2003,6 +2003,10 @@ static void test_adopted_execs(void) {
     CHECK_EQ_INT(tp_graph_exec_adopt(&e, &dummy, &dummy, 0),
                  maps_at_capture() ? TP_ERROR_INVALID_VALUE
                                    : TP_ERROR_NOT_SUPPORTED);
+    int adoptable = 1;
+    CHECK_EQ_INT(tp_graph_adoptable(&dummy, &adoptable),
+                 maps_at_capture() ? TP_SUCCESS : TP_ERROR_NOT_SUPPORTED);
+    CHECK_EQ_INT(adoptable, 0);
     printf("   (host: tidepool makes every exec)\n");
     return;
   }

@@ -493,8 +493,12 @@ static void test_capture(void) {
     CHECK_EQ_U64(stub("cudaMallocAsync") - stub_mallocs, 0);
   CHECK(g != side && side != keep && g != keep);
 
-  cudaGraphExec_t exec = NULL;
+  cudaGraphExec_t exec = NULL, second = NULL;
   REQUIRE_RC(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  /* A graph with allocations has one exec at a time, as in CUDA. */
+  CHECK_RC(cudaGraphInstantiate(&second, graph, 0), cudaErrorInvalidValue);
+  CHECK(second == NULL);
+  (void)cudaGetLastError();
   for (int i = 0; i < 3; i++) {
     CHECK_RC(cudaMemsetAsync(out, 0, 3 * 4096, s), cudaSuccess);
     CHECK_RC(cudaGraphLaunch(exec, s), cudaSuccess);

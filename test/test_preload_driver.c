@@ -668,8 +668,12 @@ static void test_capture(void) {
   CHECK_EQ_U64(counter(C_FREE) - frees, 1);
   if (stub_calls)
     CHECK_EQ_U64(stub("cuMemAllocAsync") - driver_mallocs, 0);
-  CUgraphExec exec = NULL;
+  CUgraphExec exec = NULL, second = NULL;
   REQUIRE_RC(cu.instantiate(&exec, graph, 0), CUDA_SUCCESS);
+  /* A graph with allocations has one exec at a time, as in CUDA: with a
+   * GPU the driver made a second one, which the layer takes back. */
+  CHECK_RC(cu.instantiate(&second, graph, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK(second == NULL);
   for (int i = 0; i < 3; i++) {
     CHECK_RC(cu.graph_launch(exec, s), CUDA_SUCCESS);
     CHECK_RC(cu.stream_sync(s), CUDA_SUCCESS);

@@ -529,6 +529,17 @@ TP_API tp_error_t tp_graph_exec_adopt(tp_graph_exec_t *exec,
   return adopt(exec, platform_exec, platform_graph, flags);
 }
 
+TP_API tp_error_t tp_graph_adoptable(const void *platform_graph,
+                                     int *adoptable) {
+  TP_RETURN_IF(!adoptable, TP_ERROR_INVALID_VALUE);
+  *adoptable = 0;
+  TP_RETURN_IF(!platform_graph, TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  TP_RETURN_IF(!tp__platform->graph_maps_at_capture(), TP_ERROR_NOT_SUPPORTED);
+  *adoptable = tp__gmem_of_graph(platform_graph) != NULL;
+  return TP_SUCCESS;
+}
+
 TP_API tp_error_t tp_graph_exec_find(tp_graph_exec_t *exec,
                                      const void *platform_exec) {
   TP_RETURN_IF(!exec, TP_ERROR_INVALID_VALUE);

@@ -98,15 +98,24 @@ static tp_error_t instantiate_graph(CUgraphExec *exec, CUgraph graph,
 
 /* With a GPU: the driver's exec of `graph` is adopted after the driver's
  * `r` succeeded (quietly refused for a graph tidepool did not allocate
- * in). Returns r. */
-static CUresult adopt(CUresult r, CUgraphExec exec, CUgraph graph,
+ * in). A graph whose memory already has an exec gets no second one, as a
+ * graph with memory nodes gets none from the driver: the driver's exec
+ * goes, and the instantiation fails. Returns what the caller is answered. */
+static CUresult adopt(CUresult r, CUgraphExec *exec, CUgraph graph,
                       unsigned long long flags) {
   CUresult err;
   tp_graph_exec_t x = NULL;
-  if (r == CUDA_SUCCESS && exec &&
-      tp__pl_drv_enter(false, &err) == TP_PL_DRV_OURS)
-    (void)tp_graph_exec_adopt(&x, exec, graph, flags);
-  return r;
+  int ours = 0;
+  if (r != CUDA_SUCCESS || !exec || !*exec ||
+      tp__pl_drv_enter(false, &err) != TP_PL_DRV_OURS)
+    return r;
+  tp_error_t terr = tp_graph_exec_adopt(&x, *exec, graph, flags);
+  if (terr == TP_SUCCESS || tp_graph_adoptable(graph, &ours) != TP_SUCCESS ||
+      !ours)
+    return r;
+  (void)TP_PL_DRV_CALL(r_exec_destroy, PFN_cuGraphExecDestroy_v10000, (*exec));
+  *exec = NULL;
+  return tp__pl_drv_error(terr);
 }
 
 /* The adopted exec of the driver's `exec`, or NULL. */
@@ -128,7 +137,7 @@ static CUresult instantiate_in(_Atomic(tp__pl_fn) *slot, CUgraphExec *exec,
     return err;
   CUresult r = TP_PL_DRV_CALL(*slot, PFN_cuGraphInstantiateWithFlags_v11040,
                               (exec, graph, flags));
-  return adopt(r, exec ? *exec : NULL, graph, flags);
+  return adopt(r, exec, graph, flags);
 }
 
 static CUresult instantiate(CUgraphExec *exec, CUgraph graph,
@@ -154,7 +163,7 @@ static CUresult instantiate_params_in(_Atomic(tp__pl_fn) *slot,
     return err;
   CUresult r = TP_PL_DRV_CALL(*slot, PFN_cuGraphInstantiateWithParams_v12000,
                               (exec, graph, params));
-  return adopt(r, exec ? *exec : NULL, graph, params ? params->flags : 0);
+  return adopt(r, exec, graph, params ? params->flags : 0);
 }
 
 static CUresult instantiate_params(CUgraphExec *exec, CUgraph graph,

@@ -140,12 +140,23 @@ TP_PL_EXPORT cudaError_t cudaStreamIsCapturing_ptsz(
  */
 
 /* With a GPU: tidepool adopts the exec the runtime made of `graph`, which
- * it refuses quietly for a graph it did not allocate in. */
-static void adopt(cudaGraphExec_t exec, cudaGraph_t graph,
-                  unsigned long long flags) {
+ * it refuses quietly for a graph it did not allocate in. A graph whose
+ * memory already has an exec gets no second one, as a graph with memory
+ * nodes gets none from CUDA: the runtime's exec goes, and the
+ * instantiation fails. Returns what the application is answered. */
+static cudaError_t adopt(cudaGraphExec_t *exec, cudaGraph_t graph,
+                         unsigned long long flags) {
   tp_graph_exec_t x = NULL;
-  if (exec && tp__pl_active() && tp__pl_enter(false) == cudaSuccess)
-    (void)tp_graph_exec_adopt(&x, exec, graph, flags);
+  int ours = 0;
+  if (!*exec || !tp__pl_active() || tp__pl_enter(false) != cudaSuccess)
+    return cudaSuccess;
+  tp_error_t err = tp_graph_exec_adopt(&x, *exec, graph, flags);
+  if (err == TP_SUCCESS || tp_graph_adoptable(graph, &ours) != TP_SUCCESS ||
+      !ours)
+    return cudaSuccess;
+  (void)REAL(cudaGraphExecDestroy, (*exec));
+  *exec = NULL;
+  return tp__pl_fail(err);
 }
 
 /* The adopted exec of the runtime's `exec`, or NULL. */
@@ -175,9 +186,7 @@ TP_PL_EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec,
   if (host_captures())
     return instantiate(exec, graph, flags);
   cudaError_t r = REAL(cudaGraphInstantiate, (exec, graph, flags));
-  if (r == cudaSuccess)
-    adopt(*exec, graph, flags);
-  return r;
+  return r == cudaSuccess ? adopt(exec, graph, flags) : r;
 }
 
 TP_PL_EXPORT cudaError_t cudaGraphInstantiateWithFlags(
@@ -185,9 +194,7 @@ TP_PL_EXPORT cudaError_t cudaGraphInstantiateWithFlags(
   if (host_captures())
     return instantiate(exec, graph, flags);
   cudaError_t r = REAL(cudaGraphInstantiateWithFlags, (exec, graph, flags));
-  if (r == cudaSuccess)
-    adopt(*exec, graph, flags);
-  return r;
+  return r == cudaSuccess ? adopt(exec, graph, flags) : r;
 }
 
 TP_PL_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t exec,
