@@ -1841,29 +1841,32 @@ static void test_oom_wait_for_per_thread_stream(void) {
   CHECK_OK(tp_pool_destroy(h.pool));
 }
 
-/* The OOM wait is tidepool's own: made while a capture in global mode runs
- * on another stream (of this thread or another), it must not be refused or
- * invalidate that capture, as the driver would for the application's own
- * synchronize (test_oom_wait_for_per_thread_stream's pool and gate). */
-typedef struct cap_side {
-  tp_stream_t s;
+/* A capture on another thread, in c->mode, that ends when told. */
+typedef struct side_capture {
+  tp_capture_mode_t mode;
+  tp_stream_t s1, s2;
+  tp_event_t e;
   atomic_int phase; /* 1: capturing, 2: may end */
   tp_error_t end;
-} cap_side;
+} side_capture;
 
 static void *capture_aside(void *arg) {
-  cap_side *c = arg;
-  CHECK_OK(tp_stream_begin_capture(c->s, TP_CAPTURE_MODE_GLOBAL));
+  side_capture *c = arg;
+  CHECK_OK(tp_stream_begin_capture(c->s1, c->mode));
   atomic_store(&c->phase, 1);
   while (atomic_load(&c->phase) != 2)
     check_sleep_ms(1);
   tp_graph_t g = NULL;
-  c->end = tp_stream_end_capture(c->s, &g);
+  c->end = tp_stream_end_capture(c->s1, &g);
   if (g)
     CHECK_OK(tp_graph_destroy(g));
   return NULL;
 }
 
+/* The OOM wait is tidepool's own: made while a capture in global mode runs
+ * on another stream (of this thread or another), it must not be refused or
+ * invalidate that capture, as the driver would for the application's own
+ * synchronize (test_oom_wait_for_per_thread_stream's pool and gate). */
 static void test_oom_wait_during_capture(void) {
   for (int other = 0; other < 2; other++) {
     atomic_store(&pt_gate, 0);
@@ -1873,7 +1876,8 @@ static void test_oom_wait_during_capture(void) {
         pool, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off));
     tp_stream_t held = new_stream(0);
     tp_stream_t n = new_stream(TP_STREAM_NON_BLOCKING);
-    cap_side c = {.s = new_stream(TP_STREAM_NON_BLOCKING)};
+    side_capture c = {.mode = TP_CAPTURE_MODE_GLOBAL,
+                      .s1 = new_stream(TP_STREAM_NON_BLOCKING)};
     void *p = NULL, *q = NULL;
     REQUIRE_OK(tp_malloc_from_pool_async(&p, 2 << 20, pool, held));
     CHECK_OK(tp_launch_host_func(held, hold_until_gate, NULL));
@@ -1884,20 +1888,20 @@ static void test_oom_wait_during_capture(void) {
       while (!atomic_load(&c.phase))
         check_sleep_ms(1);
     } else {
-      CHECK_OK(tp_stream_begin_capture(c.s, TP_CAPTURE_MODE_GLOBAL));
+      CHECK_OK(tp_stream_begin_capture(c.s1, TP_CAPTURE_MODE_GLOBAL));
     }
     REQUIRE(pthread_create(&opener, NULL, open_gate_later, NULL) == 0);
     CHECK_OK(tp_malloc_from_pool_async(&q, 2 << 20, pool, n));
     CHECK_EQ_PTR(q, p);
     tp_capture_status_t st = TP_CAPTURE_STATUS_NONE;
-    CHECK_OK(tp_stream_is_capturing(c.s, &st));
+    CHECK_OK(tp_stream_is_capturing(c.s1, &st));
     CHECK_EQ_INT(st, TP_CAPTURE_STATUS_ACTIVE);
     if (other) {
       atomic_store(&c.phase, 2);
       pthread_join(capturer, NULL);
     } else {
       tp_graph_t g = NULL;
-      c.end = tp_stream_end_capture(c.s, &g);
+      c.end = tp_stream_end_capture(c.s1, &g);
       if (g)
         CHECK_OK(tp_graph_destroy(g));
     }
@@ -1907,7 +1911,7 @@ static void test_oom_wait_during_capture(void) {
       CHECK_OK(tp_free_async(q, n));
     CHECK_OK(tp_stream_synchronize(n));
     CHECK_OK(tp_stream_synchronize(held));
-    CHECK_OK(tp_stream_destroy(c.s));
+    CHECK_OK(tp_stream_destroy(c.s1));
     CHECK_OK(tp_stream_destroy(n));
     CHECK_OK(tp_stream_destroy(held));
     CHECK_OK(tp_pool_destroy(pool));
@@ -1920,38 +1924,17 @@ static void test_oom_wait_during_capture(void) {
  * none during a relaxed one; a forbidding capture is invalidated. Queries
  * are allowed (tidepool asks in relaxed mode on cuda). The same on every
  * platform. */
-typedef struct sync_case {
-  tp_capture_mode_t mode;
-  tp_stream_t s1, s2;
-  tp_event_t e;
-  atomic_int phase; /* 1: capturing, 2: may end */
-  tp_error_t end;
-} sync_case;
-
-static void *capture_for_sync(void *arg) {
-  sync_case *c = arg;
-  CHECK_OK(tp_stream_begin_capture(c->s1, c->mode));
-  atomic_store(&c->phase, 1);
-  while (atomic_load(&c->phase) != 2)
-    check_sleep_ms(1);
-  tp_graph_t g = NULL;
-  c->end = tp_stream_end_capture(c->s1, &g);
-  if (g)
-    CHECK_OK(tp_graph_destroy(g));
-  return NULL;
-}
-
 /* Runs `what` (0 stream synchronize, 1 event synchronize, 2 stream query,
  * 3 event query) on this thread while another captures in `mode`. */
 static void sync_beside(tp_capture_mode_t mode, int what, tp_error_t want,
                         tp_error_t want_end) {
-  sync_case c = {.mode = mode};
+  side_capture c = {.mode = mode};
   c.s1 = new_stream(TP_STREAM_NON_BLOCKING);
   c.s2 = new_stream(TP_STREAM_NON_BLOCKING);
   CHECK_OK(tp_event_create(&c.e));
   CHECK_OK(tp_event_record(c.e, c.s2));
   pthread_t t;
-  REQUIRE(pthread_create(&t, NULL, capture_for_sync, &c) == 0);
+  REQUIRE(pthread_create(&t, NULL, capture_aside, &c) == 0);
   while (!atomic_load(&c.phase))
     check_sleep_ms(1);
   tp_error_t got = what == 0   ? tp_stream_synchronize(c.s2)
