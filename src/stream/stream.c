@@ -284,8 +284,8 @@ static pthread_key_t bound_key;
 static pthread_once_t bound_once = PTHREAD_ONCE_INIT;
 static bool bound_key_made;
 
-/* `arg`: the thread's streams, one per device (held by the key rather than
- * in static TLS, which a library loaded by dlopen must keep small). */
+/* A thread-bound stream leaves: a last marker covers every free it issued
+ * (where it still may be recorded), and it is lost. */
 static void bound_lose(tp__stream *s) {
   tp__blspin_lock(&s->lock);
   if (!atomic_load_explicit(&s->released, memory_order_relaxed)) {
@@ -296,6 +296,8 @@ static void bound_lose(tp__stream *s) {
   lost_push(s);
 }
 
+/* `arg`: the thread's streams, one per device (held by the key rather than
+ * in static TLS, which a library loaded by dlopen must keep small). */
 static void bound_exit(void *arg) {
   tp__stream **here = arg;
   for (int d = 0; d < TP_MAX_DEVICES; d++)
@@ -304,11 +306,8 @@ static void bound_exit(void *arg) {
   free(here);
 }
 
-static _Atomic bool bound_ready;
-
 static void bound_key_make(void) {
   bound_key_made = pthread_key_create(&bound_key, bound_exit) == 0;
-  atomic_store_explicit(&bound_ready, bound_key_made, memory_order_release);
 }
 
 /* Where the key or its array cannot be made, such streams stay until a
@@ -338,9 +337,8 @@ static void bound_note(tp__stream *s) {
  * platform cannot ask the stream's id without ending the capture. Under
  * reg_lock. */
 static tp__stream *bound_mine(const tp__stream_desc *d) {
-  tp__stream **here = NULL;
-  if (atomic_load_explicit(&bound_ready, memory_order_acquire))
-    here = pthread_getspecific(bound_key);
+  pthread_once(&bound_once, bound_key_make);
+  tp__stream **here = bound_key_made ? pthread_getspecific(bound_key) : NULL;
   tp__stream *s = here ? here[d->device] : NULL;
   return s && reg_find_uid(s->uid) == s ? s : NULL;
 }

@@ -83,10 +83,11 @@ static tp_error_t adopt_per_thread(tp__stream_desc *desc) {
   CUresult r = tp__cu.cuStreamIsCapturing
                    ? tp__cu.cuStreamIsCapturing(CU_STREAM_PER_THREAD, &st)
                    : CUDA_SUCCESS;
-  if (r == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE)
+  if (r == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE) {
     r = tp__cu.cuStreamGetId(CU_STREAM_PER_THREAD, &id);
-  if (r == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE)
-    r = tp__cu.cuStreamGetFlags(CU_STREAM_PER_THREAD, &flags);
+    if (r == CUDA_SUCCESS)
+      r = tp__cu.cuStreamGetFlags(CU_STREAM_PER_THREAD, &flags);
+  }
   tp__cu_scope_leave(&scope);
   TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
   desc->ps = tp__cu_special_ps(device, CU_STREAM_PER_THREAD);
