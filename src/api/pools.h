@@ -18,9 +18,13 @@ extern _Atomic(tp_pool_t) tp__current_pools[TP_POOL_SLOTS];
 /* The slot's default pool, made on first use. */
 tp_error_t tp__default_pool_of(int slot, tp_pool_t *out);
 
+/* The slot's current pool; NULL until its default pool is made. */
+static inline tp_pool_t tp__current_pool_made(int slot) {
+  return atomic_load_explicit(&tp__current_pools[slot], memory_order_acquire);
+}
+
 static inline tp_error_t tp__current_pool_of(int slot, tp_pool_t *out) {
-  tp_pool_t p =
-      atomic_load_explicit(&tp__current_pools[slot], memory_order_acquire);
+  tp_pool_t p = tp__current_pool_made(slot);
   if (TP_LIKELY(p != NULL)) {
     *out = p;
     return TP_SUCCESS;

@@ -42,6 +42,7 @@
  * inlined whole whatever the optimisation level's size heuristics say: at
  * -O2 they left four calls in a pair. */
 #define TP_ALWAYS_INLINE inline __attribute__((always_inline))
+#define TP_NOINLINE __attribute__((noinline))
 
 /* Invariant checks: active in debug builds (TP_DEBUG), free otherwise. A
  * failed check prints where and aborts, so that a bug stops where it is. */

@@ -49,6 +49,19 @@ static inline void tp__guard_enter(void) {
   tp__guard_publish(g->rec);
 }
 
+/* Enters where that is the common case, a thread outside the library that
+ * has its record; false, with nothing changed, otherwise (the caller then
+ * enters with tp__guard_enter). The allocator's fast entry points use it so
+ * that they hold no call they must come back from. */
+static inline bool tp__guard_try_enter(void) {
+  tp__guard_tls *g = &tp__guard_me;
+  if (TP_UNLIKELY(g->depth != 0 || !g->rec))
+    return false;
+  g->depth = 1;
+  tp__guard_publish(g->rec);
+  return true;
+}
+
 static inline void tp__guard_exit(void) {
   tp__guard_tls *g = &tp__guard_me;
   if (--g->depth > 0)

@@ -113,20 +113,27 @@ static inline void tp__blspin_init(tp__blspin *b, tp__rank rank) {
   atomic_init(&b->revoked, 0);
 }
 void tp__blspin_lock_slow(tp__blspin *b);
+/* Enters in bias, where the caller owns the lock and the bias stands; false,
+ * with nothing changed, otherwise. Left with tp__blspin_leave(b, true). */
+static inline bool tp__blspin_try_bias(tp__blspin *b) {
+  if (TP_UNLIKELY(atomic_load_explicit(&b->owner, memory_order_relaxed) !=
+                  tp__self()))
+    return false;
+  atomic_store_explicit(&b->busy, 1, memory_order_relaxed);
+  tp__fence_light();
+  if (TP_UNLIKELY(atomic_load_explicit(&b->revoked, memory_order_relaxed))) {
+    atomic_store_explicit(&b->busy, 0, memory_order_release);
+    return false;
+  }
+  tp__rank_enter(b, b->spin.rank);
+  return true;
+}
 /* Takes the lock; true when the caller entered in bias, which
  * tp__blspin_leave is told so that it need not find it out again (the
  * allocation fast path's pair). */
 static inline bool tp__blspin_enter(tp__blspin *b) {
-  if (TP_LIKELY(atomic_load_explicit(&b->owner, memory_order_relaxed) ==
-                tp__self())) {
-    atomic_store_explicit(&b->busy, 1, memory_order_relaxed);
-    tp__fence_light();
-    if (TP_LIKELY(!atomic_load_explicit(&b->revoked, memory_order_relaxed))) {
-      tp__rank_enter(b, b->spin.rank);
-      return true;
-    }
-    atomic_store_explicit(&b->busy, 0, memory_order_release);
-  }
+  if (TP_LIKELY(tp__blspin_try_bias(b)))
+    return true;
   tp__blspin_lock_slow(b);
   return false;
 }

@@ -134,8 +134,8 @@ tp_error_t tp__pool_malloc_slow(tp__pool *p, tp__stream *s, size_t r,
  * cache's oldest entries make room, or, without a cache, the block goes to
  * the pool. The free is counted in the same step, so that a teardown never
  * sees the pool unused while an entry is on its way. */
-void tp__pool_free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
-                        const tp__centry *e, int64_t req) {
+static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
+                      const tp__centry *e, int64_t req) {
   tp__centry out[TP_SMALL_CACHE / 2 + 1];
   uint32_t nout = 0;
   tp__mutex_lock(&p->lock);
@@ -152,6 +152,24 @@ void tp__pool_free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
   tp__cache_give_back(&p->caches, s, cls, large, out, nout);
   TP_DEBUG_WALK(p);
   tp__mutex_unlock(&p->lock);
+}
+
+/* The free's second half where alloc.h's quick case did not apply: the
+ * stream's lock taken whichever way it must be, and the slow path above
+ * when the cache has no room. */
+void tp__pool_free_put_slow(tp__pool *p, tp__stream *s, uintptr_t addr,
+                            void *owner, unsigned cls, bool large,
+                            int64_t req) {
+  tp__peak_drop(p, req);
+  bool biased = tp__blspin_enter(&s->lock);
+  tp__tag t = tp__stream_tag(s);
+  tp__centry e = {addr, owner, t.epoch, t.lseq};
+  bool kept = tp__cache_push(tp__cache_find(s, &p->caches), cls, large, e, req);
+  tp__blspin_leave(&s->lock, biased);
+  if (!kept)
+    free_slow(p, s, cls, large, &e, req);
+  if (atomic_load_explicit(&p->destroyed, memory_order_acquire))
+    tp__pools_reap();
 }
 
 /* ---- frees from elsewhere
@@ -210,3 +228,26 @@ tp_error_t tp__pool_free_tagged(tp__pool *p, void *ptr, tp__tag tag) {
  * peak is missed only when several threads on several streams each stay
  * below their marks (see the header). */
 TP_TLS tp__peak_slot tp__peak_slots[4];
+
+static tp__peak_slot *peak_slot_of(const tp__pool *p) {
+  uint64_t key = tp__peak_key(p);
+  tp__peak_slot *t = &tp__peak_slots[key & 3];
+  if (t->key != key)
+    *t = (tp__peak_slot){.key = key};
+  return t;
+}
+
+void tp__peak_note_slow(tp__pool *p, int64_t size, bool rose) {
+  tp__peak_slot *t = peak_slot_of(p);
+  int64_t n = t->count + size;
+  t->count = n;
+  if (n > t->mark || rose) {
+    if (n > t->mark)
+      t->mark = n;
+    tp__pool_peak_raise(p);
+  }
+}
+
+void tp__peak_drop_slow(tp__pool *p, int64_t size) {
+  peak_slot_of(p)->count -= size;
+}

@@ -13,9 +13,11 @@
  * granules). */
 tp_error_t tp__pool_malloc_slow(tp__pool *p, tp__stream *s, size_t r,
                                 size_t size, void **ptr);
-/* A freed block that its stream's cache had no room for. */
-void tp__pool_free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
-                        const tp__centry *e, int64_t req);
+/* A free's second half that the quick case below could not take (see
+ * tp__pool_free_put), given the claim's fields one by one so that the
+ * claim need not live in memory. */
+void tp__pool_free_put_slow(tp__pool *p, tp__stream *s, uintptr_t addr,
+                            void *owner, unsigned cls, bool large, int64_t req);
 
 /* ---- each thread's share of the bytes in use (see alloc.c) --------------- */
 
@@ -29,40 +31,64 @@ static inline uint64_t tp__peak_key(const tp__pool *p) {
   return atomic_load_explicit(&p->peak_key, memory_order_relaxed);
 }
 
-/* The calling thread's slot for `p`. A thread's first operation on a pool
- * since the high was last reset (or since its slot served another pool)
- * starts the slot over. */
-static inline tp__peak_slot *tp__peak_slot_of(const tp__pool *p) {
-  uint64_t key = tp__peak_key(p);
-  tp__peak_slot *t = &tp__peak_slots[key % 4];
-  if (TP_UNLIKELY(t->key != key))
-    *t = (tp__peak_slot){key, 0, 0};
-  return t;
-}
+/* The out-of-line halves of the two below: a thread's first operation on a
+ * pool since the high was last reset (or since its slot served another
+ * pool) starts the slot over, and an allocation that passes a mark takes
+ * the exact total. */
+void tp__peak_note_slow(tp__pool *p, int64_t size, bool rose);
+void tp__peak_drop_slow(tp__pool *p, int64_t size);
 
 /* Notes an allocation of `size` bytes by the calling thread, after it was
  * counted; `rose`: the cache's count passed its mark. */
 static inline void tp__peak_note(tp__pool *p, int64_t size, bool rose) {
-  tp__peak_slot *t = tp__peak_slot_of(p);
+  uint64_t key = tp__peak_key(p);
+  tp__peak_slot *t = &tp__peak_slots[key & 3];
   int64_t n = t->count + size;
-  t->count = n;
-  if (TP_UNLIKELY(n > t->mark || rose)) {
-    if (n > t->mark)
-      t->mark = n;
-    tp__pool_peak_raise(p);
-  }
+  if (TP_LIKELY(t->key == key && n <= t->mark && !rose))
+    t->count = n;
+  else
+    tp__peak_note_slow(p, size, rose);
 }
 
 /* Notes a free of `size` bytes by the calling thread: never a new peak. */
 static inline void tp__peak_drop(tp__pool *p, int64_t size) {
-  tp__peak_slot *t = tp__peak_slot_of(p);
-  t->count -= size;
+  uint64_t key = tp__peak_key(p);
+  tp__peak_slot *t = &tp__peak_slots[key & 3];
+  if (TP_LIKELY(t->key == key))
+    t->count -= size;
+  else
+    tp__peak_drop_slow(p, size);
 }
 
-/* ---- allocation ---------------------------------------------------------- */
+/* ---- allocation ------------------------------------------------------------
+ * A small allocation that the stream's cache holds, with the stream's lock
+ * in bias, is served without a call; anything else takes the whole path,
+ * which may call out (another thread's lock, an empty class, a large size). */
+
+/* The quick case: false, with nothing done, where it does not apply. */
+static TP_ALWAYS_INLINE bool tp__pool_malloc_quick(tp__pool *p, void **ptr,
+                                                   size_t size, tp__stream *s) {
+  size_t r = tp__align_up(size, TP_GRANULE);
+  if (TP_UNLIKELY(size - 1 >= TP_SMALL_MAX || size > p->space.limit ||
+                  !tp__blspin_try_bias(&s->lock)))
+    return false;
+  tp__cache *c = tp__cache_find(s, &p->caches);
+  tp__centry e;
+  if (TP_UNLIKELY(!tp__cache_pop_small(c, tp__class_of(r), &e))) {
+    tp__blspin_leave(&s->lock, true);
+    return false;
+  }
+  bool rose = tp__cache_count_up(c, (int64_t)size, tp__peak_key(p));
+  tp__blspin_leave(&s->lock, true);
+  *ptr = tp__finish_small(&e, size);
+  tp__peak_note(p, (int64_t)size, rose);
+  return true;
+}
 
 static TP_ALWAYS_INLINE tp_error_t tp__pool_malloc(tp__pool *p, void **ptr,
                                                    size_t size, tp__stream *s) {
+  if (TP_LIKELY(tp__pool_malloc_quick(p, ptr, size, s)))
+    return TP_SUCCESS;
   /* The limit is a multiple of the chunk size, so that no size below it
    * overflows when rounded up (space.c). */
   TP_RETURN_IF(size > p->space.limit, TP_ERROR_OUT_OF_MEMORY);
@@ -88,21 +114,33 @@ static TP_ALWAYS_INLINE tp_error_t tp__pool_malloc(tp__pool *p, void **ptr,
  * stream's cache with the free's position, and to the pool lock only when
  * the cache is full or missing. */
 
-/* The free's second half. The thread's count drops first: a free never
- * makes a peak, and this way the fast path's rooms are entered in one order.
- * A destroyed pool may go once its last allocation is freed: every free
- * asks, and the answer is rarely yes. */
-static TP_ALWAYS_INLINE void tp__pool_free_put(tp__pool *p, tp__stream *s,
-                                               const tp__claim *c) {
-  tp__peak_drop(p, c->req);
-  bool biased = tp__blspin_enter(&s->lock);
-  tp__tag t = tp__stream_tag(s);
-  tp__centry e = {c->addr, c->owner, t.epoch, t.lseq};
+/* The second half's quick case, the stream's lock in bias and room in the
+ * cache: false, with nothing done, otherwise. */
+static TP_ALWAYS_INLINE bool tp__pool_free_put_quick(tp__pool *p, tp__stream *s,
+                                                     const tp__claim *c) {
+  uint64_t key = tp__peak_key(p);
+  tp__peak_slot *t = &tp__peak_slots[key & 3];
+  if (TP_UNLIKELY(t->key != key || !tp__blspin_try_bias(&s->lock)))
+    return false;
+  tp__tag tag = tp__stream_tag(s);
+  tp__centry e = {c->addr, c->owner, tag.epoch, tag.lseq};
   bool kept = tp__cache_push(tp__cache_find(s, &p->caches), c->cls, c->large, e,
                              c->req);
-  tp__blspin_leave(&s->lock, biased);
-  if (TP_UNLIKELY(!kept))
-    tp__pool_free_slow(p, s, c->cls, c->large, &e, c->req);
+  tp__blspin_leave(&s->lock, true);
+  if (kept)
+    t->count -= c->req;
+  return kept;
+}
+
+/* The second half whole: the quick case, or alloc.c's. A destroyed pool may
+ * go once its last allocation is freed: every free asks, and the answer is
+ * rarely yes. */
+static TP_ALWAYS_INLINE void tp__pool_free_put(tp__pool *p, tp__stream *s,
+                                               const tp__claim *c) {
+  if (TP_UNLIKELY(!tp__pool_free_put_quick(p, s, c))) {
+    tp__pool_free_put_slow(p, s, c->addr, c->owner, c->cls, c->large, c->req);
+    return;
+  }
   if (TP_UNLIKELY(atomic_load_explicit(&p->destroyed, memory_order_acquire)))
     tp__pools_reap();
 }

@@ -101,6 +101,19 @@ static inline bool tp__claim_take(tp__pool *p, uintptr_t addr, tp__claim *c) {
   return c->req != 0;
 }
 
+/* The free's first half where no other process shares the pool: false,
+ * with nothing done, where one does, `ptr` is no granule's start, or
+ * nothing live starts there (tp__pool_claim then tells which). */
+static TP_ALWAYS_INLINE bool tp__pool_claim_local(tp__pool *p, void *ptr,
+                                                  tp__claim *c) {
+  uintptr_t addr = (uintptr_t)ptr;
+  if (TP_UNLIKELY(addr % TP_GRANULE || p->imported ||
+                  atomic_load_explicit(&p->watched, memory_order_acquire)))
+    return false;
+  c->kept = false;
+  return tp__claim_take(p, addr, c);
+}
+
 /* The free's first half (the second is alloc.h's tp__pool_free_put):
  * INVALID_VALUE where no live allocation of `p` starts at `ptr`. A pool
  * another process shares may consume the free itself: an importer gives up
@@ -110,6 +123,8 @@ static inline bool tp__claim_take(tp__pool *p, uintptr_t addr, tp__claim *c) {
  * finished before its last entry went. */
 static TP_ALWAYS_INLINE tp_error_t tp__pool_claim(tp__pool *p, void *ptr,
                                                   tp__stream *s, tp__claim *c) {
+  if (TP_LIKELY(tp__pool_claim_local(p, ptr, c)))
+    return TP_SUCCESS;
   uintptr_t addr = (uintptr_t)ptr;
   if (TP_UNLIKELY(addr % TP_GRANULE))
     return TP_ERROR_INVALID_VALUE;

@@ -287,6 +287,19 @@ extern TP_TLS tp__stream_last tp__stream_last_used;
  * before): what a NULL handle names, read without a call. Legacy streams
  * live as long as the process. */
 extern TP_TLS tp__stream *tp__legacy_here;
+/* The stream `handle` names where the thread can tell it without a call
+ * (the legacy stream for NULL, or one of its last two); NULL otherwise. */
+static inline tp__stream *tp__stream_quick(tp_stream_t handle) {
+  tp__stream_last *l = &tp__stream_last_used;
+  if (handle == NULL)
+    return tp__legacy_here;
+  if (TP_UNLIKELY(l->gen != atomic_load_explicit(&tp__hot.stream_gen,
+                                                 memory_order_acquire)))
+    return NULL;
+  if (TP_LIKELY(l->handle[0] == handle))
+    return l->stream[0];
+  return l->handle[1] == handle ? l->stream[1] : NULL;
+}
 /* `idle`, where not NULL, is set when resolving the stream showed that it
  * does not capture, so that the caller need not ask again. `uncaptured`:
  * the caller knows that nothing captures, and no capture question is
@@ -296,23 +309,11 @@ tp_error_t tp__stream_get_slow(tp_stream_t handle, bool uncaptured,
 /* Resolves a handle as tp__stream_get does, with the rest as above. */
 static inline tp_error_t tp__stream_resolve(tp_stream_t handle, bool uncaptured,
                                             tp__stream **out, bool *idle) {
-  tp__stream_last *l = &tp__stream_last_used;
   *idle = false;
-  if (handle == NULL && TP_LIKELY(tp__legacy_here != NULL)) {
-    *out = tp__legacy_here;
+  tp__stream *s = tp__stream_quick(handle);
+  if (TP_LIKELY(s != NULL)) {
+    *out = s;
     return TP_SUCCESS;
-  }
-  if (TP_LIKELY(handle != NULL &&
-                l->gen == atomic_load_explicit(&tp__hot.stream_gen,
-                                               memory_order_acquire))) {
-    if (TP_LIKELY(l->handle[0] == handle)) {
-      *out = l->stream[0];
-      return TP_SUCCESS;
-    }
-    if (l->handle[1] == handle) {
-      *out = l->stream[1];
-      return TP_SUCCESS;
-    }
   }
   return tp__stream_get_slow(handle, uncaptured, out, idle);
 }
