@@ -492,7 +492,8 @@ TP_API tp_error_t tp_pool_import_pointer(void **ptr, tp_pool_t pool,
  * tp_stream_t is accepted wherever a stream is taken.
  * ======================================================================== */
 
-/* Number of devices. Errors: INVALID_VALUE (count NULL). */
+/* Number of devices. Errors: INVALID_VALUE (count NULL), NO_DEVICE (the
+ * platform found none, as every call that initialises it answers then). */
 TP_API tp_error_t tp_get_device_count(int *count);
 
 /* The calling thread's current device (initially 0), like cudaSetDevice.
@@ -885,13 +886,20 @@ TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream);
  * TIDEPOOL_TORCH_TRACE being recorded still shows the request). A pool
  * allocation freed during a capture PyTorch announced
  * (tp_torch_capture_begin) is freed once the last announced capture has
- * ended, waiting then for its recorded streams. */
+ * ended, waiting then for its recorded streams. During such a capture a
+ * free on the legacy stream (NULL) is always deferred so, without asking
+ * whether it captures: where a blocking stream captures, both the free and
+ * the question would cost that capture its validity. */
 TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream);
 
 /* The current pool's statistics of `device`: out[0] reserved bytes,
  * out[1] reserved high watermark, out[2] bytes in use (as asked for),
- * out[3] in-use high watermark. Errors: INVALID_VALUE (out NULL),
- * INVALID_DEVICE. */
+ * out[3] in-use high watermark, exact where one thread or one stream does
+ * the allocating (TP_POOL_ATTR_USED_MEM_HIGH says when a peak may be
+ * missed). The four are read one after another, not as one snapshot:
+ * while other threads allocate they may come from slightly different
+ * moments, but a high is never below the current read with it. Errors:
+ * INVALID_VALUE (out NULL), INVALID_DEVICE. */
 TP_API tp_error_t tp_torch_stats(int device, uint64_t out[4]);
 
 /* Resets both high watermarks of the current pool of `device` to the
@@ -901,7 +909,8 @@ TP_API tp_error_t tp_torch_reset_peaks(int device);
 /* The host time spent in tp_torch_alloc and tp_torch_free since the process
  * started, all devices and threads together: out[0] nanoseconds in
  * allocations, out[1] allocations, out[2] nanoseconds in frees, out[3]
- * frees. Measured only where TIDEPOOL_TORCH_TIMING=1 was set when the first
+ * frees (a free deferred past a capture counts once, when PyTorch made it).
+ * Measured only where TIDEPOOL_TORCH_TIMING=1 was set when the first
  * allocation came (zeros otherwise): the clock costs tens of nanoseconds a
  * call. Errors: INVALID_VALUE (out NULL). Thread-safe. */
 TP_API tp_error_t tp_torch_timing(uint64_t out[4]);
@@ -926,7 +935,11 @@ TP_API tp_error_t tp_torch_trim(int device, size_t keep);
  * next allocation runs. A NULL `ptr` is ignored. A NULL `stream`, the
  * legacy default stream's handle on every device, names the legacy stream
  * of the device that tp_torch_free is given (the allocation's, as PyTorch
- * frees), whichever device is current where the record is made. */
+ * frees), whichever device is current where the record is made. A handle
+ * that names the calling thread's own stream (cuda's per-thread default
+ * stream, 0x2) is recorded as the legacy stream, which waits for every
+ * blocking stream's work, that thread's too: the handle itself would name
+ * the freeing thread's own stream at the free. */
 TP_API void tp_torch_record_stream(void *ptr, void *stream);
 
 /* torch.cuda.empty_cache(): tp_torch_trim(device, 0) on every device that

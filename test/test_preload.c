@@ -221,6 +221,8 @@ static void test_pool_create(void) {
   desc.flags = cudaMemAccessFlagsProtReadWrite;
   CHECK_RC(cudaMemPoolSetAccess(pool, &desc, 1), cudaSuccess);
   CHECK_RC(cudaMemPoolSetAccess(pool, NULL, 1), cudaErrorInvalidValue);
+  /* A count no list can have: the runtime's one documented error. */
+  CHECK_RC(cudaMemPoolSetAccess(pool, &desc, SIZE_MAX), cudaErrorInvalidValue);
   enum cudaMemAccessFlags flags = cudaMemAccessFlagsProtNone;
   struct cudaMemLocation loc = {cudaMemLocationTypeDevice, 0};
   CHECK_RC(cudaMemPoolGetAccess(&flags, pool, &loc), cudaSuccess);

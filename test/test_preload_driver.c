@@ -443,6 +443,7 @@ static void test_pool_create(void) {
   desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   CHECK_RC(cu.pool_set_access(pool, &desc, 1), CUDA_SUCCESS);
   CHECK_RC(cu.pool_set_access(pool, NULL, 1), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(cu.pool_set_access(pool, &desc, SIZE_MAX), CUDA_ERROR_INVALID_VALUE);
   CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
   CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
   CHECK_RC(cu.pool_get_access(&flags, pool, &loc), CUDA_SUCCESS);

@@ -5,6 +5,7 @@
  * processes, a failed write at exit); record_stream, empty_cache, and frees
  * deferred past an announced capture. Runs on whatever platform is chosen
  * (host in CI, and cuda over the fake driver). */
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
@@ -410,7 +411,8 @@ static void test_trace_fork(void) {
 /* Runs this program again as another process whose TIDEPOOL_TORCH_TRACE
  * is `path` (main's child mode: one allocation and its free), its stderr
  * going to `err`; *pid is the child's process id, once it has exited. */
-static void trace_in_child(const char *path, const char *err, pid_t *pid_out) {
+static void trace_in_child_as(const char *mode, const char *path,
+                              const char *err, pid_t *pid_out) {
   fflush(stdout);
   fflush(stderr);
   pid_t pid = fork();
@@ -419,15 +421,55 @@ static void trace_in_child(const char *path, const char *err, pid_t *pid_out) {
     int fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0 || dup2(fd, 2) < 0)
       _exit(20);
-    execl("/proc/self/exe", "test_torch_entry", "--trace-child", path,
-          (char *)NULL);
+    execl("/proc/self/exe", "test_torch_entry", mode, path, (char *)NULL);
     _exit(21);
   }
   child_done(pid);
   *pid_out = pid;
 }
 
+static void trace_in_child(const char *path, const char *err, pid_t *pid_out) {
+  trace_in_child_as("--trace-child", path, err, pid_out);
+}
+
 /* The child mode: records one allocation and its free to `path`. */
+static void sleep_us_fn(void *arg) {
+  check_sleep_us((long)(uintptr_t)arg);
+}
+
+/* An allocation and a free on the legacy stream of `device`. */
+static int legacy_pair(int device) {
+  void *p = tp_torch_alloc(4096, device, NULL);
+  tp_torch_free(p, 4096, device, NULL);
+  return p != NULL;
+}
+
+/* The completion column where two devices' legacy streams share stream
+ * number 0: events seen complete are kept for reuse with the device they
+ * were made on. Each went back with the device of the slot's latest one,
+ * a device-0 event was then recorded on device 1's stream, and the column
+ * stopped (-1 from there on). */
+static int trace_completion_child_main(const char *path) {
+  setenv("TIDEPOOL_TORCH_TRACE", path, 1);
+  setenv("TIDEPOOL_TORCH_TRACE_COMPLETION", "1", 1);
+  void *slow = (void *)(uintptr_t)100000;
+  int ok = tp_set_device(0) == TP_SUCCESS &&
+           tp_launch_host_func(NULL, sleep_us_fn, slow) == TP_SUCCESS &&
+           legacy_pair(0) && legacy_pair(1);
+  check_sleep_us(300000);
+  ok = ok && legacy_pair(1) && tp_set_device(1) == TP_SUCCESS &&
+       tp_launch_host_func(NULL, sleep_us_fn, slow) == TP_SUCCESS &&
+       tp_set_device(0) == TP_SUCCESS;
+  for (int i = 0; i < 3 && ok; i++)
+    ok = legacy_pair(1);
+  ok = ok && tp_set_device(1) == TP_SUCCESS &&
+       tp_device_synchronize() == TP_SUCCESS &&
+       tp_set_device(0) == TP_SUCCESS && tp_device_synchronize() == TP_SUCCESS;
+  for (int i = 0; i < 2 && ok; i++)
+    ok = legacy_pair(0) && legacy_pair(1);
+  return ok ? 0 : 1;
+}
+
 static int trace_child_main(const char *path) {
   setenv("TIDEPOOL_TORCH_TRACE", path, 1);
   void *p = tp_torch_alloc(4096, 0, NULL);
@@ -447,6 +489,33 @@ static bool file_has(const char *path, const char *text) {
   buf[n] = 0;
   fclose(f);
   return strstr(buf, text) != NULL;
+}
+
+static void test_trace_completion_two_devices(void) {
+  int count = 0;
+  REQUIRE_OK(tp_get_device_count(&count));
+  if (count < 2) {
+    printf("   (one device: nothing to test)\n");
+    return;
+  }
+  char path[64], err[64];
+  snprintf(path, sizeof path, "/tmp/tp_torch_done_%d.csv", (int)getpid());
+  snprintf(err, sizeof err, "/tmp/tp_torch_done_%d.err", (int)getpid());
+  pid_t pid = 0;
+  trace_in_child_as("--trace-completion-child", path, err, &pid);
+  CHECK(!file_has(err, "failed"));
+  /* The last line's column says how far stream 0 had completed: after
+   * both devices were synchronized, not -1. */
+  FILE *f = fopen(path, "r");
+  REQUIRE(f != NULL);
+  char line[256], last[256] = "";
+  while (fgets(line, sizeof line, f))
+    memcpy(last, line, sizeof line);
+  fclose(f);
+  const char *comma = strrchr(last, ',');
+  CHECK(comma != NULL && strtoll(comma + 1, NULL, 10) >= 0);
+  remove(path);
+  remove(err);
 }
 
 /* Two processes given the same TIDEPOOL_TORCH_TRACE (the ranks torchrun
@@ -599,7 +668,7 @@ static void test_record_stream(void) {
 static tp_stream_t record_shared[2];
 
 static void *record_thread(void *arg) {
-  unsigned seed = (unsigned)(uintptr_t)arg;
+  unsigned seed = (long)(uintptr_t)arg;
   tp_stream_t own;
   if (tp_stream_create(&own, TP_STREAM_NON_BLOCKING) != TP_SUCCESS)
     return (void *)1;
@@ -706,18 +775,22 @@ static void test_capture_deferred_free(void) {
   tp_torch_announce_captures();
   tp_stream_t s;
   REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
-  uint64_t before[4], after[4];
+  uint64_t before[4], after[4], t0[4], t1[4];
   stats(0, before);
   void *pre = tp_torch_alloc((ssize_t)(2 * MiB), 0, s);
   REQUIRE(pre != NULL);
   tp_torch_capture_begin();
   REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_OK(tp_torch_timing(t0));
   tp_torch_free(pre, (ssize_t)(2 * MiB), 0, s);
   tp_graph_t g = NULL;
   CHECK_OK(tp_stream_end_capture(s, &g)); /* the capture went on */
   stats(0, after);
   CHECK_EQ_U64(after[2], before[2] + 2 * MiB); /* not freed yet */
   tp_torch_capture_end();
+  /* One free, timed once: not again when the deferred free is made. */
+  CHECK_OK(tp_torch_timing(t1));
+  CHECK_EQ_U64(t1[3], t0[3] + 1);
   if (g)
     CHECK_OK(tp_graph_destroy(g));
   CHECK_OK(tp_stream_synchronize(s));
@@ -755,6 +828,134 @@ static void test_capture_deferred_free_recorded(void) {
   CHECK_OK(tp_stream_synchronize(b));
   CHECK_OK(tp_stream_destroy(s));
   CHECK_OK(tp_stream_destroy(b));
+}
+
+/* The thread's CUDA context, read from the driver itself (NULL where it
+ * cannot be): the test does not see cuda.h, so it declares the one call. */
+static void *driver_context(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  void *sym = lib ? dlsym(lib, "cuCtxGetCurrent") : NULL;
+  int (*ctx_get)(void **) = NULL;
+  memcpy(&ctx_get, &sym, sizeof sym);
+  void *ctx = NULL;
+  if (!ctx_get || ctx_get(&ctx) != 0)
+    ctx = NULL;
+  if (lib)
+    dlclose(lib);
+  return ctx;
+}
+
+/* A free that waits for a recorded stream of another device leaves the
+ * thread's context as it found it: the wait's event is made with the
+ * recorded stream's device, but the call once switched the context there
+ * and back through tp_set_device, which left device 1's context current
+ * where PyTorch had device 0's. */
+static void test_record_stream_other_device_context(void) {
+  const char *platform = tp_platform_name();
+  int count = 0;
+  REQUIRE_OK(tp_get_device_count(&count));
+  if (!platform || strcmp(platform, "cuda") != 0 || count < 2) {
+    printf("   (needs two cuda devices)\n");
+    return;
+  }
+  REQUIRE_OK(tp_set_device(0));
+  void *ctx0 = driver_context();
+  REQUIRE(ctx0 != NULL);
+  tp_stream_t a0;
+  REQUIRE_OK(tp_stream_create(&a0, TP_STREAM_NON_BLOCKING));
+  void *t1 = tp_torch_alloc((ssize_t)MiB, 1, NULL);
+  REQUIRE(t1 != NULL);
+  CHECK(driver_context() == ctx0);
+  tp_torch_record_stream(t1, a0);
+  tp_torch_free(t1, (ssize_t)MiB, 1, NULL);
+  CHECK(driver_context() == ctx0);
+  int d = -1;
+  CHECK_OK(tp_get_device(&d));
+  CHECK_EQ_INT(d, 0);
+  CHECK_OK(tp_device_synchronize());
+  CHECK_OK(tp_stream_synchronize(a0));
+  CHECK_OK(tp_stream_destroy(a0));
+}
+
+/* A tensor freed on the legacy stream while a blocking stream captures,
+ * in a capture PyTorch announced, is deferred at once: the free, or asking
+ * whether the legacy stream captures, would cost the capture its validity.
+ * The free was refused, the capture invalidated and the memory lost for
+ * good. Its time is counted once, not again when the deferred free is
+ * made. */
+static void test_capture_deferred_free_legacy(void) {
+  tp_torch_announce_captures();
+  tp_stream_t cs;
+  REQUIRE_OK(tp_stream_create(&cs, 0));
+  uint64_t before[4], after[4], t0[4], t1[4];
+  stats(0, before);
+  void *x = tp_torch_alloc((ssize_t)MiB, 0, NULL);
+  REQUIRE(x != NULL);
+  CHECK_OK(tp_torch_timing(t0));
+  tp_torch_capture_begin();
+  REQUIRE_OK(tp_stream_begin_capture(cs, TP_CAPTURE_MODE_RELAXED));
+  tp_torch_free(x, (ssize_t)MiB, 0, NULL);
+  tp_graph_t g = NULL;
+  CHECK_OK(tp_stream_end_capture(cs, &g));
+  stats(0, after);
+  CHECK_EQ_U64(after[2], before[2] + MiB); /* not freed yet */
+  tp_torch_capture_end();
+  CHECK_OK(tp_torch_timing(t1));
+  CHECK_EQ_U64(t1[3], t0[3] + 1);
+  if (g)
+    CHECK_OK(tp_graph_destroy(g));
+  CHECK_OK(tp_device_synchronize());
+  stats(0, after);
+  CHECK_EQ_U64(after[2], before[2]);
+  CHECK_OK(tp_stream_destroy(cs));
+}
+
+/* The per-thread default stream (cuda's handle 2) recorded by one thread
+ * and the tensor freed by another: the free waits for the recording
+ * thread's stream, not for the freeing thread's own per-thread stream,
+ * which the handle names there (the memory was handed out again under the
+ * recorded work). */
+typedef struct per_thread_record {
+  void *x;
+  gate_t gate;
+  pthread_barrier_t bar;
+} per_thread_record;
+
+static void *record_per_thread(void *arg) {
+  per_thread_record *r = arg;
+  tp_stream_t mine = (tp_stream_t)(uintptr_t)2;
+  CHECK_OK(hold_stream(mine, &r->gate));
+  tp_torch_record_stream(r->x, mine);
+  pthread_barrier_wait(&r->bar); /* recorded */
+  pthread_barrier_wait(&r->bar); /* freed and checked */
+  CHECK_OK(tp_stream_synchronize(mine));
+  return NULL;
+}
+
+static void test_record_stream_per_thread(void) {
+  const char *platform = tp_platform_name();
+  if (!platform || strcmp(platform, "cuda") != 0) {
+    printf("   (no per-thread default stream on %s)\n",
+           platform ? platform : "(none)");
+    return;
+  }
+  tp_stream_t a;
+  REQUIRE_OK(tp_stream_create(&a, TP_STREAM_NON_BLOCKING));
+  per_thread_record r = {.x = tp_torch_alloc((ssize_t)MiB, 0, a)};
+  REQUIRE(r.x != NULL);
+  REQUIRE(pthread_barrier_init(&r.bar, NULL, 2) == 0);
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, record_per_thread, &r) == 0);
+  pthread_barrier_wait(&r.bar);
+  tp_torch_free(r.x, (ssize_t)MiB, 0, a);
+  check_sleep_ms(20);
+  CHECK_ERR(tp_stream_query(a), TP_ERROR_NOT_READY);
+  release(&r.gate);
+  pthread_barrier_wait(&r.bar);
+  pthread_join(t, NULL);
+  pthread_barrier_destroy(&r.bar);
+  CHECK_OK(tp_stream_synchronize(a));
+  CHECK_OK(tp_stream_destroy(a));
 }
 
 /* A record of memory that is no live allocation (its tensor freed) is
@@ -872,6 +1073,8 @@ static void test_record_stream_legacy_other_device(void) {
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "--trace-child") == 0)
     return trace_child_main(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "--trace-completion-child") == 0)
+    return trace_completion_child_main(argv[2]);
   RUN_TEST(test_config);
   /* What the entry points will read at their first call. */
   setenv("TIDEPOOL_TORCH_RELEASE_THRESHOLD", "64M", 1);
@@ -895,6 +1098,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_trace_fork);
   RUN_TEST(test_trace_two_processes);
   RUN_TEST(test_trace_exit_error);
+  RUN_TEST(test_trace_completion_two_devices);
   RUN_TEST(test_trace_recorded);
   RUN_TEST(test_timing);
   RUN_TEST(test_record_stream);
@@ -903,6 +1107,9 @@ int main(int argc, char **argv) {
   RUN_TEST(test_capture_hooks);
   RUN_TEST(test_capture_deferred_free);
   RUN_TEST(test_capture_deferred_free_recorded);
+  RUN_TEST(test_capture_deferred_free_legacy);
+  RUN_TEST(test_record_stream_per_thread);
+  RUN_TEST(test_record_stream_other_device_context);
   RUN_TEST(test_record_stream_stale);
   RUN_TEST(test_record_stream_other_device);
   RUN_TEST(test_record_stream_legacy_other_device);

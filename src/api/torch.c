@@ -206,6 +206,12 @@ static bool uncaptured(void) {
          !atomic_load_explicit(&torch_captures, memory_order_acquire);
 }
 
+/* Whether an announced pair is open. */
+static bool announced_capture(void) {
+  return atomic_load_explicit(&announced, memory_order_acquire) &&
+         atomic_load_explicit(&torch_captures, memory_order_acquire);
+}
+
 /* ---- record_stream ---------------------------------------------------------
  * Tensor.record_stream(s) says that the tensor's memory is also used by the
  * work queued on s. Each pointer's recorded streams are kept until its
@@ -244,6 +250,18 @@ static int pool_live(void *ptr) {
                                                             : -1;
   tp__guard_exit();
   return r;
+}
+
+/* Whether the handle names the calling thread's own stream. */
+static bool stream_thread_bound(void *stream) {
+  if (tp__api_init() != TP_SUCCESS)
+    return false;
+  tp__guard_enter();
+  tp__stream *s = NULL;
+  bool bound =
+      tp__stream_get((tp_stream_t)stream, &s) == TP_SUCCESS && s->thread_bound;
+  tp__guard_exit();
+  return bound;
 }
 
 /* Takes out `ptr`'s recorded streams (NULL when none); record_lock held. */
@@ -338,18 +356,16 @@ static tp_error_t wait_recorded(void *const *streams, uint32_t n,
     int other = capture_side(streams[i]);
     if (side < 0 || other != side)
       continue;
-    /* The event is made on the recorded stream's device, whose context
-     * records it; the freeing stream may wait on it from any device. */
+    /* The event is made on the recorded stream's device (the platform
+     * enters that device's context for the call alone); the freeing stream
+     * may wait on it from any device. */
     tp_event_t e = NULL;
     int here = tp__current_device(), there = stream_device(streams[i], here);
-    if (there != here)
-      err = tp_set_device(there);
-    if (err == TP_SUCCESS)
-      err = tp_event_create(&e);
+    tp__set_current_device(there);
+    err = tp_event_create(&e);
     if (err == TP_SUCCESS)
       err = tp_event_record(e, (tp_stream_t)streams[i]);
-    if (there != here && tp_set_device(here) != TP_SUCCESS)
-      tp__set_current_device(here);
+    tp__set_current_device(here);
     if (err == TP_SUCCESS)
       err = tp_stream_wait_event((tp_stream_t)stream, e, 0);
     if (e)
@@ -405,7 +421,8 @@ static bool defer_free(void *ptr, ssize_t size, int device, void *stream,
 static void torch_free(void *ptr, ssize_t size, int device, void *stream,
                        bool traced, void **streams, uint32_t n) {
   int saved;
-  bool timed_call = timing_on();
+  /* A deferred free was timed when PyTorch made it. */
+  bool timed_call = !traced && timing_on();
   uint64_t t0 = TP_UNLIKELY(timed_call) ? now_ns() : 0;
   tp_error_t err = enter(device, &saved);
   if (err == TP_SUCCESS && !traced && TP_UNLIKELY(tp__torch_tracing()))
@@ -418,6 +435,18 @@ static void torch_free(void *ptr, ssize_t size, int device, void *stream,
      * a stream outside it is not waited for, and the deferred free, made
      * outside, must wait for it before the memory goes back to the pool. */
     records_claim(ptr, &streams, &n);
+    /* On the legacy stream while a blocking stream captures, the free
+     * would be refused and would cost the capture its validity; so would
+     * asking. During an announced capture such a free is deferred at once
+     * (the capture may be of a non-blocking stream, and the free then
+     * waits longer than it had to, never too little). */
+    if (!stream && !traced && announced_capture() &&
+        defer_free(ptr, size, device, stream, streams, n)) {
+      leave(saved);
+      if (TP_UNLIKELY(timed_call))
+        timed_add(2, t0);
+      return;
+    }
     err = wait_recorded(streams, n, stream);
     if (err == TP_SUCCESS)
       err = tp__free_async_as(ptr, (tp_stream_t)stream, uncaptured());
@@ -452,6 +481,11 @@ TP_API tp_error_t tp_torch_stats(int device, uint64_t out[4]) {
   uint64_t v[4] = {0};
   for (int i = 0; i < 4 && err == TP_SUCCESS; i++)
     err = tp_pool_get_attribute(pool, attrs[i], &v[i]);
+  /* Read one after another: a high read after its current moved up may be
+   * below the current read; it was at least that. */
+  for (int i = 0; i < 4; i += 2)
+    if (v[i + 1] < v[i])
+      v[i + 1] = v[i];
   leave(saved);
   if (err == TP_SUCCESS)
     memcpy(out, v, sizeof v);
@@ -500,6 +534,12 @@ TP_API void tp_torch_record_stream(void *ptr, void *stream) {
    * address. */
   if (!ptr || pool_live(ptr) < 0)
     return;
+  /* A handle that names the calling thread's own stream (cuda's per-thread
+   * default stream) would name the freeing thread's at the free. Such a
+   * stream is a blocking one, so the legacy stream, which waits for every
+   * blocking stream's work, stands for it. */
+  if (stream && stream_thread_bound(stream))
+    stream = NULL;
   pthread_mutex_lock(&record_lock);
   recorded *r = records_find(ptr);
   bool ok = true;
@@ -552,9 +592,7 @@ static uint32_t ndeferred, capdeferred;
 
 static bool defer_free(void *ptr, ssize_t size, int device, void *stream,
                        void **streams, uint32_t nstreams) {
-  if (!atomic_load_explicit(&announced, memory_order_acquire) ||
-      !atomic_load_explicit(&torch_captures, memory_order_acquire) ||
-      pool_live(ptr) != 1)
+  if (!announced_capture() || pool_live(ptr) != 1)
     return false;
   pthread_mutex_lock(&deferred_lock);
   bool kept = true;

@@ -36,23 +36,26 @@ static void *trace_streams[TRACE_STREAMS];
 static int trace_nstreams = 1; /* 0: the legacy default stream (NULL) */
 static int64_t trace_ops;      /* lines written so far */
 
+/* An event and the device it was made on, which a spare one keeps: one
+ * stream number may stand for streams of several devices (0 for each
+ * device's legacy stream). */
+typedef struct device_event {
+  tp__pevent *pe;
+  int device;
+} device_event;
+
 /* The completion column's state, per stream number; under trace_lock. */
 typedef struct done_state {
-  tp__pevent **events; /* a ring of outstanding events, oldest first */
-  int64_t *tags;       /* the operation each one was recorded at */
+  device_event *events; /* a ring of outstanding events, oldest first */
+  int64_t *tags;        /* the operation each one was recorded at */
   size_t head, n, cap;
   uint64_t count; /* the stream's operations so far */
   int64_t done;   /* the newest operation known complete, or -1 */
-  int device;     /* the device whose events these are */
 } done_state;
 static unsigned trace_every; /* K; 0: no completion column */
 static bool done_column;     /* the file has it, even once it stopped */
 static done_state trace_done[TRACE_STREAMS + 1];
-typedef struct spare_event {
-  tp__pevent *pe;
-  int device;
-} spare_event;
-static spare_event *spares; /* events seen complete, for reuse */
+static device_event *spares; /* events seen complete, for reuse */
 static uint32_t nspare, capspare;
 
 /* A write that failed (a full disk, say) ends the recording, reported
@@ -237,7 +240,7 @@ static void done_update(int id, void *stream, int64_t op) {
     return;
   }
   while (d->n) {
-    err = tp__platform->event_query(d->events[d->head]);
+    err = tp__platform->event_query(d->events[d->head].pe);
     if (err == TP_ERROR_NOT_READY)
       break;
     if (err != TP_SUCCESS) {
@@ -246,9 +249,9 @@ static void done_update(int id, void *stream, int64_t op) {
     }
     d->done = d->tags[d->head];
     if (TP_ARRAY_ROOM(spares, nspare, capspare))
-      spares[nspare++] = (spare_event){d->events[d->head], d->device};
+      spares[nspare++] = d->events[d->head];
     else
-      (void)tp__platform->event_destroy(d->events[d->head]);
+      (void)tp__platform->event_destroy(d->events[d->head].pe);
     d->head = (d->head + 1) % (d->cap ? d->cap : 1);
     d->n--;
   }
@@ -257,7 +260,7 @@ static void done_update(int id, void *stream, int64_t op) {
   if (d->n == d->cap) {
     /* Grow the ring, unrolling it so that it starts at 0. */
     size_t cap = d->cap ? d->cap * 2 : 16;
-    tp__pevent **ev = malloc(cap * sizeof *ev);
+    device_event *ev = malloc(cap * sizeof *ev);
     int64_t *tags = malloc(cap * sizeof *tags);
     if (!ev || !tags) {
       free(ev);
@@ -293,9 +296,8 @@ static void done_update(int id, void *stream, int64_t op) {
     return;
   }
   size_t at = (d->head + d->n) % d->cap;
-  d->events[at] = pe;
+  d->events[at] = (device_event){pe, s->device};
   d->tags[at] = op;
-  d->device = s->device;
   d->n++;
 }
 

@@ -273,14 +273,16 @@ TP_PL_EXPORT cudaError_t cudaMemPoolSetAccess(
   POOL_CALL(cudaMemPoolSetAccess, pool, (pool, list, count));
   if (!list && count)
     return answer(TP_ERROR_INVALID_VALUE, TP_PL_COUNT_POOL);
-  /* A few descriptors on the stack; a longer list on the heap. */
+  /* A few descriptors on the stack; a longer list on the heap. A count too
+   * large to copy is no list a program holds (the runtime documents only
+   * cudaErrorInvalidValue here). */
   tp_access_desc_t small[8];
   tp_access_desc_t *descs = small;
   if (count > sizeof small / sizeof small[0]) {
     descs =
         count < SIZE_MAX / sizeof *descs ? malloc(count * sizeof *descs) : NULL;
     if (!descs)
-      return answer(TP_ERROR_OUT_OF_MEMORY, TP_PL_COUNT_POOL);
+      return answer(TP_ERROR_INVALID_VALUE, TP_PL_COUNT_POOL);
   }
   tp_error_t err = TP_SUCCESS;
   for (size_t i = 0; i < count && err == TP_SUCCESS; i++)

@@ -212,14 +212,16 @@ static CUresult pool_set_access(CUmemoryPool pool, const CUmemAccessDesc *map,
             (pool, map, count));
   if (!map && count)
     return tp__pl_drv_answer(TP_ERROR_INVALID_VALUE, TP_PL_COUNT_POOL);
-  /* A few descriptors on the stack; a longer list on the heap. */
+  /* A few descriptors on the stack; a longer list on the heap. A count too
+   * large to copy is no list a program holds: INVALID_VALUE, as in
+   * cudaMemPoolSetAccess. */
   tp_access_desc_t small[8];
   tp_access_desc_t *descs = small;
   if (count > sizeof small / sizeof small[0]) {
     descs =
         count < SIZE_MAX / sizeof *descs ? malloc(count * sizeof *descs) : NULL;
     if (!descs)
-      return tp__pl_drv_answer(TP_ERROR_OUT_OF_MEMORY, TP_PL_COUNT_POOL);
+      return tp__pl_drv_answer(TP_ERROR_INVALID_VALUE, TP_PL_COUNT_POOL);
   }
   tp_error_t err = TP_SUCCESS;
   for (size_t i = 0; i < count && err == TP_SUCCESS; i++)
