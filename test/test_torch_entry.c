@@ -7,6 +7,7 @@
  * (host in CI, and cuda over the fake driver). */
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -877,6 +878,43 @@ static void test_record_stream_other_device_context(void) {
   CHECK_OK(tp_stream_destroy(a0));
 }
 
+/* Threads that allocate on their per-thread default stream and end, with
+ * no synchronize in between: each one's stream and its caches go at the
+ * next thread's first call. They stayed until a synchronize, some 40 KB a
+ * thread, and PyTorch's synchronizations do not reach tidepool. */
+static void *per_thread_pair(void *arg) {
+  (void)arg;
+  void *mine = (void *)(uintptr_t)2;
+  void *p = tp_torch_alloc(1000, 0, mine);
+  tp_torch_free(p, 1000, 0, mine);
+  return p;
+}
+
+static size_t threads_pairs_heap(int n) {
+  for (int i = 0; i < n; i++) {
+    pthread_t t;
+    void *p = NULL;
+    if (!CHECK(pthread_create(&t, NULL, per_thread_pair, NULL) == 0))
+      break;
+    pthread_join(t, &p);
+    CHECK(p != NULL);
+  }
+  return mallinfo2().uordblks;
+}
+
+static void test_ended_threads_streams(void) {
+  const char *platform = tp_platform_name();
+  if (!platform || strcmp(platform, "cuda") != 0) {
+    printf("   (no per-thread default stream on %s)\n",
+           platform ? platform : "(none)");
+    return;
+  }
+  size_t before = threads_pairs_heap(20), after = threads_pairs_heap(300);
+  printf("   heap after 300 more ended threads: %+lld bytes\n",
+         (long long)after - (long long)before);
+  CHECK(after < before + 300 * 8192);
+}
+
 /* A tensor freed on the legacy stream while a blocking stream captures,
  * in a capture PyTorch announced, is deferred at once: the free, or asking
  * whether the legacy stream captures, would cost the capture its validity.
@@ -1110,6 +1148,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_capture_deferred_free_legacy);
   RUN_TEST(test_record_stream_per_thread);
   RUN_TEST(test_record_stream_other_device_context);
+  RUN_TEST(test_ended_threads_streams);
   RUN_TEST(test_record_stream_stale);
   RUN_TEST(test_record_stream_other_device);
   RUN_TEST(test_record_stream_legacy_other_device);

@@ -42,6 +42,8 @@ tp_error_t tp__api_init_slow(void) {
   if (ndevices > 0)
     TP_FORWARD(tp__platform->set_device(tp__current_device()));
   tp__api_ready = true;
+  /* A new thread: those that ended before it may have left streams. */
+  tp__pools_drop_lost();
   return TP_SUCCESS;
 }
 

@@ -52,22 +52,6 @@ TP_API tp_error_t tp_stream_destroy(tp_stream_t stream) {
   return TP_GUARDED(stream_destroy(stream));
 }
 
-/* Streams lost (stream.h): another's found destroyed by its owner, or a
- * per-thread default stream whose thread ended. The pools let go of their
- * caches, whose blocks complete with the stream's markers or at a device
- * synchronize, and the stream goes once no call that reached it is inside. */
-static void unref_stream(void *s) {
-  tp__stream_unref(s);
-}
-
-static void drop_lost_streams(void) {
-  tp__stream *s;
-  while ((s = tp__stream_take_lost()) != NULL) {
-    tp__pools_drop_stream(s);
-    tp__guard_retire(s, unref_stream);
-  }
-}
-
 /* Whether the platform's own query or synchronize of s covers everything
  * its frees follow: not for the legacy stream where it covers only its own
  * queue (platform.h), which a marker recorded first then makes cover them
@@ -101,7 +85,7 @@ static tp_error_t stream_synchronize(tp_stream_t stream) {
   tp_error_t err = tp__platform->stream_synchronize(s->ps);
   if (err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS)
     completed(s, epoch, covered);
-  drop_lost_streams();
+  tp__pools_drop_lost();
   return err;
 }
 
@@ -176,7 +160,7 @@ TP_API tp_error_t tp_device_synchronize(void) {
   }
   free(epochs);
   free(v);
-  drop_lost_streams();
+  tp__pools_drop_lost();
   return err;
 }
 

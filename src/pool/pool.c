@@ -254,6 +254,20 @@ void tp__pools_drop_stream(tp__stream *s) {
   tp__mutex_unlock(&pools_lock);
 }
 
+static void unref_stream(void *s) {
+  tp__stream_unref(s);
+}
+
+void tp__pools_drop_lost(void) {
+  tp__guard_enter();
+  tp__stream *s;
+  while ((s = tp__stream_take_lost()) != NULL) {
+    tp__pools_drop_stream(s);
+    tp__guard_retire(s, unref_stream);
+  }
+  tp__guard_exit();
+}
+
 /* ---- access
  * -------------------------------------------------------------------
  */

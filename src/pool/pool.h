@@ -151,6 +151,14 @@ void tp__pool_after_sync(tp__stream *s);
 /* Gives every cached block of the stream back to its pool, and frees the
  * stream's caches (before the stream goes). */
 void tp__pools_drop_stream(tp__stream *s);
+/* Streams lost (stream.h): another's found destroyed by its owner, or a
+ * per-thread default stream whose thread ended. The pools let go of their
+ * caches, whose blocks complete with the stream's markers or at a device
+ * synchronize, and the stream goes once no call that reached it is inside.
+ * Called at each synchronize and at a thread's first call, so that a
+ * program whose threads come and go without a synchronize that tidepool
+ * sees (PyTorch's do not) does not keep every ended thread's stream. */
+void tp__pools_drop_lost(void);
 /* Raises the used high watermark to the exact total; no lock held. */
 void tp__pool_peak_raise(tp__pool *p);
 
