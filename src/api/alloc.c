@@ -24,9 +24,11 @@ static tp_error_t free_entered(void *ptr, tp_stream_t stream, bool uncaptured);
 static tp_error_t free_whole(void *ptr, tp_stream_t stream, bool uncaptured);
 
 /* A small allocation from the current pool of the stream's device, where
- * nothing captures. */
-tp_error_t tp__malloc_async_as(void **ptr, size_t size, tp_stream_t stream,
-                               bool uncaptured) {
+ * nothing captures. Inline, so that the public entry point gets a copy for
+ * its constant `uncaptured`. */
+static TP_ALWAYS_INLINE tp_error_t malloc_quick(void **ptr, size_t size,
+                                                tp_stream_t stream,
+                                                bool uncaptured) {
   if (TP_UNLIKELY(!tp__api_ready || !ptr || !tp__guard_try_enter()))
     return malloc_whole(ptr, size, stream, uncaptured);
   tp__stream *s = tp__stream_quick(stream);
@@ -44,7 +46,8 @@ tp_error_t tp__malloc_async_as(void **ptr, size_t size, tp_stream_t stream,
 
 /* A free of a pool's pointer that no other process shares, where nothing
  * captures. */
-tp_error_t tp__free_async_as(void *ptr, tp_stream_t stream, bool uncaptured) {
+static TP_ALWAYS_INLINE tp_error_t free_quick(void *ptr, tp_stream_t stream,
+                                              bool uncaptured) {
   if (TP_UNLIKELY(!tp__api_ready || !ptr || !tp__guard_try_enter()))
     return free_whole(ptr, stream, uncaptured);
   tp__stream *s = tp__stream_quick(stream);
@@ -59,12 +62,21 @@ tp_error_t tp__free_async_as(void *ptr, tp_stream_t stream, bool uncaptured) {
   return TP_SUCCESS;
 }
 
+tp_error_t tp__malloc_async_as(void **ptr, size_t size, tp_stream_t stream,
+                               bool uncaptured) {
+  return malloc_quick(ptr, size, stream, uncaptured);
+}
+
+tp_error_t tp__free_async_as(void *ptr, tp_stream_t stream, bool uncaptured) {
+  return free_quick(ptr, stream, uncaptured);
+}
+
 TP_API tp_error_t tp_malloc_async(void **ptr, size_t size, tp_stream_t stream) {
-  return tp__malloc_async_as(ptr, size, stream, false);
+  return malloc_quick(ptr, size, stream, false);
 }
 
 TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream) {
-  return tp__free_async_as(ptr, stream, false);
+  return free_quick(ptr, stream, false);
 }
 
 /* ---- the whole path ------------------------------------------------------ */
