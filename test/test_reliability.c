@@ -4,6 +4,7 @@
  * one chunk, and a wild address given to stream memory work. Every platform;
  * the race runs for a bounded time. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -221,6 +222,86 @@ static void test_used_high_two_threads_one_stream(void) {
   CHECK_OK(tp_pool_destroy(t.pool));
 }
 
+/* A reset of the high racing an allocation, one thread on one stream doing
+ * all the allocating: once both returned, the allocation is live, so the
+ * high is the peak it made whichever went first (a reset sets the high to
+ * the current figure). The reset once took the total before it moved the
+ * peak key, and an allocation finished in between was in neither: in about
+ * one trial of sixty the high stayed at the figure before it. Many caches
+ * in the pool lengthen the total, and so that window. */
+enum { RESET_BASE = 1000, RESET_X = 5000 };
+
+typedef struct reset_race {
+  tp_pool_t pool;
+  tp_stream_t s;
+  atomic_int go, allocated, freed, may_free;
+  int trials;
+} reset_race;
+
+static void spin_for(uint64_t *r, unsigned bound) {
+  *r = *r * 6364136223846793005u + 1442695040888963407u;
+  for (volatile unsigned k = (unsigned)(*r >> 33) % bound; k > 0; k--) {
+  }
+}
+
+static void *reset_race_allocator(void *arg) {
+  reset_race *rr = arg;
+  uint64_t r = 7;
+  for (int t = 1; t <= rr->trials; t++) {
+    while (atomic_load(&rr->go) != t)
+      sched_yield();
+    spin_for(&r, 4000);
+    void *x = NULL;
+    CHECK_OK(tp_malloc_from_pool_async(&x, RESET_X, rr->pool, rr->s));
+    atomic_store(&rr->allocated, t);
+    while (atomic_load(&rr->may_free) != t)
+      sched_yield();
+    CHECK_OK(tp_free_async(x, rr->s));
+    atomic_store(&rr->freed, t);
+  }
+  return NULL;
+}
+
+static void test_used_high_reset_races_allocation(void) {
+  reset_race rr = {.pool = fresh_pool(), .trials = 20000};
+  enum { STREAMS = 200 };
+  tp_stream_t others[STREAMS];
+  for (int i = 0; i < STREAMS; i++) {
+    void *p = NULL;
+    REQUIRE_OK(tp_stream_create(&others[i], 0));
+    REQUIRE_OK(tp_malloc_from_pool_async(&p, 512, rr.pool, others[i]));
+    REQUIRE_OK(tp_free_async(p, others[i]));
+  }
+  REQUIRE_OK(tp_stream_create(&rr.s, 0));
+  void *base = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&base, RESET_BASE, rr.pool, rr.s));
+  pthread_t th;
+  REQUIRE(pthread_create(&th, NULL, reset_race_allocator, &rr) == 0);
+  uint64_t r = 11;
+  int lost = 0;
+  for (int t = 1; t <= rr.trials; t++) {
+    atomic_store(&rr.go, t);
+    spin_for(&r, 4000);
+    uint64_t zero = 0;
+    CHECK_OK(tp_pool_set_attribute(rr.pool, TP_POOL_ATTR_USED_MEM_HIGH, &zero));
+    while (atomic_load(&rr.allocated) != t)
+      sched_yield();
+    atomic_store(&rr.may_free, t);
+    while (atomic_load(&rr.freed) != t)
+      sched_yield();
+    lost +=
+        attr_u64(rr.pool, TP_POOL_ATTR_USED_MEM_HIGH) != RESET_BASE + RESET_X;
+  }
+  pthread_join(th, NULL);
+  CHECK_EQ_INT(lost, 0);
+  CHECK_OK(tp_free_async(base, rr.s));
+  CHECK_OK(tp_stream_synchronize(rr.s));
+  CHECK_OK(tp_stream_destroy(rr.s));
+  for (int i = 0; i < STREAMS; i++)
+    CHECK_OK(tp_stream_destroy(others[i]));
+  CHECK_OK(tp_pool_destroy(rr.pool));
+}
+
 /* ---- 3. wild pool handles -------------------------------------------------
  */
 
@@ -339,6 +420,7 @@ int main(int argc, char **argv) {
       T(test_used_high_two_streams),
       T(test_used_high_random_streams),
       T(test_used_high_two_threads_one_stream),
+      T(test_used_high_reset_races_allocation),
       T(test_max_size_is_a_bound),
       T(test_wild_address_faults_the_stream),
       T(test_current_pool_destroyed_under_allocations),
