@@ -918,5 +918,11 @@ int main(int argc, char **argv) {
     write_json(cfg.json_path, &cfg, platform, all);
     printf("\nwrote %s\n", cfg.json_path);
   }
+  /* Figures that could not be written (a full disk, a closed pipe) make a
+   * failed run, not a silent one. */
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fprintf(stderr, "bench_alloc: writing the output failed\n");
+    return EXIT_FAILURE;
+  }
   return EXIT_SUCCESS;
 }

@@ -79,6 +79,28 @@ static void test_bad_options(void) {
   expect_in(out, "1 us stands for");
 }
 
+/* Figures that cannot be written fail the run (it once exited 0 with its
+ * output lost); a carriage return alone ends no line (it once hid the rest
+ * of the file in line 1, and a 1 GiB allocation with it); a flag given a
+ * value is told so; a stray control byte is shown as its code. */
+static void test_output_and_line_ends(void) {
+  write_file("small.csv", small);
+  CHECK_EQ_INT(run(NULL, "small.csv >/dev/full", out, sizeof out), 1);
+  CHECK_EQ_INT(run(NULL, "small.csv --json >/dev/full", out, sizeof out), 1);
+  write_file("cr.csv", "action,addr,size,stream\ralloc,1,1073741824,0\n"
+                       "alloc,2,20,0\n");
+  CHECK_EQ_INT(run(NULL, "cr.csv", out, sizeof out), 1);
+  expect_in(out, "cr.csv:1: a carriage return without a line feed");
+  write_file("crlf.csv", "action,addr,size,stream\r\nalloc,1,100,0\r\n"
+                         "free_requested,1,100,0\r\n");
+  CHECK_EQ_INT(run(NULL, "crlf.csv", out, sizeof out), 0);
+  write_file("crcr.csv", "action,addr,size,stream\nalloc,1,10,0\r\r\n");
+  CHECK_EQ_INT(run(NULL, "crcr.csv", out, sizeof out), 1);
+  expect_in(out, "crcr.csv:2: stream has a stray byte 0x0d");
+  CHECK_EQ_INT(run(NULL, "small.csv --json=1", out, sizeof out), 2);
+  expect_in(out, "option '--json=1' takes no value");
+}
+
 /* A file named we"ird\name.csv gives valid JSON: the quote and the
  * backslash escaped. */
 static void test_json_escapes(void) {
@@ -190,6 +212,7 @@ int main(void) {
   RUN_TEST(test_options_anywhere);
   RUN_TEST(test_bad_options);
   RUN_TEST(test_json_escapes);
+  RUN_TEST(test_output_and_line_ends);
   RUN_TEST(test_oom);
   RUN_TEST(test_notes);
   RUN_TEST(test_directory);

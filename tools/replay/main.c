@@ -226,6 +226,17 @@ enum {
   OPT_NO_PROGRESS
 };
 
+/* The exit status: 1 where a trace failed, or where the figures could not
+ * all be written (a full disk, a closed pipe): a run whose output was lost
+ * must not pass for one that printed it. */
+static int finished(int failures) {
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fprintf(stderr, "tidepool-replay: writing the output failed\n");
+    return 1;
+  }
+  return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
   replay_options o = {.threshold = UINT64_MAX,
                       .growth_slack = UINT64_MAX,
@@ -306,7 +317,11 @@ int main(int argc, char **argv) {
       against = true;
       break;
     default:
-      if (optopt >= OPT_PLATFORM)
+      if (optopt == OPT_JSON || optopt == OPT_NO_PROGRESS ||
+          optopt == OPT_MEASURE_LAG)
+        fprintf(stderr, "tidepool-replay: option '%s' takes no value\n",
+                argv[optind - 1]);
+      else if (optopt >= OPT_PLATFORM)
         fprintf(stderr, "tidepool-replay: option '%s' needs a value\n",
                 argv[optind - 1]);
       else if (optopt)
@@ -345,7 +360,7 @@ int main(int argc, char **argv) {
     if (!json)
       printf("lag: operations issued since the newest one of the same stream "
              "known complete\n");
-    return failures ? 1 : 0;
+    return finished(failures);
   }
   o.progress = o.progress && isatty(STDERR_FILENO);
   /* The traces peak at 7 GiB; the host platform's emulated device gets room
@@ -455,5 +470,5 @@ int main(int argc, char **argv) {
   free(timelines);
   free(charts);
   free(titles);
-  return failures ? 1 : 0;
+  return finished(failures);
 }

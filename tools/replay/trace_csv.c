@@ -18,8 +18,12 @@ static int number(const char **s, uint64_t *out, const char *what, char *err,
       return trace_failf(err, len, "%s is too large", what);
     v = v * 10 + (uint64_t)(*p - '0');
   }
-  if (*p != ',' && *p != '\0')
-    return trace_failf(err, len, "%s has a stray character '%c'", what, *p);
+  if (*p != ',' && *p != '\0') {
+    unsigned char c = (unsigned char)*p;
+    if (c >= 0x20 && c < 0x7f)
+      return trace_failf(err, len, "%s has a stray character '%c'", what, c);
+    return trace_failf(err, len, "%s has a stray byte 0x%02x", what, c);
+  }
   *s = *p == ',' ? p + 1 : p;
   *out = v;
   return 0;

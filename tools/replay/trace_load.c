@@ -232,10 +232,19 @@ int trace_load(trace *t, const char *path, char *err, size_t len) {
   int rc = t->path ? 0 : trace_failf(err, len, "%s: out of memory", path);
   static const char rmm_header[] = "Thread,Time,Action,Pointer,Size,Stream";
   size_t first = strcspn(data, "\r\n");
+  /* Lines end with a line feed (a carriage return before it is allowed):
+   * a carriage return alone would hide the rest of the file in line 1. */
+  bool cr_alone =
+      first + 1 < n && data[first] == '\r' && data[first + 1] != '\n';
   if (rc != 0) {
     /* reported */
   } else if (n == 0) {
     rc = trace_failf(err, len, "%s: empty file", path);
+  } else if (cr_alone && (unsigned char)data[0] != 0x80) {
+    rc = trace_failf(err, len,
+                     "%s:1: a carriage return without a line feed ends the "
+                     "line; lines must end with a line feed",
+                     path);
   } else if ((unsigned char)data[0] == 0x80) {
     t->format = TRACE_FORMAT_SNAPSHOT;
     rc = trace_read_snapshot(t, (const unsigned char *)data, n, &limit, err,
