@@ -293,8 +293,9 @@ TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream);
  * (TP_LOCATION_DEVICE), the host (TP_LOCATION_HOST), a host NUMA node
  * (TP_LOCATION_HOST_NUMA), or, for managed memory, TP_LOCATION_NONE.
  * Errors: INVALID_VALUE for NULL pointers, unknown allocation types or
- * locations, usage != 0, handle types the location cannot export (host
- * pools are not IPC-capable), managed pools with max_size != 0, a
+ * locations, usage != 0, handle types the location cannot export
+ * (TP_LOCATION_HOST pools are not IPC-capable, as in CUDA; host NUMA pools
+ * are), managed pools with max_size != 0, a
  * max_size below one chunk, TP_LOCATION_HOST_NUMA_CURRENT; NOT_SUPPORTED for
  * handle types the platform lacks; OUT_OF_MEMORY when the virtual range cannot
  * be reserved. On cuda, where the driver's virtual memory API makes no managed
@@ -548,8 +549,11 @@ TP_API tp_error_t tp_stream_query(tp_stream_t stream);
 TP_API tp_error_t tp_stream_wait_event(tp_stream_t stream, tp_event_t event,
                                        unsigned flags);
 
-/* Events: positions in a stream's work. Errors: INVALID_VALUE (NULL or
- * unknown event or stream). tp_event_query returns NOT_READY while the
+/* Events: positions in a stream's work. An event belongs to the device
+ * current where it was created, and is recorded only on that device's
+ * streams (INVALID_VALUE otherwise, as CUDA's event and stream must share
+ * a context); any device's stream may wait on it. Errors: INVALID_VALUE
+ * (NULL or unknown event or stream). tp_event_query returns NOT_READY while the
  * recorded work runs; an event never recorded has completed.
  * tp_event_synchronize also releases pool memory like a stream
  * synchronize. Once the work an event covers has faulted, both answer
@@ -571,6 +575,8 @@ TP_API tp_error_t tp_device_synchronize(void);
  * memory's pool does not grant to the stream's device, or an address the
  * process does not have, faults the stream: TP_ERROR_ILLEGAL_ADDRESS at its
  * next synchronize (bytes before the faulting one may have been written).
+ * On cuda the driver decides, and may refuse such a call at once
+ * (INVALID_VALUE) rather than fault the stream.
  * Errors: INVALID_VALUE (NULL pointers with size > 0, a range that wraps
  * around the end of the address space, unknown stream). */
 TP_API tp_error_t tp_memset_async(void *ptr, int value, size_t size,
@@ -579,7 +585,10 @@ TP_API tp_error_t tp_memcpy_async(void *dst, const void *src, size_t size,
                                   tp_stream_t stream);
 
 /* Runs fn(arg) on a host thread in stream order. fn must not call tidepool
- * functions that wait on the same stream. Errors: INVALID_VALUE. */
+ * functions that wait on the same stream. On cuda fn runs as a driver host
+ * function (cuLaunchHostFunc), which CUDA forbids to make CUDA calls: there
+ * fn must not call tidepool at all, since most calls may reach the driver.
+ * Errors: INVALID_VALUE. */
 TP_API tp_error_t tp_launch_host_func(tp_stream_t stream, void (*fn)(void *),
                                       void *arg);
 
