@@ -201,6 +201,17 @@ static void test_snapshot(void) {
       run(NULL, "'" TP_TEST_DATA "/snapshot_small.pickle'", out, sizeof out),
       0);
   expect_in(out, "your allocator: peak reserved 22.0 MiB (ratio 5.7672)");
+  /* Events on two devices: the one with the most is replayed, and a note
+   * says so (the other was dropped without a word). */
+  CHECK_EQ_INT(run(NULL, "'" TP_TEST_DATA "/snapshot_two_devices.pickle'", out,
+                   sizeof out),
+               0);
+  expect_in(out, "events on 2 devices; only device 1's");
+  CHECK_EQ_INT(run(NULL,
+                   "--json '" TP_TEST_DATA "/snapshot_two_devices.pickle'", out,
+                   sizeof out),
+               0);
+  expect_in(out, "\"device\":1,\"devices_with_events\":2");
 }
 
 int main(void) {

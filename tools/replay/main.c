@@ -135,6 +135,10 @@ static double mib(uint64_t b) {
 
 /* Lines under a trace's row for what the table does not show. */
 static void notes(const trace *t, const replay_result *r) {
+  if (t->devices > 1)
+    printf("  note: the snapshot has events on %d devices; only device %d's "
+           "(the most) were replayed\n",
+           t->devices, t->device);
   if (r->skipped_frees || t->double_allocs) {
     printf("  note:");
     if (r->skipped_frees)
@@ -175,6 +179,8 @@ static void json_result(const char *name, const char *platform, const trace *t,
          (unsigned long long)r->late_unmaps, r->seconds, ops_per_s,
          (unsigned long long)o->threshold,
          o->growth_slack == UINT64_MAX ? -1LL : (long long)o->growth_slack);
+  if (t->format == TRACE_FORMAT_SNAPSHOT)
+    printf(",\"device\":%d,\"devices_with_events\":%d", t->device, t->devices);
   if (t->has_user)
     printf(",\"user_peak_reserved\":%llu,\"user_ratio\":%.4f",
            (unsigned long long)t->user_peak_reserved,

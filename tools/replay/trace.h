@@ -60,6 +60,7 @@ typedef struct trace {
   bool has_user;
   uint64_t user_peak_reserved;
   int device;           /* snapshots: the device whose events were read */
+  int devices;          /* snapshots: devices with events (only one read) */
   const char *where_is; /* "line" or "entry": what trace_op.where counts */
 } trace;
 

@@ -198,9 +198,12 @@ int trace_read_snapshot(trace *t, const unsigned char *data, size_t len,
                        "%s: device_traces[%zu] is a %s, not a "
                        "list",
                        t->path, d, pk_type_name(dev));
-    else if (dev->u.list.n > most) {
-      most = dev->u.list.n;
-      t->device = (int)d;
+    else if (dev->u.list.n > 0) {
+      t->devices++;
+      if (dev->u.list.n > most) {
+        most = dev->u.list.n;
+        t->device = (int)d;
+      }
     }
   }
   if (rc == 0 && most == 0)
