@@ -179,6 +179,16 @@ static void test_plots(void) {
   expect_in(json, "\"pid\":1");
   expect_in(json, "\"pid\":2");
   expect_in(json, "1 us = 1 operation of the trace");
+  /* A control character in a trace's name, which XML allows in no form,
+   * is drawn as '?' (the SVG was once no valid XML). */
+  write_file("a\001b.csv", small);
+  CHECK_EQ_INT(run(NULL, "a?b.csv --plot=q.svg", out, sizeof out), 0);
+  const char *q = slurp("q.svg");
+  REQUIRE(q != NULL);
+  expect_in(q, ">a?b: peak reserved");
+  for (const char *c = q; *c; c++)
+    if ((unsigned char)*c < 0x20 && *c != '\n' && *c != '\t' && *c != '\r')
+      CHECK_FAIL("the SVG holds the control byte 0x%02x", (unsigned char)*c);
 }
 
 static void test_measure_lag(void) {

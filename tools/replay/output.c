@@ -31,9 +31,14 @@ static double tick_step(double range, int n) {
   return p * (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10);
 }
 
+/* XML 1.0 allows no control character but tab, line feed and carriage
+ * return, not even as a reference: a file name holding one shows '?'. */
 static void xml_text(FILE *f, const char *s) {
   for (; *s; s++) {
-    if (*s == '<')
+    unsigned char c = (unsigned char)*s;
+    if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f)
+      fputc('?', f);
+    else if (*s == '<')
       fputs("&lt;", f);
     else if (*s == '>')
       fputs("&gt;", f);
