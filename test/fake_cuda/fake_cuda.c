@@ -747,13 +747,17 @@ static bool unsafe_barred(void) {
   if (thread_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
     return false;
   bool barred = false;
+  /* An invalidated capture is still an ongoing sequence until it ends
+   * (CUDA's documents bar unsafe calls during "an ongoing capture
+   * sequence"), and keeps barring them, as the host platform does. */
   for (capture *c = captures; c; c = c->next) {
-    if (c->invalid || c->mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+    if (c->mode == CU_STREAM_CAPTURE_MODE_RELAXED)
       continue;
     bool mine = pthread_equal(c->thread, pthread_self());
     if (mine || (thread_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
                  c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
-      invalidate(c);
+      if (!c->invalid)
+        invalidate(c);
       barred = true;
     }
   }
