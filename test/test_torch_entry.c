@@ -902,6 +902,61 @@ static size_t threads_pairs_heap(int n) {
   return mallinfo2().uordblks;
 }
 
+/* A thread that calls tidepool from a key destructor that runs after
+ * tidepool's own, which gave up the thread's per-thread stream, and after
+ * another thread's first call dropped that stream: the call works, on the
+ * stream adopted anew (the ending thread's cache no longer names the old
+ * one; the old code passed this too, its stream still referenced). */
+static pthread_key_t late_key;
+static atomic_int late_result;
+
+static void *first_call_thread(void *arg) {
+  (void)arg;
+  int n = 0;
+  (void)tp_get_device_count(&n);
+  return NULL;
+}
+
+static void late_destructor(void *arg) {
+  (void)arg;
+  pthread_t t; /* its first call drops the stream given up just now */
+  if (pthread_create(&t, NULL, first_call_thread, NULL) == 0)
+    pthread_join(t, NULL);
+  (void)tp_device_synchronize();
+  void *mine = (void *)(uintptr_t)2, *p = NULL;
+  tp_error_t err = tp_malloc_async(&p, 1000, mine);
+  if (err == TP_SUCCESS)
+    err = tp_free_async(p, mine);
+  if (err == TP_SUCCESS)
+    err = tp_stream_synchronize(mine);
+  atomic_store(&late_result, err == TP_SUCCESS ? 1 : -1);
+}
+
+static void *late_caller(void *arg) {
+  (void)arg;
+  per_thread_pair(NULL);
+  pthread_setspecific(late_key, &late_key);
+  return NULL;
+}
+
+static void test_call_after_thread_gave_up_its_stream(void) {
+  const char *platform = tp_platform_name();
+  if (!platform || strcmp(platform, "cuda") != 0) {
+    printf("   (no per-thread default stream on %s)\n",
+           platform ? platform : "(none)");
+    return;
+  }
+  /* tidepool's key exists (made at the first per-thread stream), so this
+   * one, made after it, has its destructor run after tidepool's. */
+  REQUIRE(per_thread_pair(NULL) != NULL);
+  REQUIRE(pthread_key_create(&late_key, late_destructor) == 0);
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, late_caller, NULL) == 0);
+  pthread_join(t, NULL);
+  CHECK_EQ_INT(atomic_load(&late_result), 1);
+  pthread_key_delete(late_key);
+}
+
 static void test_ended_threads_streams(void) {
   const char *platform = tp_platform_name();
   if (!platform || strcmp(platform, "cuda") != 0) {
@@ -1149,6 +1204,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_record_stream_per_thread);
   RUN_TEST(test_record_stream_other_device_context);
   RUN_TEST(test_ended_threads_streams);
+  RUN_TEST(test_call_after_thread_gave_up_its_stream);
   RUN_TEST(test_record_stream_stale);
   RUN_TEST(test_record_stream_other_device);
   RUN_TEST(test_record_stream_legacy_other_device);

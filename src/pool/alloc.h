@@ -41,6 +41,9 @@ void tp__peak_drop_slow(tp__pool *p, int64_t size);
 /* Notes an allocation of `size` bytes by the calling thread, after it was
  * counted; `rose`: the cache's count passed its mark. */
 static inline void tp__peak_note(tp__pool *p, int64_t size, bool rose) {
+  /* The key is read after the cache's count was stored, in the program's
+   * order too, which the reset of the high counts on (pool.c). */
+  atomic_signal_fence(memory_order_seq_cst);
   uint64_t key = tp__peak_key(p);
   tp__peak_slot *t = &tp__peak_slots[key & 3];
   int64_t n = t->count + size;

@@ -182,7 +182,8 @@ static unsigned foreign_way(tp_stream_t handle) {
 static bool foreign_cached(tp_stream_t handle, bool uncaptured,
                            tp__stream **out, bool *idle) {
   unsigned way = foreign_way(handle);
-  if (way == TLS_WAYS || !tp__platform->stream_identify)
+  if (way == TLS_WAYS || !foreign_cache.stream[way] ||
+      !tp__platform->stream_identify)
     return false;
   uint64_t uid;
   tp_capture_status_t status;
@@ -298,11 +299,21 @@ static void bound_lose(tp__stream *s) {
 
 /* `arg`: the thread's streams, one per device (held by the key rather than
  * in static TLS, which a library loaded by dlopen must keep small). */
+/* The ending thread's own cache forgets them too: a call it still makes
+ * from a later key destructor must not find a stream that another thread's
+ * first call may free meanwhile (tp__stream_take_lost). */
 static void bound_exit(void *arg) {
   tp__stream **here = arg;
-  for (int d = 0; d < TP_MAX_DEVICES; d++)
-    if (here[d])
-      bound_lose(here[d]);
+  for (int d = 0; d < TP_MAX_DEVICES; d++) {
+    if (!here[d])
+      continue;
+    for (unsigned way = 0; way < TLS_WAYS; way++)
+      if (foreign_cache.stream[way] == here[d]) {
+        foreign_cache.handle[way] = NULL;
+        foreign_cache.stream[way] = NULL;
+      }
+    bound_lose(here[d]);
+  }
   free(here);
 }
 
