@@ -18,6 +18,8 @@
 
 static tp_error_t malloc_entered(void **ptr, size_t size, tp_stream_t stream,
                                  bool uncaptured);
+static tp_error_t malloc_in_pool(void **ptr, size_t size, tp_stream_t stream,
+                                 bool uncaptured, tp__stream *s, tp__pool *p);
 static tp_error_t malloc_whole(void **ptr, size_t size, tp_stream_t stream,
                                bool uncaptured);
 static tp_error_t free_entered(void *ptr, tp_stream_t stream, bool uncaptured);
@@ -34,14 +36,17 @@ static TP_ALWAYS_INLINE tp_error_t malloc_quick(void **ptr, size_t size,
   tp__stream *s = tp__stream_quick(stream);
   tp_pool_t pool;
   tp__pool *p;
-  if (TP_LIKELY(s != NULL && (uncaptured || tp__no_capture()) &&
-                (pool = tp__current_pool_made(s->device * 2)) != NULL &&
-                tp__pool_get_known(pool, &p) == TP_SUCCESS &&
-                tp__pool_malloc_quick(p, ptr, size, s))) {
+  if (TP_UNLIKELY(size == 0 || s == NULL || !(uncaptured || tp__no_capture()) ||
+                  (pool = tp__current_pool_made(s->device * 2)) == NULL ||
+                  tp__pool_get_known(pool, &p) != TP_SUCCESS))
+    return malloc_entered(ptr, size, stream, uncaptured);
+  if (TP_LIKELY(tp__pool_malloc_quick(p, ptr, size, s))) {
     tp__guard_exit();
     return TP_SUCCESS;
   }
-  return malloc_entered(ptr, size, stream, uncaptured);
+  /* The stream and the pool are known: a stream shared by threads (the
+   * lock out of bias), a large size or an empty class go on from them. */
+  return malloc_in_pool(ptr, size, stream, uncaptured, s, p);
 }
 
 /* A free of a pool's pointer that no other process shares, where nothing
@@ -137,6 +142,20 @@ static TP_NOINLINE tp_error_t malloc_entered(void **ptr, size_t size,
                                              tp_stream_t stream,
                                              bool uncaptured) {
   tp_error_t err = malloc_async(ptr, size, stream, uncaptured);
+  tp__guard_exit();
+  return err;
+}
+
+/* The pool's own path where the quick entry found the stream and the
+ * current pool. A pool destroyed meanwhile answers INVALID_VALUE, and the
+ * whole path then looks again (see malloc_current). */
+static TP_NOINLINE tp_error_t malloc_in_pool(void **ptr, size_t size,
+                                             tp_stream_t stream,
+                                             bool uncaptured, tp__stream *s,
+                                             tp__pool *p) {
+  tp_error_t err = tp__pool_malloc_rest(p, ptr, size, s);
+  if (TP_UNLIKELY(err == TP_ERROR_INVALID_VALUE))
+    err = malloc_async(ptr, size, stream, uncaptured);
   tp__guard_exit();
   return err;
 }

@@ -88,10 +88,12 @@ static TP_ALWAYS_INLINE bool tp__pool_malloc_quick(tp__pool *p, void **ptr,
   return true;
 }
 
-static TP_ALWAYS_INLINE tp_error_t tp__pool_malloc(tp__pool *p, void **ptr,
-                                                   size_t size, tp__stream *s) {
-  if (TP_LIKELY(tp__pool_malloc_quick(p, ptr, size, s)))
-    return TP_SUCCESS;
+/* Any allocation from `p` on `s`, the quick case apart: the stream's lock
+ * taken whichever way it must be, a small or large block from its cache,
+ * or alloc.c's slow path. */
+static TP_ALWAYS_INLINE tp_error_t tp__pool_malloc_rest(tp__pool *p, void **ptr,
+                                                        size_t size,
+                                                        tp__stream *s) {
   /* The limit is a multiple of the chunk size, so that no size below it
    * overflows when rounded up (space.c). */
   TP_RETURN_IF(size > p->space.limit, TP_ERROR_OUT_OF_MEMORY);
@@ -110,6 +112,13 @@ static TP_ALWAYS_INLINE tp_error_t tp__pool_malloc(tp__pool *p, void **ptr,
   *ptr = b ? tp__finish_large(p, b, size) : tp__finish_small(&e, size);
   tp__peak_note(p, (int64_t)size, rose);
   return TP_SUCCESS;
+}
+
+static TP_ALWAYS_INLINE tp_error_t tp__pool_malloc(tp__pool *p, void **ptr,
+                                                   size_t size, tp__stream *s) {
+  if (TP_LIKELY(tp__pool_malloc_quick(p, ptr, size, s)))
+    return TP_SUCCESS;
+  return tp__pool_malloc_rest(p, ptr, size, s);
 }
 
 /* ---- free ------------------------------------------------------------------
