@@ -39,6 +39,17 @@ then
 fi
 rm -f "${TMPDIR:-/tmp}/tp-run-err.$$"
 
+# Both set, the backend named in one only: PyTorch versions differ in which
+# they read first, so the other is noted (the two were once read as one).
+env -u LD_PRELOAD PYTORCH_ALLOC_CONF=expandable_segments:True \
+  PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync TIDEPOOL_PRELOAD=0 \
+  "$run" true 2>"${TMPDIR:-/tmp}/tp-run-err.$$"
+if ! grep -q "PYTORCH_ALLOC_CONF is set without backend:cudaMallocAsync" \
+  "${TMPDIR:-/tmp}/tp-run-err.$$"; then
+  fail "no note that PYTORCH_ALLOC_CONF lacks the backend"
+fi
+rm -f "${TMPDIR:-/tmp}/tp-run-err.$$"
+
 out=$(env -u LD_PRELOAD -u PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF=x \
   TIDEPOOL_PRELOAD=0 "$run" "$test_program" env 2>/dev/null)
 expect "PYTORCH_ALLOC_CONF respected" "$out" "$lib_abs|unset"
