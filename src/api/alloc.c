@@ -14,7 +14,7 @@
  * jump, not a call). With no call on the way that it must come back from,
  * the compiler keeps the run's values in registers rather than saving them
  * across calls: a pair took 429 instructions with the whole path inlined,
- * and fewer than 370 this way (bench/RESULTS.md). */
+ * and about 356 this way (bench/RESULTS.md). */
 
 static tp_error_t malloc_entered(void **ptr, size_t size, tp_stream_t stream,
                                  bool uncaptured);
@@ -25,9 +25,10 @@ static tp_error_t malloc_whole(void **ptr, size_t size, tp_stream_t stream,
 static tp_error_t free_entered(void *ptr, tp_stream_t stream, bool uncaptured);
 static tp_error_t free_whole(void *ptr, tp_stream_t stream, bool uncaptured);
 
-/* A small allocation from the current pool of the stream's device, where
- * nothing captures. Inline, so that the public entry point gets a copy for
- * its constant `uncaptured`. */
+/* An allocation from the current pool of the stream's device, where nothing
+ * captures: a small one from the stream's cache right here, any other from
+ * the pool once the stream and the pool are found. Inline, so that the
+ * public entry point gets a copy for its constant `uncaptured`. */
 static TP_ALWAYS_INLINE tp_error_t malloc_quick(void **ptr, size_t size,
                                                 tp_stream_t stream,
                                                 bool uncaptured) {
