@@ -878,6 +878,17 @@ static void test_record_stream_other_device_context(void) {
   CHECK_OK(tp_stream_destroy(a0));
 }
 
+/* Whether the platform has cuda's per-thread default stream (handle 2);
+ * says so where it has not. */
+static bool has_per_thread_stream(void) {
+  const char *platform = tp_platform_name();
+  if (platform && strcmp(platform, "cuda") == 0)
+    return true;
+  printf("   (no per-thread default stream on %s)\n",
+         platform ? platform : "(none)");
+  return false;
+}
+
 /* Threads that allocate on their per-thread default stream and end, with
  * no synchronize in between: each one's stream and its caches go at the
  * next thread's first call. They stayed until a synchronize, some 40 KB a
@@ -940,12 +951,8 @@ static void *late_caller(void *arg) {
 }
 
 static void test_call_after_thread_gave_up_its_stream(void) {
-  const char *platform = tp_platform_name();
-  if (!platform || strcmp(platform, "cuda") != 0) {
-    printf("   (no per-thread default stream on %s)\n",
-           platform ? platform : "(none)");
+  if (!has_per_thread_stream())
     return;
-  }
   /* tidepool's key exists (made at the first per-thread stream), so this
    * one, made after it, has its destructor run after tidepool's. */
   REQUIRE(per_thread_pair(NULL) != NULL);
@@ -958,12 +965,8 @@ static void test_call_after_thread_gave_up_its_stream(void) {
 }
 
 static void test_ended_threads_streams(void) {
-  const char *platform = tp_platform_name();
-  if (!platform || strcmp(platform, "cuda") != 0) {
-    printf("   (no per-thread default stream on %s)\n",
-           platform ? platform : "(none)");
+  if (!has_per_thread_stream())
     return;
-  }
   size_t before = threads_pairs_heap(20), after = threads_pairs_heap(300);
   printf("   heap after 300 more ended threads: %+lld bytes\n",
          (long long)after - (long long)before);
@@ -1026,12 +1029,8 @@ static void *record_per_thread(void *arg) {
 }
 
 static void test_record_stream_per_thread(void) {
-  const char *platform = tp_platform_name();
-  if (!platform || strcmp(platform, "cuda") != 0) {
-    printf("   (no per-thread default stream on %s)\n",
-           platform ? platform : "(none)");
+  if (!has_per_thread_stream())
     return;
-  }
   tp_stream_t a;
   REQUIRE_OK(tp_stream_create(&a, TP_STREAM_NON_BLOCKING));
   per_thread_record r = {.x = tp_torch_alloc((ssize_t)MiB, 0, a)};
