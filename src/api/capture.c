@@ -278,8 +278,14 @@ bool tp__graph_on_wait(tp__stream *s, tp_event_t event, tp__event *e,
     pthread_mutex_lock(&shadows_lock);
     shadow *sh = shadow_find(event);
     bool captured = sh && sh->captured;
-    if (captured)
+    /* The stream joins the capture here (a fork): under its lock, as in
+     * begin_capture, so that no poll falls between its question and its
+     * query. */
+    if (captured) {
+      tp__blspin_lock(&s->lock);
       *err = tp__platform->capture_event_wait(s->ps, sh->pe);
+      tp__blspin_unlock(&s->lock);
+    }
     pthread_mutex_unlock(&shadows_lock);
     if (captured)
       return true;
@@ -355,7 +361,14 @@ static tp_error_t begin_capture(tp_stream_t stream, tp_capture_mode_t mode) {
                    mode != TP_CAPTURE_MODE_THREAD_LOCAL &&
                    mode != TP_CAPTURE_MODE_RELAXED,
                TP_ERROR_INVALID_VALUE);
-  TP_FORWARD(tp__platform->capture_begin(s->ps, mode));
+  /* Begun under the stream's lock, which a poll of the stream holds from
+   * its capture question to its query (order.c, ask_stream): a capture
+   * begun between the two would be invalidated by the query. A capture the
+   * application begins through the driver itself can still fall there. */
+  tp__blspin_lock(&s->lock);
+  tp_error_t err = tp__platform->capture_begin(s->ps, mode);
+  tp__blspin_unlock(&s->lock);
+  TP_FORWARD(err);
   tp_capture_status_t status;
   uint64_t id = 0;
   if (tp__platform->capture_status(s->ps, &status, &id) != TP_SUCCESS)
