@@ -252,16 +252,21 @@ static int pool_live(void *ptr) {
   return r;
 }
 
-/* Whether the handle names the calling thread's own stream. */
-static bool stream_thread_bound(void *stream) {
+/* What a stream handle PyTorch passes is: its device, and whether it names
+ * the calling thread's own stream (cuda's per-thread default stream).
+ * False, with nothing written, where it cannot be told. */
+static bool stream_facts(void *stream, int *device, bool *thread_bound) {
   if (tp__api_init() != TP_SUCCESS)
     return false;
   tp__guard_enter();
   tp__stream *s = NULL;
-  bool bound =
-      tp__stream_get((tp_stream_t)stream, &s) == TP_SUCCESS && s->thread_bound;
+  bool found = tp__stream_get((tp_stream_t)stream, &s) == TP_SUCCESS;
+  if (found) {
+    *device = s->device;
+    *thread_bound = s->thread_bound;
+  }
   tp__guard_exit();
-  return bound;
+  return found;
 }
 
 /* Takes out `ptr`'s recorded streams (NULL when none); record_lock held. */
@@ -294,13 +299,10 @@ static int capture_side(void *stream) {
 /* The device of a stream PyTorch names (NULL: the legacy stream of the
  * device current here), or `fallback` where it cannot be told. */
 static int stream_device(void *stream, int fallback) {
-  if (!stream)
-    return fallback;
-  tp__guard_enter();
-  tp__stream *s = NULL;
-  int d = tp__stream_get((tp_stream_t)stream, &s) == TP_SUCCESS ? s->device
-                                                                : fallback;
-  tp__guard_exit();
+  int d = fallback;
+  bool bound;
+  if (stream)
+    (void)stream_facts(stream, &d, &bound);
   return d;
 }
 
@@ -440,18 +442,16 @@ static void torch_free(void *ptr, ssize_t size, int device, void *stream,
      * asking. During an announced capture such a free is deferred at once
      * (the capture may be of a non-blocking stream, and the free then
      * waits longer than it had to, never too little). */
-    if (!stream && !traced && announced_capture() &&
-        defer_free(ptr, size, device, stream, streams, n)) {
-      leave(saved);
-      if (TP_UNLIKELY(timed_call))
-        timed_add(2, t0);
-      return;
+    bool deferred = !stream && !traced && announced_capture() &&
+                    defer_free(ptr, size, device, stream, streams, n);
+    if (!deferred) {
+      err = wait_recorded(streams, n, stream);
+      if (err == TP_SUCCESS)
+        err = tp__free_async_as(ptr, (tp_stream_t)stream, uncaptured());
+      deferred = err == TP_ERROR_INVALID_VALUE &&
+                 defer_free(ptr, size, device, stream, streams, n);
     }
-    err = wait_recorded(streams, n, stream);
-    if (err == TP_SUCCESS)
-      err = tp__free_async_as(ptr, (tp_stream_t)stream, uncaptured());
-    if (err == TP_ERROR_INVALID_VALUE &&
-        defer_free(ptr, size, device, stream, streams, n)) {
+    if (deferred) {
       err = TP_SUCCESS;
       streams = NULL;
     }
@@ -538,7 +538,9 @@ TP_API void tp_torch_record_stream(void *ptr, void *stream) {
    * default stream) would name the freeing thread's at the free. Such a
    * stream is a blocking one, so the legacy stream, which waits for every
    * blocking stream's work, stands for it. */
-  if (stream && stream_thread_bound(stream))
+  int device;
+  bool bound = false;
+  if (stream && stream_facts(stream, &device, &bound) && bound)
     stream = NULL;
   pthread_mutex_lock(&record_lock);
   recorded *r = records_find(ptr);

@@ -162,9 +162,8 @@ void tp__pool_free_put_slow(tp__pool *p, tp__stream *s, uintptr_t addr,
                             int64_t req) {
   tp__peak_drop(p, req);
   bool biased = tp__blspin_enter(&s->lock);
-  tp__tag t = tp__stream_tag(s);
-  tp__centry e = {addr, owner, t.epoch, t.lseq};
-  bool kept = tp__cache_push(tp__cache_find(s, &p->caches), cls, large, e, req);
+  tp__centry e;
+  bool kept = tp__pool_cache_keep(p, s, addr, owner, cls, large, req, &e);
   tp__blspin_leave(&s->lock, biased);
   if (!kept)
     free_slow(p, s, cls, large, &e, req);
@@ -231,7 +230,7 @@ TP_TLS tp__peak_slot tp__peak_slots[4];
 
 static tp__peak_slot *peak_slot_of(const tp__pool *p) {
   uint64_t key = tp__peak_key(p);
-  tp__peak_slot *t = &tp__peak_slots[key & 3];
+  tp__peak_slot *t = tp__peak_slot_at(key);
   if (t->key != key)
     *t = (tp__peak_slot){.key = key};
   return t;

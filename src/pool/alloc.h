@@ -31,6 +31,13 @@ static inline uint64_t tp__peak_key(const tp__pool *p) {
   return atomic_load_explicit(&p->peak_key, memory_order_relaxed);
 }
 
+/* The calling thread's slot for a pool whose peak key is `key`; it counts
+ * for that pool only where its own key is the same. */
+static inline tp__peak_slot *tp__peak_slot_at(uint64_t key) {
+  return &tp__peak_slots[key %
+                         (sizeof tp__peak_slots / sizeof *tp__peak_slots)];
+}
+
 /* The out-of-line halves of the two below: a thread's first operation on a
  * pool since the high was last reset (or since its slot served another
  * pool) starts the slot over, and an allocation that passes a mark takes
@@ -45,7 +52,7 @@ static inline void tp__peak_note(tp__pool *p, int64_t size, bool rose) {
    * order too, which the reset of the high counts on (pool.c). */
   atomic_signal_fence(memory_order_seq_cst);
   uint64_t key = tp__peak_key(p);
-  tp__peak_slot *t = &tp__peak_slots[key & 3];
+  tp__peak_slot *t = tp__peak_slot_at(key);
   int64_t n = t->count + size;
   if (TP_LIKELY(t->key == key && n <= t->mark && !rose))
     t->count = n;
@@ -56,7 +63,7 @@ static inline void tp__peak_note(tp__pool *p, int64_t size, bool rose) {
 /* Notes a free of `size` bytes by the calling thread: never a new peak. */
 static inline void tp__peak_drop(tp__pool *p, int64_t size) {
   uint64_t key = tp__peak_key(p);
-  tp__peak_slot *t = &tp__peak_slots[key & 3];
+  tp__peak_slot *t = tp__peak_slot_at(key);
   if (TP_LIKELY(t->key == key))
     t->count -= size;
   else
@@ -126,18 +133,29 @@ static TP_ALWAYS_INLINE tp_error_t tp__pool_malloc(tp__pool *p, void **ptr,
  * stream's cache with the free's position, and to the pool lock only when
  * the cache is full or missing. */
 
+/* Keeps a block taken back in the stream's cache, with the free's position
+ * in the stream (in *e), and counts the free; stream lock held. False where
+ * the stream has no cache in the pool or no room in it. */
+static TP_ALWAYS_INLINE bool tp__pool_cache_keep(tp__pool *p, tp__stream *s,
+                                                 uintptr_t addr, void *owner,
+                                                 unsigned cls, bool large,
+                                                 int64_t req, tp__centry *e) {
+  tp__tag tag = tp__stream_tag(s);
+  *e = (tp__centry){addr, owner, tag.epoch, tag.lseq};
+  return tp__cache_push(tp__cache_find(s, &p->caches), cls, large, *e, req);
+}
+
 /* The second half's quick case, the stream's lock in bias and room in the
  * cache: false, with nothing done, otherwise. */
 static TP_ALWAYS_INLINE bool tp__pool_free_put_quick(tp__pool *p, tp__stream *s,
                                                      const tp__claim *c) {
   uint64_t key = tp__peak_key(p);
-  tp__peak_slot *t = &tp__peak_slots[key & 3];
+  tp__peak_slot *t = tp__peak_slot_at(key);
   if (TP_UNLIKELY(t->key != key || !tp__blspin_try_bias(&s->lock)))
     return false;
-  tp__tag tag = tp__stream_tag(s);
-  tp__centry e = {c->addr, c->owner, tag.epoch, tag.lseq};
-  bool kept = tp__cache_push(tp__cache_find(s, &p->caches), c->cls, c->large, e,
-                             c->req);
+  tp__centry e;
+  bool kept = tp__pool_cache_keep(p, s, c->addr, c->owner, c->cls, c->large,
+                                  c->req, &e);
   tp__blspin_leave(&s->lock, true);
   if (kept)
     t->count -= c->req;

@@ -367,17 +367,17 @@ static uint64_t get_used_high(tp__pool *p) {
   tp__pool_peak_raise(p);
   return atomic_load(&p->used_high);
 }
-/* Resets the high to the current total; every thread's mark starts over. */
-/* The key moves first, and the total is taken after: an allocation that
+/* Resets the high to the current total; every thread's mark starts over.
+ * The key moves first, and the total is taken after: an allocation that
  * the total misses then finds the new key, which starts its marks over and
  * makes it take the total itself (it waits for this lock). The heavy fence
  * (membarrier, where the kernel has it) orders the allocation's count
  * before its later load of the key, as seen from here: of the total here
  * and that load, one sees the other's side. Without membarrier a window of
- * a few instructions stays open. The total was once
- * taken first, and an allocation finished between the two steps was in
- * neither, a peak lost for good (one thread on one stream, the case the
- * high promises to keep exact). */
+ * a few instructions stays open. The total was once taken first, and an
+ * allocation finished between the two steps was in neither, a peak lost
+ * for good (one thread on one stream, the case the high promises to keep
+ * exact). */
 static tp_error_t reset_used_high(tp__pool *p, uint64_t v) {
   (void)v;
   tp__mutex_lock(&p->lock);
