@@ -223,6 +223,77 @@ static void test_concurrent_imports(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* Threads of one process that each import the pool, import a pointer,
+ * free it and destroy their import, over and over: an import may be given
+ * the range another thread's import has just let go of, and each pointer's
+ * free must still find its own pool (a destroy once took a newer import's
+ * entry out of the address table, and its frees then failed). */
+#define CHURN_THREADS 4
+#define CHURN_ROUNDS 150
+typedef struct churn {
+  int fd;
+  tp_pool_ptr_export_data_t rec;
+  atomic_int failures;
+} churn;
+
+static void *churn_thread(void *arg) {
+  churn *c = arg;
+  tp_stream_t s = NULL;
+  if (tp_stream_create(&s, TP_STREAM_NON_BLOCKING) != TP_SUCCESS) {
+    atomic_fetch_add(&c->failures, 1);
+    return NULL;
+  }
+  for (int i = 0; i < CHURN_ROUNDS; i++) {
+    tp_pool_t imported = NULL;
+    void *q = NULL;
+    tp_error_t err = tp_pool_import_from_shareable_handle(
+        &imported, (void *)(uintptr_t)c->fd, TP_HANDLE_POSIX_FD, 0);
+    if (err == TP_SUCCESS)
+      err = tp_pool_import_pointer(&q, imported, &c->rec);
+    if (err == TP_SUCCESS)
+      err = tp_free_async(q, s);
+    if (err == TP_SUCCESS)
+      err = tp_stream_synchronize(s);
+    if (err != TP_SUCCESS)
+      fprintf(stderr, "churn round %d: %s\n", i, tp_error_name(err));
+    if (imported && tp_pool_destroy(imported) != TP_SUCCESS)
+      err = TP_ERROR_INVALID_VALUE;
+    if (err != TP_SUCCESS)
+      atomic_fetch_add(&c->failures, 1);
+  }
+  (void)tp_stream_destroy(s);
+  return NULL;
+}
+
+static void test_import_churn(void) {
+  tp_stream_t s = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  tp_pool_t pool = ipc_pool(0);
+  REQUIRE(pool);
+  churn c = {.fd = -1};
+  void *a = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&a, 64 * KiB, pool, s));
+  REQUIRE_OK(tp_stream_synchronize(s));
+  REQUIRE_OK(tp_pool_export_pointer(&c.rec, a));
+  REQUIRE_OK(
+      tp_pool_export_to_shareable_handle(&c.fd, pool, TP_HANDLE_POSIX_FD, 0));
+  pthread_t t[CHURN_THREADS];
+  for (int i = 0; i < CHURN_THREADS; i++)
+    REQUIRE(pthread_create(&t[i], NULL, churn_thread, &c) == 0);
+  for (int i = 0; i < CHURN_THREADS; i++)
+    pthread_join(t[i], NULL);
+  close(c.fd);
+  CHECK_EQ_INT(atomic_load(&c.failures), 0);
+  /* Every import's hold has gone: the exporter's own allocation is all
+   * that is used. */
+  CHECK_EQ_U64(wait_used(pool, 64 * KiB), 64 * KiB);
+  CHECK_OK(tp_free_async(a, s));
+  CHECK_EQ_U64(wait_used(pool, 0), 0);
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
 /* An exporter that destroys its pool while an importer holds a block keeps
  * the pool until the importer lets go. */
 static void test_destroy_while_held(void) {
@@ -572,6 +643,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_destroy_while_held);
   RUN_TEST(test_host_numa_pool);
   RUN_TEST(test_concurrent_imports);
+  RUN_TEST(test_import_churn);
   RUN_TEST(test_across_processes);
   RUN_TEST(test_remapped_chunk);
   RUN_TEST(test_importer_killed);

@@ -465,12 +465,16 @@ static void import_destroy(tp__pool *p) {
   /* The exporter sees the channel close and lets go of what this process
    * still held; the range goes too, as no call maps into it any more. */
   tp__chan_break(m);
+  /* The address table lets go of the range before the platform does: a
+   * pool imported meanwhile may be given the same range, and a late removal
+   * would take its entry instead. */
+  if (m->registered)
+    tp__registry_remove(p->space.base, p->space.va_size);
+  m->registered = false;
   if (m->res)
     (void)tp__platform->unreserve(m->res);
   m->res = NULL;
   pthread_mutex_unlock(&m->mu);
-  if (m->registered)
-    tp__registry_remove(p->space.base, p->space.va_size);
 }
 
 static void import_fini(tp__pool *p) {
