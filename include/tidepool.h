@@ -739,8 +739,10 @@ TP_API tp_error_t tp_graph_instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
                                        unsigned long long flags);
 
 /* Queues one run of the exec on `stream`, after the stream's earlier work
- * and after the exec's earlier launches, and after every tp_free_async (on
- * any stream) of an allocation the graph did not free. Makes no allocator
+ * and after the exec's earlier launches (for a graph with allocations or
+ * frees, also those of its earlier execs, whose memory has the same
+ * addresses), and after every tp_free_async (on any stream) of an
+ * allocation the graph did not free. Makes no allocator
  * call. Errors: INVALID_VALUE (unknown or destroyed exec, unknown stream,
  * an allocation of the graph still live from an earlier launch without
  * AUTO_FREE_ON_LAUNCH, an allocation of another graph that this graph

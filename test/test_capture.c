@@ -1102,6 +1102,43 @@ static void test_memory_outlives_launch(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* A graph's memory has the graph's addresses in every exec of it: an exec
+ * made after one destroyed while its launch is still queued runs after that
+ * launch, on whatever stream, also where an exec between them was destroyed
+ * without a launch. */
+static void test_reinstantiated_exec_follows(void) {
+  tp_stream_t s1 = new_stream(TP_STREAM_NON_BLOCKING);
+  tp_stream_t s2 = new_stream(TP_STREAM_NON_BLOCKING);
+  atomic_int runs = 0;
+  REQUIRE_OK(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL));
+  void *p = NULL;
+  CHECK_OK(tp_malloc_async(&p, 2 * MiB, s1));
+  CHECK_OK(tp_memset_async(p, 1, 2 * MiB, s1));
+  CHECK_OK(tp_launch_host_func(s1, bump, &runs));
+  CHECK_OK(tp_free_async(p, s1));
+  tp_graph_t graph = NULL;
+  REQUIRE_OK(tp_stream_end_capture(s1, &graph));
+  tp_graph_exec_t x1 = NULL, x2 = NULL, x3 = NULL;
+  REQUIRE_OK(tp_graph_instantiate(&x1, graph, 0));
+  gate_t gate;
+  REQUIRE_OK(hold_stream(s1, &gate));
+  CHECK_OK(tp_graph_launch(x1, s1));
+  CHECK_OK(tp_graph_exec_destroy(x1));
+  REQUIRE_OK(tp_graph_instantiate(&x2, graph, 0));
+  CHECK_OK(tp_graph_exec_destroy(x2));
+  REQUIRE_OK(tp_graph_instantiate(&x3, graph, 0));
+  CHECK_OK(tp_graph_launch(x3, s2));
+  check_sleep_ms(30);
+  CHECK_EQ_INT(atomic_load(&runs), 0); /* s2's launch waits for s1's */
+  release(&gate);
+  CHECK_OK(tp_stream_synchronize(s2));
+  CHECK_EQ_INT(atomic_load(&runs), 2);
+  CHECK_OK(tp_graph_exec_destroy(x3));
+  CHECK_OK(tp_graph_destroy(graph));
+  CHECK_OK(tp_stream_destroy(s1));
+  CHECK_OK(tp_stream_destroy(s2));
+}
+
 /* An allocation node takes its pool's device and access list: memory of a
  * device-1 pool that grants device 0 access serves a graph on a device-0
  * stream, is counted on device 1, and without the grant device 0's work
@@ -2078,6 +2115,7 @@ int main(void) {
   printf("platform %s\n", platform);
   RUN_TEST(test_replay);
   RUN_TEST(test_launch_order);
+  RUN_TEST(test_reinstantiated_exec_follows);
   RUN_TEST(test_fork_join);
   RUN_TEST(test_alloc_free_reuse);
   RUN_TEST(test_free_refused);

@@ -44,6 +44,10 @@ typedef struct graph_slot {
   pthread_mutex_t use;
   tp__pgraph *pg;
   tp__gmem *gm; /* NULL: the capture allocated and freed nothing */
+  /* The last launch of its destroyed exec, while its graph memory may
+   * still be in use there: the next exec's launches follow it, as the
+   * addresses are the graph's and so the same in every exec. */
+  tp__tag prior;
   struct graph_slot *next_free;
 } graph_slot;
 
@@ -62,11 +66,15 @@ typedef struct exec_slot {
    * destruction here leaves the platform's exec alone, and its graph slot
    * (a shell that no handle names) goes with it. */
   bool adopted;
-  /* For a self-held gm (see tp__gmem_adopt): where the last launch was
-   * queued, so that the graph's memory outlives it. The application
+  /* Where the last launch was queued, for an exec with graph memory: the
+   * next exec of its graph follows it, and for a self-held gm (`track`,
+   * see tp__gmem_adopt) the graph's memory outlives it. The application
    * serialises calls on one exec, as CUDA asks. */
   bool track;
   tp__tag last;
+  /* Taken from its graph's prior at instantiation: what its first launch
+   * waits for. */
+  tp__tag after;
   struct exec_slot *next_adopted; /* the live adopted execs */
   struct exec_slot *next_free;
 } exec_slot;
@@ -118,6 +126,7 @@ static graph_slot *graph_new(void) {
   if (g) {
     g->pg = NULL;
     g->gm = NULL;
+    g->prior = (tp__tag){0};
     g->next_free = NULL;
   }
   return g;
@@ -149,7 +158,7 @@ static exec_slot *exec_new(void) {
     x->gm = NULL;
     atomic_store_explicit(&x->auto_free, false, memory_order_relaxed);
     x->adopted = x->track = false;
-    x->last = (tp__tag){0};
+    x->last = x->after = (tp__tag){0};
     x->next_adopted = x->next_free = NULL;
   }
   return x;
@@ -298,6 +307,10 @@ static tp_error_t instantiate(tp_graph_exec_t *exec, graph_slot *graph,
                         flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH,
                         memory_order_relaxed);
   x->track = tp__gmem_self_held(graph->gm);
+  if (graph->prior.stream) {
+    x->after = graph->prior;
+    graph->prior = (tp__tag){0};
+  }
   *exec = exec_publish(x);
   return TP_SUCCESS;
 }
@@ -332,13 +345,15 @@ static tp_error_t launch(exec_slot *exec, tp_stream_t stream) {
     TP_FORWARD(tp__capture_status_of(s, &status, NULL));
     TP_RETURN_IF(status != TP_CAPTURE_STATUS_NONE, TP_ERROR_NOT_SUPPORTED);
   }
+  if (exec->after.stream && !tp__stream_settles(&exec->after, true))
+    TP_FORWARD(tp__stream_make_wait(s, &exec->after));
   tp__work_begin(s);
   tp_error_t err = tp__gmem_launch(
       exec->gm, exec->pe,
       atomic_load_explicit(&exec->auto_free, memory_order_relaxed), s->ps,
       s->device);
   tp__work_end(s, err);
-  if (err == TP_SUCCESS && exec->track) {
+  if (err == TP_SUCCESS && exec->gm) {
     /* Work queued on s from now on follows the launch: the epoch moves
      * under the stream's lock, so no marker recorded before the launch can
      * count as one after it. */
@@ -349,6 +364,8 @@ static tp_error_t launch(exec_slot *exec, tp_stream_t stream) {
     }
     exec->last.epoch = tp__stream_advance(s);
   }
+  if (err == TP_SUCCESS)
+    tp__tag_clear(&exec->after);
   return err;
 }
 
@@ -382,6 +399,25 @@ TP_API tp_error_t tp_graph_launch(tp_graph_exec_t exec, tp_stream_t stream) {
 
 static void adopted_forget(exec_slot *x);
 
+/* An exec of g is being destroyed, under g's lock: the launch its graph's
+ * next exec must follow goes to g, while g is still the exec's graph and
+ * alive (a slot whose graph was destroyed may serve another by now, which
+ * a different gm tells). That is its last launch where it was launched
+ * (which followed what it had to), else what it had to follow. */
+static void hand_on(exec_slot *x, graph_slot *g, bool may_run) {
+  bool mine = x->gm && g->gm == x->gm && (atomic_load(&g->state) & 1);
+  if (mine && may_run) {
+    tp__tag_clear(&g->prior);
+    tp__stream_ref(x->last.stream);
+    g->prior = x->last;
+  } else if (mine && x->after.stream) {
+    tp__tag_clear(&g->prior);
+    g->prior = x->after;
+    x->after = (tp__tag){0};
+  }
+  tp__tag_clear(&x->after);
+}
+
 TP_API tp_error_t tp_graph_exec_destroy(tp_graph_exec_t exec) {
   TP_FORWARD(tp__api_init());
   exec_slot *x;
@@ -392,7 +428,10 @@ TP_API tp_error_t tp_graph_exec_destroy(tp_graph_exec_t exec) {
     pthread_mutex_unlock(&g->use);
     return TP_ERROR_INVALID_VALUE;
   }
-  bool may_run = x->last.stream != NULL;
+  hand_on(x, g, x->last.stream != NULL);
+  bool may_run = x->track && x->last.stream;
+  if (!may_run)
+    tp__tag_clear(&x->last);
   if (x->gm)
     tp__gmem_exec_destroyed(x->gm, may_run);
   tp_error_t err =
@@ -425,6 +464,7 @@ TP_API tp_error_t tp_graph_destroy(tp_graph_t graph) {
   }
   if (g->gm)
     tp__gmem_graph_destroyed(g->gm);
+  tp__tag_clear(&g->prior);
   tp_error_t err = tp__platform->graph_destroy(g->pg);
   pthread_mutex_unlock(&g->use);
   graph_free(g);
