@@ -74,6 +74,19 @@ static void completed(tp__stream *s, uint64_t epoch, bool covered) {
   tp__ipc_settle();
 }
 
+/* The streams a completion covered (from tp__event_synchronize or
+ * tp__stream_settle_followed) settle as after a synchronize of each. */
+static void settle_listed(tp__stream **v, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    tp__pool_after_sync(v[i]);
+    if (v[i])
+      tp__stream_unref(v[i]);
+  }
+  free(v);
+  if (n)
+    tp__ipc_settle();
+}
+
 static tp_error_t stream_synchronize(tp_stream_t stream) {
   tp__stream *s;
   TP_FORWARD(stream_of(stream, &s));
@@ -83,8 +96,16 @@ static tp_error_t stream_synchronize(tp_stream_t stream) {
       (tp__stream_misses_legacy(s) && tp__stream_legacy_idle(s->device)) ||
       tp__stream_legacy_fence(s, epoch);
   tp_error_t err = tp__platform->stream_synchronize(s->ps);
-  if (err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS)
+  if (err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS) {
     completed(s, epoch, covered);
+    /* The work the stream waited for completed too: the frees it covers on
+     * other streams are reusable by all, as CUDA's synchronize makes every
+     * free it guarantees complete. */
+    tp__stream **v = NULL;
+    size_t n = 0;
+    if (tp__stream_settle_followed(s, &v, &n) == TP_SUCCESS)
+      settle_listed(v, n);
+  }
   tp__pools_drop_lost();
   return err;
 }
@@ -178,14 +199,7 @@ static tp_error_t event_synchronize(tp__event *e) {
   tp__stream **v = NULL;
   size_t n = 0;
   tp_error_t err = tp__event_synchronize(e, &v, &n);
-  for (size_t i = 0; i < n; i++) {
-    tp__pool_after_sync(v[i]);
-    if (v[i])
-      tp__stream_unref(v[i]);
-  }
-  free(v);
-  if (n)
-    tp__ipc_settle();
+  settle_listed(v, n);
   return err;
 }
 

@@ -165,35 +165,56 @@ tp_error_t tp__event_query(tp__event *e) {
   return tp__platform->event_query(e->pe);
 }
 
-/* Once an event completed, every free its clock covers has completed. A
- * stream destroyed since is noted by uid, for its frees' tags; where no
- * live stream is listed, one NULL stands for them all, so that the pools
- * still settle and release (each listed stream makes them settle). */
-static tp_error_t event_settle(tp__event *e, tp__stream ***out, size_t *n) {
-  tp__clock c = {0};
+/* Once an event or a stream's work completed, every free its clock `c`
+ * covers has completed. A stream destroyed since is noted by uid, for its
+ * frees' tags; where no live stream is listed, one NULL stands for them
+ * all, so that the pools still settle and release (each listed stream
+ * makes them settle). Frees `c`. */
+static tp_error_t clock_settle(tp__clock *c, tp__stream ***out, size_t *n) {
   *out = NULL;
   *n = 0;
-  TP_RETURN_IF(!event_clock_copy(e, &c), TP_ERROR_OUT_OF_MEMORY);
-  tp__stream **v = malloc((c.n ? c.n : 1) * sizeof *v);
+  tp__stream **v = malloc((c->n ? c->n : 1) * sizeof *v);
   bool dead = false;
-  for (uint32_t i = 0; v && i < c.n; i++) {
-    if (c.v[i].key & TP_CLOCK_LEGACY)
+  for (uint32_t i = 0; v && i < c->n; i++) {
+    if (c->v[i].key & TP_CLOCK_LEGACY)
       continue;
-    tp__stream *s = tp__stream_find_uid(c.v[i].key);
+    tp__stream *s = tp__stream_find_uid(c->v[i].key);
     if (s) {
-      tp__stream_mark_done(s, c.v[i].value);
+      tp__stream_mark_done(s, c->v[i].value);
       v[(*n)++] = s;
     } else {
-      tp__stream_note_dead_done(c.v[i].key, c.v[i].value);
+      tp__stream_note_dead_done(c->v[i].key, c->v[i].value);
       dead = true;
     }
   }
   if (v && dead && !*n)
     v[(*n)++] = NULL;
-  tp__clock_free(&c);
+  tp__clock_free(c);
   TP_RETURN_IF(!v, TP_ERROR_OUT_OF_MEMORY);
   *out = v;
   return TP_SUCCESS;
+}
+
+static tp_error_t event_settle(tp__event *e, tp__stream ***out, size_t *n) {
+  tp__clock c = {0};
+  *out = NULL;
+  *n = 0;
+  TP_RETURN_IF(!event_clock_copy(e, &c), TP_ERROR_OUT_OF_MEMORY);
+  return clock_settle(&c, out, n);
+}
+
+tp_error_t tp__stream_settle_followed(tp__stream *s, tp__stream ***done,
+                                      size_t *n) {
+  tp__clock c = {0};
+  *done = NULL;
+  *n = 0;
+  tp__blspin_lock(&s->lock);
+  bool ok = tp__clock_merge(&c, &s->clock);
+  tp__blspin_unlock(&s->lock);
+  if (ok && !c.n)
+    return TP_SUCCESS;
+  TP_RETURN_IF(!ok, TP_ERROR_OUT_OF_MEMORY);
+  return clock_settle(&c, done, n);
 }
 
 tp_error_t tp__event_synchronize(tp__event *e, tp__stream ***done, size_t *n) {

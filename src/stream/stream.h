@@ -271,6 +271,11 @@ bool tp__event_recorded(const tp__event *e);
  * what completed; one NULL, where no live stream is listed, stands for
  * streams destroyed since. */
 tp_error_t tp__event_synchronize(tp__event *e, tp__stream ***done, size_t *n);
+/* After s's work completed (a synchronize): marks done the work of other
+ * streams that s waited for (its clock), returned as tp__event_synchronize
+ * returns them (none where s waited for nothing). */
+tp_error_t tp__stream_settle_followed(tp__stream *s, tp__stream ***done,
+                                      size_t *n);
 
 /* The fast path of tp__stream_get: the two handles the thread resolved
  * last ([0] the latest), while no stream was destroyed since (a generation

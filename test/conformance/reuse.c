@@ -161,6 +161,8 @@ typedef enum order {
   EVENT_WAITED,   /* held; alloc_on waits on an event recorded after it */
   NULL_WORK,      /* held; work on the legacy stream queued after the free */
   SYNCHRONIZED,   /* tp_stream_synchronize(free_on) has returned */
+  WAITER_SYNCED,  /* C waited on an event recorded after the free, and
+                   * tp_stream_synchronize(C) has returned */
   QUERIED,        /* tp_stream_query(free_on) saw it complete; no synchronize */
   COMPLETED,      /* the free has run, which only the test knows: a host
                    * function queued after it raised a flag (alloc_on
@@ -200,6 +202,10 @@ static const scenario_t scenarios[] = {
      COMPLETED, NO_REUSE},
     {"no policies: B reuses after tp_stream_synchronize(A)", 0, A, B,
      SYNCHRONIZED, REUSE},
+    /* A synchronize covers the work its stream waited for: CUDA makes
+     * every free it guarantees complete reusable by all streams. */
+    {"no policies: B reuses after a synchronize of C, which waited for A", 0, A,
+     B, WAITER_SYNCED, REUSE},
     /* A free is reusable by another stream once it has completed, whether
      * or not anyone synchronized. */
     {"opportunistic: not reused while A is held", OPPORTUNISTIC, A, B, PENDING,
@@ -330,7 +336,7 @@ static void run_scenario(const scenario_t *sc, size_t size,
   }
   int held = sc->order == PENDING || sc->order == EVENT_RECORDED ||
              sc->order == EVENT_WAITED || sc->order == NULL_WORK ||
-             sc->order == COMPLETED;
+             sc->order == COMPLETED || sc->order == WAITER_SYNCED;
   if (held && !CHECK_OK(hold_stream(fs, &g)))
     goto out;
   if (sc->order == BEHIND_WORK)
@@ -339,10 +345,16 @@ static void run_scenario(const scenario_t *sc, size_t size,
   switch (sc->order) {
   case EVENT_RECORDED:
   case EVENT_WAITED:
+  case WAITER_SYNCED:
     ev = event_new();
     CHECK_OK(tp_event_record(ev, fs));
     if (sc->order == EVENT_WAITED)
       CHECK_OK(tp_stream_wait_event(as, ev, 0));
+    if (sc->order == WAITER_SYNCED) {
+      CHECK_OK(tp_stream_wait_event(st->s[C], ev, 0));
+      release(&g);
+      CHECK_OK(tp_stream_synchronize(st->s[C]));
+    }
     break;
   case NULL_WORK: CHECK_OK(tp_memset_async(fp.blocks[1], 0, size, NULL)); break;
   case SYNCHRONIZED: CHECK_OK(tp_stream_synchronize(fs)); break;
