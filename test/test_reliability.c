@@ -1,7 +1,8 @@
 /* The findings of an outside attack on the core, one test each: a pool
  * destroyed while other threads allocate from it as the current pool, the
  * used high watermark across streams, wild pool handles, a max_size below
- * one chunk, and a wild address given to stream memory work. Every platform;
+ * one chunk, a wild address given to stream memory work, and a pool
+ * destroyed under an allocation that waits out of memory. Every platform;
  * the race runs for a bounded time. */
 #include <pthread.h>
 #include <sched.h>
@@ -409,6 +410,69 @@ static void test_wild_address_faults_the_stream(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* ---- 9. a pool destroyed while an allocation waits out of memory ---------
+ * The allocation waits on the host for a pending free (OOM_WAIT), the pool
+ * lock dropped; the destroy that comes meanwhile must leave it whole: it
+ * either completes with memory that works and frees, or answers
+ * INVALID_VALUE. Its stream's cache was once freed under it. */
+
+typedef struct waiter {
+  tp_pool_t pool;
+  tp_stream_t stream;
+  void *ptr;
+  tp_error_t err;
+  atomic_bool done;
+} waiter;
+
+static void *waiter_main(void *arg) {
+  waiter *w = arg;
+  w->err = tp_malloc_from_pool_async(&w->ptr, 2u << 20, w->pool, w->stream);
+  atomic_store(&w->done, true);
+  return NULL;
+}
+
+static void test_pool_destroyed_under_oom_wait(void) {
+  tp_stream_t s1 = NULL, s2 = NULL;
+  REQUIRE_OK(tp_stream_create(&s1, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_stream_create(&s2, TP_STREAM_NON_BLOCKING));
+  for (int round = 0; round < 3; round++) {
+    tp_pool_props_t props = {0};
+    props.alloc_type = TP_ALLOCATION_PINNED;
+    props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+    props.max_size = 2u << 20;
+    waiter w = {.stream = s2};
+    REQUIRE_OK(tp_pool_create(&w.pool, &props));
+    int off = 0;
+    CHECK_OK(tp_pool_set_attribute(
+        w.pool, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off));
+    CHECK_OK(tp_pool_set_attribute(
+        w.pool, TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &off));
+    void *x = NULL;
+    REQUIRE_OK(tp_malloc_from_pool_async(&x, 2u << 20, w.pool, s1));
+    gate_t gate;
+    REQUIRE_OK(hold_stream(s1, &gate));
+    CHECK_OK(tp_free_async(x, s1));
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, waiter_main, &w) == 0);
+    check_sleep_ms(30);
+    CHECK(!atomic_load(&w.done)); /* waiting for x's free */
+    CHECK_OK(tp_pool_destroy(w.pool));
+    release(&gate);
+    pthread_join(t, NULL);
+    if (w.err == TP_SUCCESS) {
+      CHECK_OK(tp_memset_async(w.ptr, 7, 2u << 20, s2));
+      CHECK_OK(tp_free_async(w.ptr, s2));
+    } else {
+      CHECK_ERR(w.err, TP_ERROR_INVALID_VALUE);
+    }
+    CHECK_OK(tp_device_synchronize());
+    /* The pool went with its last allocation. */
+    CHECK_ERR(tp_pool_trim_to(w.pool, 0), TP_ERROR_INVALID_VALUE);
+  }
+  CHECK_OK(tp_stream_destroy(s1));
+  CHECK_OK(tp_stream_destroy(s2));
+}
+
 /* Runs every test, or with an argument only those whose name holds it. */
 int main(int argc, char **argv) {
   struct {
@@ -424,6 +488,7 @@ int main(int argc, char **argv) {
       T(test_max_size_is_a_bound),
       T(test_wild_address_faults_the_stream),
       T(test_current_pool_destroyed_under_allocations),
+      T(test_pool_destroyed_under_oom_wait),
 #undef T
   };
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)

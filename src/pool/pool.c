@@ -506,13 +506,16 @@ static bool teardown(tp__pool *p, bool poll) {
     gone = tp__pool_used(p) == 0;
   }
   if (gone) {
-    while (p->caches.list)
-      tp__cache_free(&p->caches, p->caches.list);
     tp__slabs_settle(&p->slabs, poll, true);
     tp__heap_settle(&p->heap, poll);
     gone = !tp__slabs_pending(&p->slabs) && !tp__heap_pending(&p->heap);
   }
+  /* The caches go only with the pool: an allocation that raced the destroy
+   * may hold its stream's cache while it waits, the pool lock dropped, for
+   * a pending free (OOM_WAIT), and finds the pool torn down or whole. */
   if (gone) {
+    while (p->caches.list)
+      tp__cache_free(&p->caches, p->caches.list);
     p->torn_down = true;
     tp__registry_remove(p->space.base, p->space.va_size);
     tp__space_fini(&p->space);
