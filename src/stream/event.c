@@ -211,6 +211,9 @@ tp_error_t tp__stream_settle_followed(tp__stream *s, tp__stream ***done,
   tp__blspin_lock(&s->lock);
   bool ok = tp__clock_merge(&c, &s->clock);
   tp__blspin_unlock(&s->lock);
+  for (uint32_t i = 0; ok && i < c.n; i++)
+    if (c.v[i].key == s->uid)
+      c.v[i] = c.v[--c.n];
   if (ok && !c.n)
     return TP_SUCCESS;
   TP_RETURN_IF(!ok, TP_ERROR_OUT_OF_MEMORY);
