@@ -7,8 +7,8 @@
  * function is handed to another stream only as each reuse policy allows,
  * and then after the free in stream order (the memory's contents tell); that
  * the pool figures are exact with allocations on several streams and
- * threads; the driver's answers to bad input; and graphs captured with
- * allocations in them, launched several times.
+ * threads; the driver's answers to bad input; graphs captured with
+ * allocations in them, launched several times; and a forked child's answers.
  * Usage: test_preload_fake (with LD_PRELOAD, TIDEPOOL_PLATFORM=cuda and the
  * fake first in LD_LIBRARY_PATH) */
 #include <dlfcn.h>
@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -571,6 +573,30 @@ static void test_capture(void) {
   CHECK_EQ_U64(attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), used);
 }
 
+/* A child that fork() made after the parent allocated cannot use the
+ * parent's CUDA: the driver answers CUDA_ERROR_NOT_INITIALIZED, and so
+ * must the interposer (it answered NOT_PERMITTED). The parent goes on. */
+static void test_forked_child(void) {
+  CUdeviceptr p = 0;
+  REQUIRE_RC(cu.alloc(&p, MiB, NULL), CUDA_SUCCESS);
+  fflush(stdout);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    CUdeviceptr q = 0;
+    CUmemoryPool pool = NULL;
+    int bad = cu.alloc(&q, 4096, NULL) != CUDA_ERROR_NOT_INITIALIZED ||
+              cu.free(p, NULL) != CUDA_ERROR_NOT_INITIALIZED ||
+              cu.default_pool(&pool, dev0) != CUDA_ERROR_NOT_INITIALIZED;
+    _exit(bad);
+  }
+  int status = -1;
+  CHECK(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK_RC(cu.free(p, NULL), CUDA_SUCCESS);
+  CHECK_RC(cu.stream_sync(NULL), CUDA_SUCCESS);
+}
+
 int main(void) {
   if (!load_driver()) {
     printf("FAIL: libcuda.so.1 (the fake driver) cannot be used\n");
@@ -593,5 +619,6 @@ int main(void) {
   RUN_TEST(test_bad_input);
   RUN_TEST(test_destroy_current);
   RUN_TEST(test_capture);
+  RUN_TEST(test_forked_child);
   return check_done();
 }

@@ -118,7 +118,22 @@ bool tp__pl_switched_off(void) {
 /* Reads the switches while the process is still single-threaded. For the
  * host mode it also picks tidepool's platform, which tidepool reads from
  * the environment at its first call; nothing else is changed. */
+/* Whether this process is a child that fork() made after the parent's
+ * first call: tidepool then refuses every call (NOT_PERMITTED), where
+ * CUDA's runtime answers an initialization error, and the driver
+ * CUDA_ERROR_NOT_INITIALIZED (tp__pl_forked_error). */
+static atomic_bool forked;
+
+static void note_fork(void) {
+  atomic_store_explicit(&forked, true, memory_order_relaxed);
+}
+
+bool tp__pl_forked(void) {
+  return atomic_load_explicit(&forked, memory_order_relaxed);
+}
+
 __attribute__((constructor)) static void read_switches(void) {
+  (void)pthread_atfork(NULL, NULL, note_fork);
   int r = read_request();
   if (r == TP_PL_HOST)
     setenv("TIDEPOOL_PLATFORM", "host", 1);
@@ -316,7 +331,9 @@ cudaError_t tp__pl_error(tp_error_t err) {
   case TP_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
   case TP_ERROR_NOT_SUPPORTED: return cudaErrorNotSupported;
   case TP_ERROR_INVALID_DEVICE: return cudaErrorInvalidDevice;
-  case TP_ERROR_NOT_PERMITTED: return cudaErrorNotPermitted;
+  case TP_ERROR_NOT_PERMITTED:
+    return tp__pl_forked() ? cudaErrorInitializationError
+                           : cudaErrorNotPermitted;
   case TP_ERROR_NOT_READY: return cudaErrorNotReady;
   case TP_ERROR_NO_DEVICE: return cudaErrorNoDevice;
   case TP_ERROR_ILLEGAL_ADDRESS: return cudaErrorIllegalAddress;

@@ -129,6 +129,9 @@ bool tp__pl_capturing(cudaStream_t stream, bool per_thread);
 
 /* The runtime's code for a tidepool error. */
 cudaError_t tp__pl_error(tp_error_t err);
+/* Whether fork() made this process after the parent called tidepool: its
+ * refusals are then CUDA's initialization errors. */
+bool tp__pl_forked(void);
 
 /* Returns the runtime's code for `err` and, for a failure, records it as
  * the calling thread's last error (see cudaGetLastError in observe.c). */
