@@ -1,8 +1,9 @@
 /* The findings of an outside attack on the core, one test each: a pool
  * destroyed while other threads allocate from it as the current pool, the
  * used high watermark across streams, wild pool handles, a max_size below
- * one chunk, a wild address given to stream memory work, and a pool
- * destroyed under an allocation that waits out of memory. Every platform;
+ * one chunk, a wild address given to stream memory work, a pool destroyed
+ * under an allocation that waits out of memory, and what a synchronize
+ * covers while other threads queue work. Every platform;
  * the race runs for a bounded time. */
 #include <pthread.h>
 #include <sched.h>
@@ -473,6 +474,85 @@ static void test_pool_destroyed_under_oom_wait(void) {
   CHECK_OK(tp_stream_destroy(s2));
 }
 
+/* ---- 10. what a synchronize covers -----------------------------------------
+ * A synchronize waits for the work queued before it, and only that work's
+ * dependencies are done when it returns: a wait that another thread queues
+ * on the stream during a stream synchronize, or a record of the event
+ * during an event synchronize, makes no free behind it reusable (both were
+ * once taken as covered, and a pending block went to another stream while
+ * the freeing stream still wrote it). */
+
+typedef struct syncer {
+  tp_stream_t stream;
+  tp_event_t event;
+} syncer;
+
+static void *syncer_main(void *arg) {
+  syncer *y = arg;
+  CHECK_OK(y->event ? tp_event_synchronize(y->event)
+                    : tp_stream_synchronize(y->stream));
+  return NULL;
+}
+
+static void sync_covers_only_earlier(bool event) {
+  tp_stream_t s = NULL, s2 = NULL, s3 = NULL;
+  tp_event_t e = NULL, f = NULL;
+  tp_pool_t pool = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_stream_create(&s2, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_stream_create(&s3, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_event_create(&e));
+  REQUIRE_OK(tp_event_create(&f));
+  tp_pool_props_t props = {0};
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  REQUIRE_OK(tp_pool_create(&pool, &props));
+  int off = 0;
+  CHECK_OK(tp_pool_set_attribute(
+      pool, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off));
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+                                 &off));
+  void *x = NULL, *q = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&x, 4u << 20, pool, s2));
+  REQUIRE_OK(tp_stream_synchronize(s2));
+  gate_t g1, g2;
+  REQUIRE_OK(hold_stream(s, &g1));
+  syncer y = {s, NULL};
+  if (event) {
+    REQUIRE_OK(tp_event_record(f, s));
+    y.event = f;
+  }
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, syncer_main, &y) == 0);
+  check_sleep_ms(50); /* the synchronize waits for s's held work */
+  REQUIRE_OK(hold_stream(s2, &g2));
+  CHECK_OK(tp_memset_async(x, 0x11, 4u << 20, s2));
+  CHECK_OK(tp_free_async(x, s2));
+  CHECK_OK(tp_event_record(e, s2));
+  CHECK_OK(tp_stream_wait_event(s, e, 0));
+  if (event)
+    CHECK_OK(tp_event_record(f, s));
+  release(&g1);
+  pthread_join(t, NULL);
+  /* s2's free is still held: s3 may not have its block. */
+  CHECK_OK(tp_malloc_from_pool_async(&q, 4u << 20, pool, s3));
+  CHECK(q != x);
+  release(&g2);
+  CHECK_OK(tp_free_async(q, s3));
+  CHECK_OK(tp_device_synchronize());
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_event_destroy(e));
+  CHECK_OK(tp_event_destroy(f));
+  CHECK_OK(tp_stream_destroy(s));
+  CHECK_OK(tp_stream_destroy(s2));
+  CHECK_OK(tp_stream_destroy(s3));
+}
+
+static void test_sync_covers_only_earlier_work(void) {
+  sync_covers_only_earlier(false);
+  sync_covers_only_earlier(true);
+}
+
 /* Runs every test, or with an argument only those whose name holds it. */
 int main(int argc, char **argv) {
   struct {
@@ -489,6 +569,7 @@ int main(int argc, char **argv) {
       T(test_wild_address_faults_the_stream),
       T(test_current_pool_destroyed_under_allocations),
       T(test_pool_destroyed_under_oom_wait),
+      T(test_sync_covers_only_earlier_work),
 #undef T
   };
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)

@@ -8,6 +8,7 @@
 #include "api/capture.h"
 #include "common/guard.h"
 #include "ipc/ipc.h"
+#include "stream/clock.h"
 
 /* ---- streams ----------------------------------------------------------------
  */
@@ -91,6 +92,10 @@ static tp_error_t stream_synchronize(tp_stream_t stream) {
   tp__stream *s;
   TP_FORWARD(stream_of(stream, &s));
   uint64_t epoch = tp__stream_advance(s);
+  /* What the stream waited for so far, taken before the synchronize: a wait
+   * that another thread queues meanwhile is not covered by it. */
+  tp__clock followed;
+  (void)tp__stream_followed(s, &followed);
   bool covered =
       stream_covered(s) ||
       (tp__stream_misses_legacy(s) && tp__stream_legacy_idle(s->device)) ||
@@ -103,9 +108,10 @@ static tp_error_t stream_synchronize(tp_stream_t stream) {
      * free it guarantees complete. */
     tp__stream **v = NULL;
     size_t n = 0;
-    if (tp__stream_settle_followed(s, &v, &n) == TP_SUCCESS)
+    if (followed.n && tp__clock_settle(&followed, &v, &n) == TP_SUCCESS)
       settle_listed(v, n);
   }
+  tp__clock_free(&followed);
   tp__pools_drop_lost();
   return err;
 }

@@ -170,7 +170,7 @@ tp_error_t tp__event_query(tp__event *e) {
  * frees' tags; where no live stream is listed, one NULL stands for them
  * all, so that the pools still settle and release (each listed stream
  * makes them settle). Frees `c`. */
-static tp_error_t clock_settle(tp__clock *c, tp__stream ***out, size_t *n) {
+tp_error_t tp__clock_settle(tp__clock *c, tp__stream ***out, size_t *n) {
   *out = NULL;
   *n = 0;
   tp__stream **v = malloc((c->n ? c->n : 1) * sizeof *v);
@@ -195,36 +195,35 @@ static tp_error_t clock_settle(tp__clock *c, tp__stream ***out, size_t *n) {
   return TP_SUCCESS;
 }
 
-static tp_error_t event_settle(tp__event *e, tp__stream ***out, size_t *n) {
-  tp__clock c = {0};
-  *out = NULL;
-  *n = 0;
-  TP_RETURN_IF(!event_clock_copy(e, &c), TP_ERROR_OUT_OF_MEMORY);
-  return clock_settle(&c, out, n);
-}
-
-tp_error_t tp__stream_settle_followed(tp__stream *s, tp__stream ***done,
-                                      size_t *n) {
-  tp__clock c = {0};
-  *done = NULL;
-  *n = 0;
+bool tp__stream_followed(tp__stream *s, tp__clock *out) {
+  *out = (tp__clock){0};
   tp__blspin_lock(&s->lock);
-  bool ok = tp__clock_merge(&c, &s->clock);
+  bool ok = tp__clock_merge(out, &s->clock);
   tp__blspin_unlock(&s->lock);
-  for (uint32_t i = 0; ok && i < c.n; i++)
-    if (c.v[i].key == s->uid)
-      c.v[i] = c.v[--c.n];
-  if (ok && !c.n)
-    return TP_SUCCESS;
-  TP_RETURN_IF(!ok, TP_ERROR_OUT_OF_MEMORY);
-  return clock_settle(&c, done, n);
+  for (uint32_t i = 0; ok && i < out->n; i++)
+    if (out->v[i].key == s->uid) {
+      out->v[i] = out->v[--out->n];
+      break;
+    }
+  if (!ok)
+    tp__clock_free(out);
+  return ok;
 }
 
 tp_error_t tp__event_synchronize(tp__event *e, tp__stream ***done, size_t *n) {
+  /* The clock is taken before the wait: a record made meanwhile by another
+   * thread would claim work that the wait did not cover. */
+  tp__clock c = {0};
+  bool copied = event_clock_copy(e, &c);
+  *done = NULL;
+  *n = 0;
   tp_error_t err = tp__platform->event_synchronize(e->pe);
-  TP_RETURN_IF(!tp__pevent_finished(err), err);
+  if (!tp__pevent_finished(err) || !copied) {
+    tp__clock_free(&c);
+    return err;
+  }
   /* The work finished (a fault is still reported); a list that could not be
    * made only means the completion is learnt later, by polling. */
-  (void)event_settle(e, done, n);
+  (void)tp__clock_settle(&c, done, n);
   return err;
 }

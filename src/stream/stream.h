@@ -271,11 +271,13 @@ bool tp__event_recorded(const tp__event *e);
  * what completed; one NULL, where no live stream is listed, stands for
  * streams destroyed since. */
 tp_error_t tp__event_synchronize(tp__event *e, tp__stream ***done, size_t *n);
-/* After s's work completed (a synchronize): marks done the work of other
- * streams that s waited for (its clock), returned as tp__event_synchronize
- * returns them (none where s waited for nothing). */
-tp_error_t tp__stream_settle_followed(tp__stream *s, tp__stream ***done,
-                                      size_t *n);
+/* What s's work waits for on other streams so far (its clock, without its
+ * own entry), copied into *out; false, with *out empty, for want of memory.
+ * Taken before a synchronize of s, it is what the synchronize covers. */
+bool tp__stream_followed(tp__stream *s, tp__clock *out);
+/* The work a completed clock covers is done: marks each stream in it done,
+ * returned as tp__event_synchronize returns them. Frees *c. */
+tp_error_t tp__clock_settle(tp__clock *c, tp__stream ***done, size_t *n);
 
 /* The fast path of tp__stream_get: the two handles the thread resolved
  * last ([0] the latest), while no stream was destroyed since (a generation
