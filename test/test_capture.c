@@ -2106,6 +2106,81 @@ static void test_adopted_execs(void) {
   CHECK(drv.stream_destroy(s) == 0);
 }
 
+/* The same through the driver: an adopted exec destroyed while its launch
+ * is queued, the driver's graph instantiated again and adopted; the new
+ * exec's launch on another stream follows the old launch. */
+static void test_adopted_reinstantiated_follows(void) {
+  if (check_on_host()) {
+    printf("   (host)\n");
+    return;
+  }
+  REQUIRE(drv_load());
+  enum { MIB = 1 << 20, GLOBAL = 0 };
+  void *s1 = NULL, *s2 = NULL, *g = NULL, *x1 = NULL, *x2 = NULL, *p = NULL;
+  REQUIRE(drv.stream_create(&s1, 1) == 0 && drv.stream_create(&s2, 1) == 0);
+  atomic_int runs = 0;
+  REQUIRE(drv.begin(s1, GLOBAL) == 0);
+  CHECK_OK(tp_malloc_async(&p, 2 * MIB, (tp_stream_t)s1));
+  CHECK_OK(tp_memset_async(p, 1, 2 * MIB, (tp_stream_t)s1));
+  CHECK_OK(tp_launch_host_func((tp_stream_t)s1, bump, &runs));
+  CHECK_OK(tp_free_async(p, (tp_stream_t)s1));
+  REQUIRE(drv.end(s1, &g) == 0 && g);
+  REQUIRE(drv.instantiate(&x1, g, 0) == 0);
+  tp_graph_exec_t e1 = NULL, e2 = NULL;
+  REQUIRE_OK(tp_graph_exec_adopt(&e1, x1, g, 0));
+  gate_t gate;
+  REQUIRE_OK(hold_stream((tp_stream_t)s1, &gate));
+  CHECK_OK(tp_graph_launch(e1, (tp_stream_t)s1));
+  CHECK_OK(tp_graph_exec_destroy(e1));
+  CHECK(drv.exec_destroy(x1) == 0);
+  REQUIRE(drv.instantiate(&x2, g, 0) == 0);
+  REQUIRE_OK(tp_graph_exec_adopt(&e2, x2, g, 0));
+  CHECK_OK(tp_graph_launch(e2, (tp_stream_t)s2));
+  check_sleep_ms(50);
+  CHECK_EQ_INT(atomic_load(&runs), 0); /* s2's launch should wait for s1's */
+  release(&gate);
+  CHECK(drv.stream_sync(s2) == 0);
+  CHECK(drv.stream_sync(s1) == 0);
+  CHECK_EQ_INT(atomic_load(&runs), 2);
+  CHECK_OK(tp_graph_exec_destroy(e2));
+  CHECK(drv.exec_destroy(x2) == 0);
+  CHECK_OK(tp_graph_forget(g));
+  CHECK(drv.graph_destroy(g) == 0);
+}
+
+/* The first exec's stream destroyed, its launch still queued, before the
+ * next exec's launch: the launch still waits for it. */
+static void test_reinstantiated_after_stream_destroyed(void) {
+  tp_stream_t s1 = new_stream(TP_STREAM_NON_BLOCKING);
+  tp_stream_t s2 = new_stream(TP_STREAM_NON_BLOCKING);
+  atomic_int runs = 0;
+  REQUIRE_OK(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL));
+  void *p = NULL;
+  CHECK_OK(tp_malloc_async(&p, 2 * MiB, s1));
+  CHECK_OK(tp_memset_async(p, 1, 2 * MiB, s1));
+  CHECK_OK(tp_launch_host_func(s1, bump, &runs));
+  CHECK_OK(tp_free_async(p, s1));
+  tp_graph_t graph = NULL;
+  REQUIRE_OK(tp_stream_end_capture(s1, &graph));
+  tp_graph_exec_t x1 = NULL, x2 = NULL;
+  REQUIRE_OK(tp_graph_instantiate(&x1, graph, 0));
+  gate_t gate;
+  REQUIRE_OK(hold_stream(s1, &gate));
+  CHECK_OK(tp_graph_launch(x1, s1));
+  CHECK_OK(tp_graph_exec_destroy(x1));
+  CHECK_OK(tp_stream_destroy(s1));
+  REQUIRE_OK(tp_graph_instantiate(&x2, graph, 0));
+  CHECK_OK(tp_graph_launch(x2, s2));
+  check_sleep_ms(30);
+  CHECK_EQ_INT(atomic_load(&runs), 0);
+  release(&gate);
+  CHECK_OK(tp_stream_synchronize(s2));
+  CHECK_EQ_INT(atomic_load(&runs), 2);
+  CHECK_OK(tp_graph_exec_destroy(x2));
+  CHECK_OK(tp_graph_destroy(graph));
+  CHECK_OK(tp_stream_destroy(s2));
+}
+
 int main(void) {
   const char *platform = tp_platform_name();
   if (!platform) {
@@ -2143,5 +2218,7 @@ int main(void) {
   RUN_TEST(test_synchronize_beside_capture);
   RUN_TEST(test_foreign_stream_replaced);
   RUN_TEST(test_adopted_execs);
+  RUN_TEST(test_reinstantiated_after_stream_destroyed);
+  RUN_TEST(test_adopted_reinstantiated_follows);
   return check_done();
 }

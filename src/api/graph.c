@@ -399,23 +399,74 @@ TP_API tp_error_t tp_graph_launch(tp_graph_exec_t exec, tp_stream_t stream) {
 
 static void adopted_forget(exec_slot *x);
 
+/* Adopted execs of one driver graph each have a shell graph of their own:
+ * the launch the next one must follow is kept by graph memory instead,
+ * until an adoption takes it or it is found done. */
+typedef struct adopted_prior {
+  const tp__gmem *gm;
+  tp__tag tag;
+} adopted_prior;
+static pthread_mutex_t priors_lock = PTHREAD_MUTEX_INITIALIZER;
+static adopted_prior *priors;
+static uint32_t npriors, cappriors;
+
+/* Takes out gm's entry (into *out, or nothing), dropping entries found
+ * done on the way; priors_lock held. */
+static void priors_take(const tp__gmem *gm, tp__tag *out) {
+  for (uint32_t i = 0; i < npriors;) {
+    bool match = priors[i].gm == gm;
+    if (!match && !tp__stream_settles(&priors[i].tag, false)) {
+      i++;
+      continue;
+    }
+    if (match && out)
+      *out = priors[i].tag;
+    else
+      tp__tag_clear(&priors[i].tag);
+    priors[i] = priors[--npriors];
+  }
+}
+
+/* Keeps `t` (and its stream reference) as gm's; should the list not grow,
+ * the host waits for it instead, so that the next exec cannot overtake. */
+static void priors_put(const tp__gmem *gm, tp__tag t) {
+  pthread_mutex_lock(&priors_lock);
+  priors_take(gm, NULL);
+  bool kept = TP_ARRAY_ROOM(priors, npriors, cappriors);
+  if (kept)
+    priors[npriors++] = (adopted_prior){gm, t};
+  pthread_mutex_unlock(&priors_lock);
+  if (!kept) {
+    (void)tp__stream_wait_host(&t);
+    tp__tag_clear(&t);
+  }
+}
+
 /* An exec of g is being destroyed, under g's lock: the launch its graph's
- * next exec must follow goes to g, while g is still the exec's graph and
- * alive (a slot whose graph was destroyed may serve another by now, which
- * a different gm tells). That is its last launch where it was launched
- * (which followed what it had to), else what it had to follow. */
+ * next exec must follow is its last launch where it was launched (which
+ * followed what it had to), else what it had to follow. It goes to g while
+ * g is still the exec's graph and alive (a slot whose graph was destroyed
+ * may serve another by now, which a different gm tells), or for an
+ * adopted exec to its graph memory's entry. */
 static void hand_on(exec_slot *x, graph_slot *g, bool may_run) {
-  bool mine = x->gm && g->gm == x->gm && (atomic_load(&g->state) & 1);
-  if (mine && may_run) {
-    tp__tag_clear(&g->prior);
+  tp__tag t = {0};
+  if (may_run) {
     tp__stream_ref(x->last.stream);
-    g->prior = x->last;
-  } else if (mine && x->after.stream) {
-    tp__tag_clear(&g->prior);
-    g->prior = x->after;
+    t = x->last;
+  } else {
+    t = x->after;
     x->after = (tp__tag){0};
   }
   tp__tag_clear(&x->after);
+  bool mine = x->gm && g->gm == x->gm && (atomic_load(&g->state) & 1);
+  if (t.stream && mine) {
+    tp__tag_clear(&g->prior);
+    g->prior = t;
+  } else if (t.stream && x->adopted && x->gm) {
+    priors_put(x->gm, t);
+  } else {
+    tp__tag_clear(&t);
+  }
 }
 
 TP_API tp_error_t tp_graph_exec_destroy(tp_graph_exec_t exec) {
@@ -547,6 +598,9 @@ static tp_error_t adopt(tp_graph_exec_t *exec, void *platform_exec,
                         flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH,
                         memory_order_relaxed);
   x->adopted = true;
+  pthread_mutex_lock(&priors_lock);
+  priors_take(gm, &x->after);
+  pthread_mutex_unlock(&priors_lock);
   pthread_mutex_lock(&handles_lock);
   *exec = exec_publish(x);
   x->next_adopted = adopted_execs;
