@@ -69,6 +69,9 @@ static struct {
   PFN_cuDeviceGetDefaultMemPool_v11020 default_pool;
   PFN_cuDeviceGetMemPool_v11020 get_pool;
   PFN_cuDeviceSetMemPool_v11020 set_pool;
+  PFN_cuDeviceGetGraphMemAttribute_v11040 graph_mem_get;
+  PFN_cuDeviceSetGraphMemAttribute_v11040 graph_mem_set;
+  PFN_cuDeviceGraphMemTrim_v11040 graph_mem_trim;
 } cu;
 
 static int fetch(const char *name, int version, cuuint64_t flags, void *out) {
@@ -133,6 +136,9 @@ static int load_driver(void) {
   F(default_pool, "cuDeviceGetDefaultMemPool", 11020);
   F(get_pool, "cuDeviceGetMemPool", 11020);
   F(set_pool, "cuDeviceSetMemPool", 11020);
+  F(graph_mem_get, "cuDeviceGetGraphMemAttribute", 11040);
+  F(graph_mem_set, "cuDeviceSetGraphMemAttribute", 11040);
+  F(graph_mem_trim, "cuDeviceGraphMemTrim", 11040);
 #undef F
   return ok;
 }
@@ -573,6 +579,52 @@ static void test_capture(void) {
   CHECK_EQ_U64(attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), used);
 }
 
+static uint64_t graph_mem(CUgraphMem_attribute attr) {
+  cuuint64_t v = UINT64_MAX;
+  CHECK_RC(cu.graph_mem_get(dev0, attr, &v), CUDA_SUCCESS);
+  return v;
+}
+
+/* The driver's graph memory calls are tidepool's too (a program built with
+ * the static runtime reaches them only through cuGetProcAddress): a graph's
+ * output counts while it lives, trim gives the memory back once it is
+ * freed and the graph gone, and the highs reset only to 0. */
+static void test_graph_mem_driver_names(void) {
+  CHECK_RC(cu.graph_mem_trim(dev0), CUDA_SUCCESS);
+  CHECK_EQ_U64(graph_mem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), 0);
+  CUstream s = new_stream();
+  REQUIRE_RC(cu.begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  CUdeviceptr out = 0;
+  CHECK_RC(cu.alloc(&out, 4 * MiB, s), CUDA_SUCCESS);
+  CHECK_RC(cu.memset_d8(out, 0x33, 4 * MiB, s), CUDA_SUCCESS);
+  CUgraph graph = NULL;
+  REQUIRE_RC(cu.end_capture(s, &graph), CUDA_SUCCESS);
+  CUgraphExec exec = NULL;
+  REQUIRE_RC(cu.instantiate(&exec, graph, 0), CUDA_SUCCESS);
+  CHECK_RC(cu.graph_launch(exec, s), CUDA_SUCCESS);
+  CHECK_RC(cu.stream_sync(s), CUDA_SUCCESS);
+  CHECK(graph_mem(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT) >= 4 * MiB);
+  CHECK(graph_mem(CU_GRAPH_MEM_ATTR_USED_MEM_HIGH) >= 4 * MiB);
+  CHECK_RC(cu.graph_mem_get(dev0, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, NULL),
+           CUDA_ERROR_INVALID_VALUE);
+  cuuint64_t v = 1;
+  CHECK_RC(cu.graph_mem_set(dev0, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &v),
+           CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(cu.free(out, s), CUDA_SUCCESS);
+  CHECK_RC(cu.stream_sync(s), CUDA_SUCCESS);
+  CHECK_RC(cu.exec_destroy(exec), CUDA_SUCCESS);
+  CHECK_RC(cu.graph_destroy(graph), CUDA_SUCCESS);
+  CHECK_RC(cu.stream_destroy(s), CUDA_SUCCESS);
+  CHECK_RC(cu.ctx_sync(), CUDA_SUCCESS);
+  CHECK_RC(cu.graph_mem_trim(dev0), CUDA_SUCCESS);
+  CHECK_EQ_U64(graph_mem(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT), 0);
+  CHECK_EQ_U64(graph_mem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), 0);
+  v = 0;
+  CHECK_RC(cu.graph_mem_set(dev0, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &v),
+           CUDA_SUCCESS);
+  CHECK_EQ_U64(graph_mem(CU_GRAPH_MEM_ATTR_USED_MEM_HIGH), 0);
+}
+
 /* A child that fork() made after the parent allocated cannot use the
  * parent's CUDA: the driver answers CUDA_ERROR_NOT_INITIALIZED, and so
  * must the interposer (it answered NOT_PERMITTED). The parent goes on. */
@@ -619,6 +671,7 @@ int main(void) {
   RUN_TEST(test_bad_input);
   RUN_TEST(test_destroy_current);
   RUN_TEST(test_capture);
+  RUN_TEST(test_graph_mem_driver_names);
   RUN_TEST(test_forked_child);
   return check_done();
 }

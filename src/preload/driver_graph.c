@@ -1,17 +1,17 @@
-/* The driver's stream capture and graph calls, as graph.c does for the
- * runtime's: with TIDEPOOL_PRELOAD=host the streams are tidepool's, so
- * tidepool captures them, and its graphs are handed out as the driver's
- * handles (the capture entries are handed out only then). With a GPU the
- * driver captures, and tidepool's capture path follows it; the driver
- * instantiates and launches too, but each exec is adopted as it is made
- * (tp_graph_exec_adopt), so that tidepool books the launches of the graphs
- * it allocated in. */
+/* The driver's stream capture, graph and graph memory calls, as graph.c
+ * does for the runtime's: with TIDEPOOL_PRELOAD=host the streams are
+ * tidepool's, so tidepool captures them, and its graphs are handed out as
+ * the driver's handles (the capture entries are handed out only then).
+ * With a GPU the driver captures, and tidepool's capture path follows it;
+ * the driver instantiates and launches too, but each exec is adopted as it
+ * is made (tp_graph_exec_adopt), so that tidepool books the launches of
+ * the graphs it allocated in. */
 #include "driver.h"
 
 static _Atomic(tp__pl_fn) r_begin, r_begin_ptsz, r_end, r_end_ptsz,
     r_is_capturing, r_is_capturing_ptsz, r_instantiate, r_instantiate_12,
     r_instantiate_params, r_instantiate_params_ptsz, r_launch, r_launch_ptsz,
-    r_exec_destroy, r_graph_destroy;
+    r_exec_destroy, r_graph_destroy, r_mem_trim, r_mem_get, r_mem_set;
 
 /* Whether the host mode answers; *err when the call can go nowhere. */
 static bool host_answers(CUresult *err) {
@@ -223,6 +223,74 @@ static CUresult graph_destroy(CUgraph graph) {
   return TP_PL_DRV_CALL(r_graph_destroy, PFN_cuGraphDestroy_v10000, (graph));
 }
 
+/* ---- graph memory -----------------------------------------------------------
+ * As graph.c's runtime names: a device's graph memory is the driver's and
+ * tidepool's, the attributes their sums, and trim and resets act on both;
+ * in the host mode tidepool's alone. A program built with the static
+ * runtime reaches these only here. */
+
+/* The device's ordinal where tidepool answers for it, else -1. */
+static int graph_mem_device(CUdevice device) {
+  CUresult err;
+  if (!tp__pl_on() || tp__pl_drv_enter(false, &err) != TP_PL_DRV_OURS)
+    return -1;
+  return tp__pl_drv_ordinal(device);
+}
+
+static CUresult graph_mem_trim(CUdevice device) {
+  CUresult r = tp__pl_host_requested()
+                   ? CUDA_SUCCESS
+                   : TP_PL_DRV_CALL(r_mem_trim, PFN_cuDeviceGraphMemTrim_v11040,
+                                    (device));
+  int ordinal = graph_mem_device(device);
+  if (r != CUDA_SUCCESS || ordinal < 0)
+    return r;
+  return tp__pl_drv_error(tp_device_graph_mem_trim(ordinal));
+}
+
+static CUresult graph_mem_get(CUdevice device, CUgraphMem_attribute attr,
+                              void *value) {
+  /* The driver answers a NULL value itself, also where tidepool stays out:
+   * the sum below needs a place of its own. */
+  if (!value)
+    return tp__pl_host_requested()
+               ? CUDA_ERROR_INVALID_VALUE
+               : TP_PL_DRV_CALL(r_mem_get,
+                                PFN_cuDeviceGetGraphMemAttribute_v11040,
+                                (device, attr, NULL));
+  uint64_t theirs = 0;
+  CUresult r =
+      tp__pl_host_requested()
+          ? CUDA_SUCCESS
+          : TP_PL_DRV_CALL(r_mem_get, PFN_cuDeviceGetGraphMemAttribute_v11040,
+                           (device, attr, &theirs));
+  int ordinal = graph_mem_device(device);
+  if (r == CUDA_SUCCESS && ordinal < 0)
+    *(uint64_t *)value = theirs;
+  if (r != CUDA_SUCCESS || ordinal < 0)
+    return r;
+  uint64_t ours = 0;
+  tp_error_t err = tp_device_get_graph_mem_attribute(
+      ordinal, (tp_graph_mem_attr_t)attr, &ours);
+  if (err == TP_SUCCESS)
+    *(uint64_t *)value = theirs + ours;
+  return tp__pl_drv_error(err);
+}
+
+static CUresult graph_mem_set(CUdevice device, CUgraphMem_attribute attr,
+                              void *value) {
+  CUresult r =
+      tp__pl_host_requested()
+          ? CUDA_SUCCESS
+          : TP_PL_DRV_CALL(r_mem_set, PFN_cuDeviceSetGraphMemAttribute_v11040,
+                           (device, attr, value));
+  int ordinal = graph_mem_device(device);
+  if (r != CUDA_SUCCESS || ordinal < 0)
+    return r;
+  return tp__pl_drv_error(tp_device_set_graph_mem_attribute(
+      ordinal, (tp_graph_mem_attr_t)attr, value));
+}
+
 /* ---- the entries -------------------------------------------------------- */
 
 #define FN(f) ((tp__pl_fn)(f))
@@ -258,6 +326,12 @@ const tp__pl_drv_entry tp__pl_drv_graph_entries[] = {
      FN(exec_destroy), &r_exec_destroy},
     {"cuGraphDestroy", "cuGraphDestroy", 10000, false, false, FN(graph_destroy),
      &r_graph_destroy},
+    {"cuDeviceGraphMemTrim", "cuDeviceGraphMemTrim", 11040, false, false,
+     FN(graph_mem_trim), &r_mem_trim},
+    {"cuDeviceGetGraphMemAttribute", "cuDeviceGetGraphMemAttribute", 11040,
+     false, false, FN(graph_mem_get), &r_mem_get},
+    {"cuDeviceSetGraphMemAttribute", "cuDeviceSetGraphMemAttribute", 11040,
+     false, false, FN(graph_mem_set), &r_mem_set},
 };
 const size_t tp__pl_drv_graph_count =
     sizeof tp__pl_drv_graph_entries / sizeof tp__pl_drv_graph_entries[0];

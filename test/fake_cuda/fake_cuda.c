@@ -1778,6 +1778,38 @@ FK_API CUresult CUDAAPI cuGraphDestroyNode(CUgraphNode hNode) {
   return r;
 }
 
+/* Graph memory: the fake's graphs never allocate (tidepool's do, through
+ * the interposer), so its own figures are 0; the highs reset only to 0. */
+FK_API CUresult CUDAAPI cuDeviceGetGraphMemAttribute(CUdevice device,
+                                                     CUgraphMem_attribute attr,
+                                                     void *value) {
+  NEED_INIT();
+  if (!valid_dev(device))
+    return CUDA_ERROR_INVALID_DEVICE;
+  if (!value || attr < CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT ||
+      attr > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)
+    return CUDA_ERROR_INVALID_VALUE;
+  *(cuuint64_t *)value = 0;
+  return CUDA_SUCCESS;
+}
+
+FK_API CUresult CUDAAPI cuDeviceSetGraphMemAttribute(CUdevice device,
+                                                     CUgraphMem_attribute attr,
+                                                     void *value) {
+  NEED_INIT();
+  if (!valid_dev(device))
+    return CUDA_ERROR_INVALID_DEVICE;
+  bool high = attr == CU_GRAPH_MEM_ATTR_USED_MEM_HIGH ||
+              attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH;
+  return value && high && *(cuuint64_t *)value == 0 ? CUDA_SUCCESS
+                                                    : CUDA_ERROR_INVALID_VALUE;
+}
+
+FK_API CUresult CUDAAPI cuDeviceGraphMemTrim(CUdevice device) {
+  NEED_INIT();
+  return valid_dev(device) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
 FK_API CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph) {
   NEED_INIT();
   lock();
@@ -3393,6 +3425,9 @@ static const struct {
     FK_PROC_PT(cuGraphLaunch, 10000, cuGraphLaunch_ptsz),
     FK_PROC(cuGraphExecDestroy, 10000),
     FK_PROC(cuGraphDestroy, 10000),
+    FK_PROC(cuDeviceGetGraphMemAttribute, 11040),
+    FK_PROC(cuDeviceSetGraphMemAttribute, 11040),
+    FK_PROC(cuDeviceGraphMemTrim, 11040),
     /* cuda.h's cuGraphInstantiate is cuGraphInstantiateWithFlags from 12.0
      * on; the older call is not emulated. */
     {"cuGraphInstantiate", 12000, (fk_fn)cuGraphInstantiateWithFlags, NULL},
