@@ -345,8 +345,11 @@ static tp_error_t launch(exec_slot *exec, tp_stream_t stream) {
     TP_FORWARD(tp__capture_status_of(s, &status, NULL));
     TP_RETURN_IF(status != TP_CAPTURE_STATUS_NONE, TP_ERROR_NOT_SUPPORTED);
   }
-  if (exec->after.stream && !tp__stream_settles(&exec->after, true))
-    TP_FORWARD(tp__stream_make_wait(s, &exec->after));
+  /* Where the stream cannot be made to wait (the launch's stream is gone,
+   * say), the host waits instead: never a launch over the other's. */
+  if (exec->after.stream && !tp__stream_settles(&exec->after, true) &&
+      tp__stream_make_wait(s, &exec->after) != TP_SUCCESS)
+    TP_FORWARD(tp__stream_wait_host(&exec->after));
   tp__work_begin(s);
   tp_error_t err = tp__gmem_launch(
       exec->gm, exec->pe,
@@ -403,18 +406,18 @@ static void adopted_forget(exec_slot *x);
  * the launch the next one must follow is kept by graph memory instead,
  * until an adoption takes it or it is found done. */
 typedef struct adopted_prior {
-  const tp__gmem *gm;
+  uint64_t capture; /* the graph memory's (tp__gmem_capture_id) */
   tp__tag tag;
 } adopted_prior;
 static pthread_mutex_t priors_lock = PTHREAD_MUTEX_INITIALIZER;
 static adopted_prior *priors;
 static uint32_t npriors, cappriors;
 
-/* Takes out gm's entry (into *out, or nothing), dropping entries found
- * done on the way; priors_lock held. */
-static void priors_take(const tp__gmem *gm, tp__tag *out) {
+/* Takes out the entry of the graph memory of `capture` (into *out, or
+ * nothing), dropping entries found done on the way; priors_lock held. */
+static void priors_take(uint64_t capture, tp__tag *out) {
   for (uint32_t i = 0; i < npriors;) {
-    bool match = priors[i].gm == gm;
+    bool match = priors[i].capture == capture;
     if (!match && !tp__stream_settles(&priors[i].tag, false)) {
       i++;
       continue;
@@ -430,11 +433,12 @@ static void priors_take(const tp__gmem *gm, tp__tag *out) {
 /* Keeps `t` (and its stream reference) as gm's; should the list not grow,
  * the host waits for it instead, so that the next exec cannot overtake. */
 static void priors_put(const tp__gmem *gm, tp__tag t) {
+  uint64_t capture = tp__gmem_capture_id(gm);
   pthread_mutex_lock(&priors_lock);
-  priors_take(gm, NULL);
+  priors_take(capture, NULL);
   bool kept = TP_ARRAY_ROOM(priors, npriors, cappriors);
   if (kept)
-    priors[npriors++] = (adopted_prior){gm, t};
+    priors[npriors++] = (adopted_prior){capture, t};
   pthread_mutex_unlock(&priors_lock);
   if (!kept) {
     (void)tp__stream_wait_host(&t);
@@ -599,7 +603,7 @@ static tp_error_t adopt(tp_graph_exec_t *exec, void *platform_exec,
                         memory_order_relaxed);
   x->adopted = true;
   pthread_mutex_lock(&priors_lock);
-  priors_take(gm, &x->after);
+  priors_take(tp__gmem_capture_id(gm), &x->after);
   pthread_mutex_unlock(&priors_lock);
   pthread_mutex_lock(&handles_lock);
   *exec = exec_publish(x);

@@ -363,6 +363,10 @@ bool tp__gmem_has_allocations(const tp__gmem *gm) {
   return gm && (gm->nallocs > 0 || gm->nforeign > 0);
 }
 
+uint64_t tp__gmem_capture_id(const tp__gmem *gm) {
+  return gm->capture_id;
+}
+
 tp_error_t tp__gmem_instantiate(tp__gmem *gm, void (**release)(void *),
                                 void **arg) {
   *release = NULL;

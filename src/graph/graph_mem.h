@@ -86,6 +86,9 @@ void tp__gmem_forget_graph(const tp__pgraph *pg);
 /* Whether a graph's memory has allocations or frees (and so one exec at a
  * time). */
 bool tp__gmem_has_allocations(const tp__gmem *gm);
+/* The id of the capture that made gm: unique to it for the process's life,
+ * where its address may serve another once it is freed. */
+uint64_t tp__gmem_capture_id(const tp__gmem *gm);
 
 /* Before instantiating a graph with memory: refuses a second exec (INVALID_
  * VALUE), and where the platform maps at instantiation, maps the plan
