@@ -1102,6 +1102,21 @@ static void test_memory_outlives_launch(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* A graph captured on s that allocates, writes, bumps *runs and frees:
+ * memory that dies inside each launch. NULL where the capture failed. */
+static tp_graph_t scratch_graph(tp_stream_t s, atomic_int *runs) {
+  void *p = NULL;
+  tp_graph_t graph = NULL;
+  if (!CHECK_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL)))
+    return NULL;
+  CHECK_OK(tp_malloc_async(&p, 2 * MiB, s));
+  CHECK_OK(tp_memset_async(p, 1, 2 * MiB, s));
+  CHECK_OK(tp_launch_host_func(s, bump, runs));
+  CHECK_OK(tp_free_async(p, s));
+  CHECK_OK(tp_stream_end_capture(s, &graph));
+  return graph;
+}
+
 /* A graph's memory has the graph's addresses in every exec of it: an exec
  * made after one destroyed while its launch is still queued runs after that
  * launch, on whatever stream, also where an exec between them was destroyed
@@ -1110,14 +1125,8 @@ static void test_reinstantiated_exec_follows(void) {
   tp_stream_t s1 = new_stream(TP_STREAM_NON_BLOCKING);
   tp_stream_t s2 = new_stream(TP_STREAM_NON_BLOCKING);
   atomic_int runs = 0;
-  REQUIRE_OK(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL));
-  void *p = NULL;
-  CHECK_OK(tp_malloc_async(&p, 2 * MiB, s1));
-  CHECK_OK(tp_memset_async(p, 1, 2 * MiB, s1));
-  CHECK_OK(tp_launch_host_func(s1, bump, &runs));
-  CHECK_OK(tp_free_async(p, s1));
-  tp_graph_t graph = NULL;
-  REQUIRE_OK(tp_stream_end_capture(s1, &graph));
+  tp_graph_t graph = scratch_graph(s1, &runs);
+  REQUIRE(graph);
   tp_graph_exec_t x1 = NULL, x2 = NULL, x3 = NULL;
   REQUIRE_OK(tp_graph_instantiate(&x1, graph, 0));
   gate_t gate;
@@ -2154,14 +2163,8 @@ static void test_reinstantiated_after_stream_destroyed(void) {
   tp_stream_t s1 = new_stream(TP_STREAM_NON_BLOCKING);
   tp_stream_t s2 = new_stream(TP_STREAM_NON_BLOCKING);
   atomic_int runs = 0;
-  REQUIRE_OK(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL));
-  void *p = NULL;
-  CHECK_OK(tp_malloc_async(&p, 2 * MiB, s1));
-  CHECK_OK(tp_memset_async(p, 1, 2 * MiB, s1));
-  CHECK_OK(tp_launch_host_func(s1, bump, &runs));
-  CHECK_OK(tp_free_async(p, s1));
-  tp_graph_t graph = NULL;
-  REQUIRE_OK(tp_stream_end_capture(s1, &graph));
+  tp_graph_t graph = scratch_graph(s1, &runs);
+  REQUIRE(graph);
   tp_graph_exec_t x1 = NULL, x2 = NULL;
   REQUIRE_OK(tp_graph_instantiate(&x1, graph, 0));
   gate_t gate;
