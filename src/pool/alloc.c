@@ -26,6 +26,7 @@ static tp__reuse reuse_of(tp__pool *p) {
       .caches = &p->caches,
       .lock = &p->lock,
       .gone = &p->torn_down,
+      .waiters = &p->oom_waiters,
       .used_high = &p->used_high,
       .follow_events =
           atomic_load_explicit(&p->follow_events, memory_order_relaxed),

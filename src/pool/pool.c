@@ -501,21 +501,23 @@ static bool teardown(tp__pool *p, bool poll) {
   bool gone = !p->torn_down;
   /* Draining first means an allocation racing in from a cache is either
    * counted below or finds the cache empty and then waits for this lock. */
+  /* An allocation that raced the destroy and waits, the pool lock dropped,
+   * for a pending free (OOM_WAIT) holds its stream's cache: the pool stays
+   * until it is back, and a later free or synchronize finishes it. */
   if (gone) {
     tp__caches_drain_all(&p->caches);
-    gone = tp__pool_used(p) == 0;
+    gone = tp__pool_used(p) == 0 && p->oom_waiters == 0;
   }
+  /* The caches go before the last look for pending frees: a free that came
+   * in through its stream's cache after the drain is then in the pool. */
   if (gone) {
+    while (p->caches.list)
+      tp__cache_free(&p->caches, p->caches.list);
     tp__slabs_settle(&p->slabs, poll, true);
     tp__heap_settle(&p->heap, poll);
     gone = !tp__slabs_pending(&p->slabs) && !tp__heap_pending(&p->heap);
   }
-  /* The caches go only with the pool: an allocation that raced the destroy
-   * may hold its stream's cache while it waits, the pool lock dropped, for
-   * a pending free (OOM_WAIT), and finds the pool torn down or whole. */
   if (gone) {
-    while (p->caches.list)
-      tp__cache_free(&p->caches, p->caches.list);
     p->torn_down = true;
     tp__registry_remove(p->space.base, p->space.va_size);
     tp__space_fini(&p->space);

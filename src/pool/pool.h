@@ -61,6 +61,10 @@ struct tp__pool {
   tp_pool_props_t props;
   bool is_default;
   bool torn_down;
+  /* Allocations waiting on the host for pending frees, the pool lock
+   * dropped (reuse.c's wait_pending): each holds its stream's cache, which
+   * a teardown must leave alone. Pool lock. */
+  uint32_t oom_waiters;
   const tp__pool_ops *ops; /* NULL for a pool no other process shares */
   tp__ipc_export *exp;
   tp__ipc_import *imp;

@@ -41,6 +41,7 @@ static void wait_pending(const tp__reuse *r) {
   uint32_t n = 0, cap = 0;
   tp__heap_pending_tags(r->heap, &tags, &n, &cap);
   tp__slabs_pending_tags(r->slabs, &tags, &n, &cap);
+  (*r->waiters)++;
   tp__mutex_unlock(r->lock);
   for (uint32_t i = 0; i < n; i++) {
     (void)tp__stream_wait_host(&tags[i]);
@@ -48,6 +49,7 @@ static void wait_pending(const tp__reuse *r) {
   }
   free(tags);
   tp__mutex_lock(r->lock);
+  (*r->waiters)--;
   if (*r->gone)
     return;
   tp__slabs_settle(r->slabs, false, true);

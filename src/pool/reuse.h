@@ -13,8 +13,9 @@ typedef struct tp__reuse {
   tp__heap *heap;
   tp__slabs *slabs;
   tp__caches *caches;
-  tp__mutex *lock;  /* the pool lock, dropped while waiting on the host */
-  const bool *gone; /* the pool was torn down meanwhile */
+  tp__mutex *lock;   /* the pool lock, dropped while waiting on the host */
+  const bool *gone;  /* the pool was torn down meanwhile */
+  uint32_t *waiters; /* counts the allocations in wait_pending */
   const _Atomic uint64_t *used_high;
   bool follow_events, opportunistic, internal_deps, oom_wait;
   uint64_t growth_slack; /* parts per million */
