@@ -411,7 +411,7 @@ static void test_wild_address_faults_the_stream(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
-/* ---- 9. a pool destroyed while an allocation waits out of memory ---------
+/* ---- 9. a pool or stream destroyed while an allocation waits out of memory
  * The allocation waits on the host for a pending free (OOM_WAIT), the pool
  * lock dropped; the destroy that comes meanwhile must leave it whole: it
  * either completes with memory that works and frees, or answers
@@ -432,7 +432,9 @@ static void *waiter_main(void *arg) {
   return NULL;
 }
 
-static void test_pool_destroyed_under_oom_wait(void) {
+/* `what`: 0 destroys the pool, 1 the stream the allocation waits on (its
+ * cache, once freed under the waiting allocation too; ASan sees it). */
+static void destroyed_under_oom_wait(int what) {
   tp_stream_t s1 = NULL, s2 = NULL;
   REQUIRE_OK(tp_stream_create(&s1, TP_STREAM_NON_BLOCKING));
   REQUIRE_OK(tp_stream_create(&s2, TP_STREAM_NON_BLOCKING));
@@ -457,21 +459,33 @@ static void test_pool_destroyed_under_oom_wait(void) {
     REQUIRE(pthread_create(&t, NULL, waiter_main, &w) == 0);
     check_sleep_ms(30);
     CHECK(!atomic_load(&w.done)); /* waiting for x's free */
-    CHECK_OK(tp_pool_destroy(w.pool));
+    CHECK_OK(what ? tp_stream_destroy(s2) : tp_pool_destroy(w.pool));
     release(&gate);
     pthread_join(t, NULL);
     if (w.err == TP_SUCCESS) {
-      CHECK_OK(tp_memset_async(w.ptr, 7, 2u << 20, s2));
-      CHECK_OK(tp_free_async(w.ptr, s2));
+      CHECK_OK(what ? TP_SUCCESS : tp_memset_async(w.ptr, 7, 2u << 20, s2));
+      CHECK_OK(tp_free_async(w.ptr, what ? s1 : s2));
     } else {
       CHECK_ERR(w.err, TP_ERROR_INVALID_VALUE);
     }
     CHECK_OK(tp_device_synchronize());
+    if (what) {
+      CHECK_OK(tp_pool_destroy(w.pool));
+      REQUIRE_OK(tp_stream_create(&s2, TP_STREAM_NON_BLOCKING));
+    }
     /* The pool went with its last allocation. */
     CHECK_ERR(tp_pool_trim_to(w.pool, 0), TP_ERROR_INVALID_VALUE);
   }
   CHECK_OK(tp_stream_destroy(s1));
   CHECK_OK(tp_stream_destroy(s2));
+}
+
+static void test_pool_destroyed_under_oom_wait(void) {
+  destroyed_under_oom_wait(0);
+}
+
+static void test_stream_destroyed_under_oom_wait(void) {
+  destroyed_under_oom_wait(1);
 }
 
 /* ---- 10. what a synchronize covers -----------------------------------------
@@ -569,6 +583,7 @@ int main(int argc, char **argv) {
       T(test_wild_address_faults_the_stream),
       T(test_current_pool_destroyed_under_allocations),
       T(test_pool_destroyed_under_oom_wait),
+      T(test_stream_destroyed_under_oom_wait),
       T(test_sync_covers_only_earlier_work),
 #undef T
   };

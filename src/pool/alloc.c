@@ -54,14 +54,23 @@ static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
     err = gone_or_short(s);
   }
   if (n > 0) {
-    /* The first block is the caller's; the rest wait in the cache. */
+    /* The first block is the caller's; the rest wait in the cache, found
+     * again: the reuse may have waited with the pool lock dropped, and a
+     * destroy of the stream freed its cache meanwhile (the allocation then
+     * raced it and answers so). */
     tp__blspin_lock(&s->lock);
-    uint32_t kept = 1;
-    while (kept < n && c->n[cls] < TP_SMALL_CACHE)
+    c = tp__cache_find(s, &p->caches);
+    uint32_t kept = c ? 1 : 0;
+    while (c && kept < n && c->n[cls] < TP_SMALL_CACHE)
       c->v[cls][c->n[cls]++] = got[kept++];
-    rose = tp__cache_count_up(c, (int64_t)size, tp__peak_key(p));
+    if (c)
+      rose = tp__cache_count_up(c, (int64_t)size, tp__peak_key(p));
     tp__blspin_unlock(&s->lock);
     tp__cache_give_back(&p->caches, s, cls, false, got + kept, n - kept);
+    if (!c) {
+      n = 0;
+      err = TP_ERROR_INVALID_VALUE;
+    }
   }
   TP_DEBUG_WALK(p);
   tp__mutex_unlock(&p->lock);
@@ -95,10 +104,16 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
       err = gone_or_short(s);
     }
   }
-  if (err == TP_SUCCESS && !tp__space_entry(&p->space, b->addr, true)) {
+  /* The cache is found again, as in small_slow. */
+  if (err == TP_SUCCESS) {
+    tp__blspin_lock(&s->lock);
+    c = tp__cache_find(s, &p->caches);
+    tp__blspin_unlock(&s->lock);
+  }
+  if (err == TP_SUCCESS && (!c || !tp__space_entry(&p->space, b->addr, true))) {
     atomic_store_explicit(&b->state, TP_BLOCK_FREE, memory_order_relaxed);
     tp__block_release(&p->heap, b);
-    err = TP_ERROR_OUT_OF_MEMORY;
+    err = c ? TP_ERROR_OUT_OF_MEMORY : TP_ERROR_INVALID_VALUE;
   }
   /* Success implies a cache; `c` is tested too so that the compiler sees
    * no path to a null one. */
