@@ -21,6 +21,7 @@ typedef enum tp__rank {
   TP_RANK_LEGACY,       /* a device's legacy-stream sequence */
   TP_RANK_STREAM_TABLE, /* the registry of streams */
   TP_RANK_EVENT_TABLE,  /* the registry of events */
+  TP_RANK_EVENT_ORDER,  /* an event's records, against its waits */
   TP_RANK_STREAM,       /* a stream: epochs, markers, clock, caches */
   TP_RANK_EVENT,        /* an event's clock */
   TP_RANK_DEAD_DONE,    /* completions of destroyed streams (order.c) */

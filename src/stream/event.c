@@ -17,6 +17,13 @@ struct tp__event {
   tp__pevent *pe;
   tp__spin lock;
   tp__clock clock;
+  /* Held around each record (its clock made, the platform's record, the
+   * clock installed) and each wait's copy and platform wait, so that the
+   * clock a waiter takes is that of the record the platform waits for; a
+   * synchronize, which cannot hold it through its wait, compares `records`
+   * (counted under it) before and after. */
+  tp__mutex order;
+  uint64_t records;
   /* Recorded outside a capture at least once: a capture may wait on an
    * event never recorded, which orders nothing, as the driver allows. */
   _Atomic bool recorded;
@@ -34,12 +41,14 @@ tp_error_t tp__event_create(tp_event_t *out) {
   tp__event *e = calloc(1, sizeof *e);
   TP_RETURN_IF(!e, TP_ERROR_OUT_OF_MEMORY);
   tp__spin_init(&e->lock, TP_RANK_EVENT);
+  tp__mutex_init(&e->order, TP_RANK_EVENT_ORDER);
   e->magic = TP_EVENT_MAGIC;
   e->device = tp__current_device();
   e->handle =
       (tp_event_t)(uintptr_t)((atomic_fetch_add(&handles_made, 1) + 1) << 4);
   tp_error_t err = tp__platform->event_create(e->device, &e->pe);
   if (err != TP_SUCCESS) {
+    tp__mutex_destroy(&e->order);
     free(e);
     return err;
   }
@@ -50,6 +59,7 @@ tp_error_t tp__event_create(tp_event_t *out) {
   tp__mutex_unlock(&ev_lock);
   if (!ok) {
     (void)tp__platform->event_destroy(e->pe);
+    tp__mutex_destroy(&e->order);
     free(e);
     return TP_ERROR_OUT_OF_MEMORY;
   }
@@ -75,6 +85,7 @@ static void event_free(void *arg) {
   tp__event *e = arg;
   (void)tp__platform->event_destroy(e->pe);
   tp__clock_free(&e->clock);
+  tp__mutex_destroy(&e->order);
   free(e);
 }
 
@@ -116,6 +127,8 @@ tp_error_t tp__event_record(tp__event *e, tp__stream *s) {
     ok = tp__clock_raise(&c, TP_CLOCK_LEGACY | (uint64_t)s->device,
                          tp__legacy_seq(s->device));
   }
+  tp__mutex_lock(&e->order);
+  e->records++;
   tp__blspin_lock(&s->lock);
   uint64_t epoch =
       atomic_fetch_add_explicit(&s->epoch, 1, memory_order_relaxed);
@@ -124,17 +137,17 @@ tp_error_t tp__event_record(tp__event *e, tp__stream *s) {
   tp__blspin_unlock(&s->lock);
   tp_error_t err =
       ok ? tp__platform->event_record(e->pe, s->ps) : TP_ERROR_OUT_OF_MEMORY;
-  if (err != TP_SUCCESS) {
-    tp__clock_free(&c);
-    return err;
+  tp__clock old = c;
+  if (err == TP_SUCCESS) {
+    tp__spin_lock(&e->lock);
+    old = e->clock;
+    e->clock = c;
+    tp__spin_unlock(&e->lock);
+    atomic_store_explicit(&e->recorded, true, memory_order_release);
   }
-  tp__spin_lock(&e->lock);
-  tp__clock old = e->clock;
-  e->clock = c;
-  tp__spin_unlock(&e->lock);
+  tp__mutex_unlock(&e->order);
   tp__clock_free(&old);
-  atomic_store_explicit(&e->recorded, true, memory_order_release);
-  return TP_SUCCESS;
+  return err;
 }
 
 bool tp__event_recorded(const tp__event *e) {
@@ -150,8 +163,11 @@ static bool event_clock_copy(tp__event *e, tp__clock *out) {
 
 tp_error_t tp__event_wait(tp__stream *s, tp__event *e) {
   tp__clock c = {0};
-  TP_RETURN_IF(!event_clock_copy(e, &c), TP_ERROR_OUT_OF_MEMORY);
-  tp_error_t err = tp__platform->stream_wait_event(s->ps, e->pe);
+  tp__mutex_lock(&e->order);
+  bool copied = event_clock_copy(e, &c);
+  tp_error_t err = copied ? tp__platform->stream_wait_event(s->ps, e->pe)
+                          : TP_ERROR_OUT_OF_MEMORY;
+  tp__mutex_unlock(&e->order);
   if (err == TP_SUCCESS) {
     tp__blspin_lock(&s->lock);
     (void)tp__clock_merge(&s->clock, &c);
@@ -211,13 +227,21 @@ bool tp__stream_followed(tp__stream *s, tp__clock *out) {
 }
 
 tp_error_t tp__event_synchronize(tp__event *e, tp__stream ***done, size_t *n) {
-  /* The clock is taken before the wait: a record made meanwhile by another
-   * thread would claim work that the wait did not cover. */
+  /* The clock is taken before the wait, and kept only where no record came
+   * meanwhile: a record by another thread would claim work that the wait
+   * did not cover, and one between the copy and the wait would be what the
+   * platform waits for instead. */
   tp__clock c = {0};
+  tp__mutex_lock(&e->order);
   bool copied = event_clock_copy(e, &c);
+  uint64_t records = e->records;
+  tp__mutex_unlock(&e->order);
   *done = NULL;
   *n = 0;
   tp_error_t err = tp__platform->event_synchronize(e->pe);
+  tp__mutex_lock(&e->order);
+  copied = copied && e->records == records;
+  tp__mutex_unlock(&e->order);
   if (!tp__pevent_finished(err) || !copied) {
     tp__clock_free(&c);
     return err;
