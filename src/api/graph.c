@@ -75,6 +75,9 @@ typedef struct exec_slot {
   /* Taken from its graph's prior at instantiation: what its first launch
    * waits for. */
   tp__tag after;
+  /* Its graph's state (alive, in its generation) when it was made: the
+   * slot is still its graph's while the state is that. */
+  uint64_t graph_state;
   struct exec_slot *next_adopted; /* the live adopted execs */
   struct exec_slot *next_free;
 } exec_slot;
@@ -159,6 +162,7 @@ static exec_slot *exec_new(void) {
     atomic_store_explicit(&x->auto_free, false, memory_order_relaxed);
     x->adopted = x->track = false;
     x->last = x->after = (tp__tag){0};
+    x->graph_state = 0;
     x->next_adopted = x->next_free = NULL;
   }
   return x;
@@ -307,6 +311,7 @@ static tp_error_t instantiate(tp_graph_exec_t *exec, graph_slot *graph,
                         flags & TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH,
                         memory_order_relaxed);
   x->track = tp__gmem_self_held(graph->gm);
+  x->graph_state = atomic_load(&graph->state);
   if (graph->prior.stream) {
     x->after = graph->prior;
     graph->prior = (tp__tag){0};
@@ -450,8 +455,9 @@ static void priors_put(const tp__gmem *gm, tp__tag t) {
  * next exec must follow is its last launch where it was launched (which
  * followed what it had to), else what it had to follow. It goes to g while
  * g is still the exec's graph and alive (a slot whose graph was destroyed
- * may serve another by now, which a different gm tells), or for an
- * adopted exec to its graph memory's entry. */
+ * may serve another by now, which its state tells; its other fields are
+ * the new graph's to write), or for an adopted exec to its graph memory's
+ * entry. */
 static void hand_on(exec_slot *x, graph_slot *g, bool may_run) {
   tp__tag t = {0};
   if (may_run) {
@@ -462,7 +468,7 @@ static void hand_on(exec_slot *x, graph_slot *g, bool may_run) {
     x->after = (tp__tag){0};
   }
   tp__tag_clear(&x->after);
-  bool mine = x->gm && g->gm == x->gm && (atomic_load(&g->state) & 1);
+  bool mine = !x->adopted && x->gm && atomic_load(&g->state) == x->graph_state;
   if (t.stream && mine) {
     tp__tag_clear(&g->prior);
     g->prior = t;
