@@ -133,13 +133,18 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
 
 /* Either slow path. A destroyed pool whose last frees completed unseen
  * still holds device memory: finding the device full, the allocation
- * finishes such pools and tries once more. */
+ * finishes such pools and tries once more. A failed allocation from a
+ * destroyed pool finishes it too: its teardown may have been put off while
+ * the allocation waited out of memory. */
 tp_error_t tp__pool_malloc_slow(tp__pool *p, tp__stream *s, size_t r,
                                 size_t size, void **ptr) {
   for (int attempt = 0;; attempt++) {
     tp_error_t err = r <= TP_SMALL_MAX
                          ? small_slow(p, s, tp__class_of(r), size, ptr)
                          : large_slow(p, s, r, size, ptr);
+    if (TP_UNLIKELY(err != TP_SUCCESS &&
+                    atomic_load_explicit(&p->destroyed, memory_order_acquire)))
+      tp__pools_reap();
     if (TP_LIKELY(err != TP_ERROR_OUT_OF_MEMORY) || attempt > 0 ||
         !tp__pools_reap_polling())
       return err;
