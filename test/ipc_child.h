@@ -108,6 +108,8 @@ enum {
                      reply: the pool's descriptor and the block's record */
   CMD_DROP,       /* exporter mode: free block `slot` and wait */
   CMD_USED,       /* exporter mode: reply: size = the pool's used bytes */
+  CMD_FORK,       /* fork a child that makes no call and only waits (a data
+                     loader's worker, say); reply: seed = its pid */
   CMD_EXIT,
   CMD_REPLY
 };
@@ -256,6 +258,18 @@ static inline void imported_rules(importer *im, const ctl *c) {
   CHECK_EQ_U64(attr_u64(im->pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT), 0);
 }
 
+/* CMD_FORK's child: it waits, for a minute at most, doing nothing that a
+ * child of a threaded process may not. */
+static inline pid_t fork_sleeper(void) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(60);
+    for (;;)
+      pause();
+  }
+  return pid;
+}
+
 static inline tp_error_t serve_one(importer *im, ctl *c, int fd) {
   void *q = NULL;
   switch (c->op) {
@@ -371,6 +385,8 @@ static inline int importer_main(const char *mode, int sock) {
       c.slot = 0;
     if (c.op == CMD_FLOOD)
       flood(&im, &c, fd, &r);
+    else if (c.op == CMD_FORK)
+      r.seed = (uint64_t)fork_sleeper();
     else
       r.status = (int)serve_one(&im, &c, fd);
     if (ctl_send(sock, &r, -1) != 0)
@@ -423,6 +439,8 @@ static inline int exporter_main(int sock) {
       r.status = (int)(err == TP_SUCCESS ? tp_stream_synchronize(s) : err);
     } else if (c.op == CMD_USED) {
       r.size = pool ? attr_u64(pool, TP_POOL_ATTR_USED_MEM_CURRENT) : 0;
+    } else if (c.op == CMD_FORK) {
+      r.seed = (uint64_t)fork_sleeper();
     } else if (c.op == CMD_EXIT) {
       for (int i = 0; i < nblocks; i++)
         if (blocks[i])

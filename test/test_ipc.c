@@ -512,6 +512,40 @@ static void test_importer_killed(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* An importer that forked a child which makes no call of tidepool's (a
+ * data loader's worker) releases its holds when it is killed, though the
+ * child lives on with copies of its descriptors: the child's copy of the
+ * channel once kept the exporter from seeing the importer go, and the
+ * block stayed held until the child exited. */
+static void test_importer_killed_with_forked_child(void) {
+  tp_stream_t s = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  tp_pool_t pool = ipc_pool(0);
+  REQUIRE(pool);
+  void *x = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&x, 4 * MiB, pool, s));
+  fill(x, 4 * MiB, 24, s);
+  child ch;
+  start_importer(&ch, "holder", pool, TP_LOCATION_DEVICE, 0, NULL, 0);
+  REQUIRE(ch.pid > 0);
+  CHECK_OK(ask_import(&ch, 0, x, 4 * MiB, 24));
+  ctl q = {.op = CMD_FORK}, r = {0};
+  CHECK_OK(ask_reply(&ch, &q, -1, &r, NULL));
+  pid_t sleeper = (pid_t)r.seed;
+  CHECK(sleeper > 0);
+  CHECK_OK(tp_free_async(x, s));
+  CHECK_EQ_U64(attr_u64(pool, TP_POOL_ATTR_USED_MEM_CURRENT), 4 * MiB);
+  kill(ch.pid, SIGKILL);
+  CHECK(child_wait(&ch) == -1);
+  CHECK(sleeper > 0 && kill(sleeper, 0) == 0); /* the child still lives */
+  CHECK_EQ_U64(wait_used(pool, 0), 0);
+  if (sleeper > 0)
+    kill(sleeper, SIGKILL);
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
 /* A process of another user is refused, descriptor or not. */
 static void test_other_user(void) {
   if (geteuid() != 0) {
@@ -647,6 +681,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_across_processes);
   RUN_TEST(test_remapped_chunk);
   RUN_TEST(test_importer_killed);
+  RUN_TEST(test_importer_killed_with_forked_child);
   RUN_TEST(test_other_user);
   RUN_TEST(test_invisible_device);
   RUN_TEST(test_importer_on_device1);

@@ -309,6 +309,46 @@ static void test_stopped_exporter(void) {
   close(fd);
 }
 
+/* An exporter killed while a child it forked (one that makes no call of
+ * tidepool's) lives on: an importer learns at once that it is gone, both
+ * through its channel and through the pool's descriptor, rather than at
+ * the end of its bound (20 s here), which the child's copies of the
+ * exporter's sockets once made it wait. */
+static void test_exporter_killed_with_forked_child(void) {
+  child ex, im;
+  ctl r;
+  int fd;
+  if (!exporter_with_block(&ex, MiB, 62, &r, &fd))
+    return;
+  importer_of(&im, fd, 20000);
+  ctl iq = {.op = CMD_IMPORT, .slot = 0, .seed = 62, .size = MiB, .rec = r.rec};
+  CHECK_OK(ask(&im, &iq, -1));
+  ctl fq = {.op = CMD_FORK}, fr = {0};
+  CHECK_OK(ask_reply(&ex, &fq, -1, &fr, NULL));
+  pid_t sleeper = (pid_t)fr.seed;
+  CHECK(sleeper > 0);
+  kill(ex.pid, SIGKILL);
+  CHECK(child_wait(&ex) == -1);
+  iq.slot = 1;
+  double t0 = check_now_s();
+  CHECK_ERR(ask(&im, &iq, -1), TP_ERROR_INVALID_VALUE);
+  double ptr_s = check_now_s() - t0;
+  ctl pq = {.op = CMD_POOL, .loc_type = TP_LOCATION_DEVICE, .loc_id = 0};
+  t0 = check_now_s();
+  CHECK_ERR(ask(&im, &pq, fd), TP_ERROR_INVALID_VALUE);
+  double pool_s = check_now_s() - t0;
+  printf("   exporter killed, its child alive: pointer import %.2f s, pool "
+         "import %.2f s\n",
+         ptr_s, pool_s);
+  CHECK(ptr_s < 10.0);
+  CHECK(pool_s < 10.0);
+  if (sleeper > 0)
+    kill(sleeper, SIGKILL);
+  CHECK_OK(ask_slot(&im, CMD_FREE, 0));
+  CHECK_EQ_INT(child_finish(&im), 0);
+  close(fd);
+}
+
 /* The exporter's used bytes, once they equal `want` or after a second. */
 static uint64_t exporter_used(child *ex, uint64_t want) {
   ctl q = {.op = CMD_USED}, r = {0};
@@ -447,6 +487,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_channel_limits);
   RUN_TEST(test_channel_total);
   RUN_TEST(test_stopped_exporter);
+  RUN_TEST(test_exporter_killed_with_forked_child);
   RUN_TEST(test_slow_exporter_keeps_holds);
   RUN_TEST(test_timed_out_import_holds_nothing);
   RUN_TEST(test_releases_wait_for_stopped_exporter);

@@ -6,6 +6,7 @@
  * and against the toolkit's runtime (run on a GPU; exit 77 without one).
  * Usage: test_preload host|off|cuda (or env, for the launcher's test) */
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -592,6 +593,28 @@ static void test_ipc(void) {
     CHECK_RC(cudaMemPoolDestroy(imported), cudaSuccess);
   CHECK_RC(cudaMemPoolDestroy(pool), cudaSuccess);
   close(fd);
+  /* A descriptor that cannot be tidepool's (a pool that the driver exported
+   * in a process where tidepool does not answer) is the runtime's to
+   * import; in the host mode tidepool refuses it. */
+  int other = open("/dev/null", O_RDONLY);
+  if (!CHECK(other >= 0))
+    return;
+  bool host = expected_mode == MODE_HOST;
+  unsigned long long forwarded = counter(C_FORWARDED);
+  unsigned long before = stub("cudaMemPoolImportFromShareableHandle");
+  cudaMemPool_t foreign = NULL;
+  cudaError_t rc = cudaMemPoolImportFromShareableHandle(
+      &foreign, (void *)(intptr_t)other, cudaMemHandleTypePosixFileDescriptor,
+      0);
+  CHECK(rc != cudaSuccess);
+  CHECK_EQ_U64(counter(C_FORWARDED) - forwarded, host ? 0 : 1);
+  if (stub_calls)
+    CHECK_EQ_U64(stub("cudaMemPoolImportFromShareableHandle") - before,
+                 host ? 0 : 1);
+  if (host)
+    CHECK_RC(rc, cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+  close(other);
 }
 
 /* Calls on a pool tidepool did not make go to the runtime. */

@@ -11,6 +11,7 @@
  * (cuda; exit 77 without a GPU).
  * Usage: test_preload_driver host|off|cuda */
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -783,6 +784,26 @@ static void test_ipc(void) {
     CHECK_RC(cu.pool_destroy(imported), CUDA_SUCCESS);
   CHECK_RC(cu.pool_destroy(pool), CUDA_SUCCESS);
   close(fd);
+  /* A descriptor that cannot be tidepool's (a pool that another process's
+   * driver exported) is the driver's to import; in the host mode tidepool
+   * refuses it. */
+  int other = open("/dev/null", O_RDONLY);
+  if (!CHECK(other >= 0))
+    return;
+  bool host = expected_mode == MODE_HOST;
+  unsigned long long forwarded = counter(C_FORWARDED);
+  unsigned long before = stub("cuMemPoolImportFromShareableHandle");
+  CUmemoryPool foreign = NULL;
+  CUresult rc = cu.pool_import(&foreign, (void *)(intptr_t)other,
+                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  CHECK(rc != CUDA_SUCCESS);
+  CHECK_EQ_U64(counter(C_FORWARDED) - forwarded, host ? 0 : 1);
+  if (stub_calls)
+    CHECK_EQ_U64(stub("cuMemPoolImportFromShareableHandle") - before,
+                 host ? 0 : 1);
+  if (host)
+    CHECK_RC(rc, CUDA_ERROR_INVALID_VALUE);
+  close(other);
 }
 
 /* Calls on a pool tidepool did not make go to the driver. */

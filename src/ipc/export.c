@@ -146,7 +146,7 @@ static void export_fini(tp__pool *p) {
     if (x->entries[i].freed)
       tp__stream_unref(x->entries[i].tag.stream);
   for (uint32_t i = 0; i < x->nrv; i++)
-    close(x->rv[i]);
+    tp__ipc_fd_close(x->rv[i]);
   if (x->wake >= 0)
     close(x->wake);
   free(x->entries);
@@ -181,7 +181,7 @@ static void conn_drop(tp__pool *p, uint32_t i) {
   tp__ipc_export *x = p->exp;
   conn c = x->conns[i];
   x->conns[i] = x->conns[--x->nconns];
-  close(c.fd);
+  tp__ipc_fd_close(c.fd);
   atomic_fetch_sub(&channels_open, 1);
   for (uint32_t h = 0; h < c.nholds; h++)
     while (c.holds[h].count--)
@@ -378,11 +378,12 @@ static bool channel_take(const tp__ipc_export *x, pid_t pid, int priv) {
 static void serve_connect(tp__pool *p, const tp__wire *q, int priv,
                           const struct ucred *u, bool has_cred) {
   tp__ipc_export *x = p->exp;
+  tp__ipc_fd_keep(priv);
   int type = 0;
   socklen_t len = sizeof type;
   if (getsockopt(priv, SOL_SOCKET, SO_TYPE, &type, &len) != 0 ||
       type != SOCK_SEQPACKET) {
-    close(priv); /* nothing we could answer on */
+    tp__ipc_fd_close(priv); /* nothing we could answer on */
     return;
   }
   tp_error_t status = TP_SUCCESS;
@@ -410,7 +411,7 @@ static void serve_connect(tp__pool *p, const tp__wire *q, int priv,
   if (status != TP_SUCCESS || err != TP_SUCCESS) {
     if (taken)
       atomic_fetch_sub(&channels_open, 1);
-    close(priv);
+    tp__ipc_fd_close(priv);
     return;
   }
   x->conns[x->nconns++] = (conn){.fd = priv, .pid = u->pid};
@@ -447,7 +448,7 @@ static bool serve_rendezvous(tp__pool *p, int fd, short revents) {
 static void rendezvous_close(tp__ipc_export *x, int fd) {
   for (uint32_t i = 0; i < x->nrv; i++) {
     if (x->rv[i] == fd) {
-      close(fd);
+      tp__ipc_fd_close(fd);
       x->rv[i] = x->rv[--x->nrv];
       return;
     }
@@ -558,6 +559,7 @@ tp_error_t tp__ipc_export_handle(tp__pool *p, int *fd) {
   int sv[2];
   TP_RETURN_IF(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0,
                tp__platform_fail(errno, "socketpair"));
+  tp__ipc_fd_keep(sv[0]);
   /* Set before the other end leaves this process, so that every CONNECT
    * arrives with its sender's credentials. */
   int one = 1;
@@ -575,7 +577,7 @@ tp_error_t tp__ipc_export_handle(tp__pool *p, int *fd) {
     x->rv[x->nrv++] = sv[0];
   pthread_mutex_unlock(&x->lock);
   if (err != TP_SUCCESS) {
-    close(sv[0]);
+    tp__ipc_fd_close(sv[0]);
     close(sv[1]);
     return err;
   }

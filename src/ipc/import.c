@@ -15,7 +15,7 @@ static void import_free_state(tp__ipc_import *m) {
   if (m->res)
     (void)tp__platform->unreserve(m->res);
   if (m->fd >= 0)
-    close(m->fd);
+    tp__ipc_fd_close(m->fd);
   for (size_t i = 0; m->pages && i < m->npages; i++)
     free(m->pages[i]);
   free(m->pages);
@@ -498,10 +498,12 @@ static tp_error_t import_connect(int fd, int *chan, tp__wire *h, int *backing) {
   int sv[2];
   TP_RETURN_IF(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0,
                tp__platform_fail(errno, "socketpair"));
+  tp__ipc_fd_keep(sv[0]);
+  tp__ipc_fd_keep(sv[1]);
   uint64_t deadline = tp__ipc_deadline();
   tp__wire q = tp__wire_make(TP_OP_CONNECT);
   tp_error_t err = tp__wire_send(fd, &q, sv[1], true, deadline);
-  close(sv[1]);
+  tp__ipc_fd_close(sv[1]);
   tp__recv_result r = TP_RECV_OK;
   if (err == TP_SUCCESS)
     r = tp__wire_recv(sv[0], h, backing, NULL, NULL, deadline);
@@ -515,7 +517,7 @@ static tp_error_t import_connect(int fd, int *chan, tp__wire *h, int *backing) {
   if (err != TP_SUCCESS) {
     if (*backing >= 0)
       close(*backing);
-    close(sv[0]);
+    tp__ipc_fd_close(sv[0]);
     return err;
   }
   *chan = sv[0];
@@ -587,7 +589,7 @@ static tp_error_t import_state(const tp__wire *h, int chan, int backing,
   if (!m) {
     if (backing >= 0)
       close(backing);
-    close(chan);
+    tp__ipc_fd_close(chan);
     return err;
   }
   m->fd = chan;
@@ -632,7 +634,7 @@ tp_error_t tp__ipc_import_pool(int fd, tp_pool_t *out) {
   if (err != TP_SUCCESS) {
     if (backing >= 0)
       close(backing);
-    close(chan);
+    tp__ipc_fd_close(chan);
     return err;
   }
   /* The range is reserved as memory of the device that holds the chunks,

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -215,4 +216,80 @@ tp__recv_result tp__wire_recv(int sock, tp__wire *w, int *fd,
     *fd = -1;
   }
   return bad ? TP_RECV_BAD : TP_RECV_OK;
+}
+
+/* ---- descriptors a forked child closes ------------------------------------
+ * Pages of slots, each a descriptor plus one (0: free), linked and never
+ * freed, so that the child's handler, which runs with whatever locks the
+ * parent's other threads held at the fork, walks them without a lock. A
+ * descriptor is added once open and taken out before it is closed, so that
+ * a slot never names a number that another part of the process reuses. */
+
+#define FD_PAGE 64
+typedef struct fd_page {
+  _Atomic int slot[FD_PAGE];
+  _Atomic(struct fd_page *) next;
+} fd_page;
+static fd_page fd_first;
+static pthread_once_t fd_once = PTHREAD_ONCE_INIT;
+
+static void fd_forked_child(void) {
+  for (fd_page *g = &fd_first; g;
+       g = atomic_load_explicit(&g->next, memory_order_acquire)) {
+    for (int i = 0; i < FD_PAGE; i++) {
+      int v = atomic_exchange_explicit(&g->slot[i], 0, memory_order_relaxed);
+      if (v)
+        (void)close(v - 1);
+    }
+  }
+}
+
+static void fd_register(void) {
+  (void)pthread_atfork(NULL, NULL, fd_forked_child);
+}
+
+static bool fd_put(fd_page *g, int v) {
+  for (int i = 0; i < FD_PAGE; i++) {
+    int free_slot = 0;
+    if (atomic_compare_exchange_strong(&g->slot[i], &free_slot, v))
+      return true;
+  }
+  return false;
+}
+
+void tp__ipc_fd_keep(int fd) {
+  pthread_once(&fd_once, fd_register);
+  fd_page *g = &fd_first, *fresh = NULL;
+  for (;;) {
+    if (fd_put(g, fd + 1))
+      break;
+    fd_page *next = atomic_load(&g->next);
+    if (next) {
+      g = next;
+      continue;
+    }
+    if (!fresh && !(fresh = calloc(1, sizeof *fresh)))
+      return; /* left out of the set (wire.h) */
+    atomic_init(&fresh->slot[0], fd + 1);
+    if (atomic_compare_exchange_strong(&g->next, &next, fresh))
+      return;
+    atomic_store(&fresh->slot[0], 0); /* another page came first */
+    g = next;
+  }
+  free(fresh);
+}
+
+static void fd_take_out(int fd) {
+  for (fd_page *g = &fd_first; g; g = atomic_load(&g->next)) {
+    for (int i = 0; i < FD_PAGE; i++) {
+      int v = fd + 1;
+      if (atomic_compare_exchange_strong(&g->slot[i], &v, 0))
+        return;
+    }
+  }
+}
+
+void tp__ipc_fd_close(int fd) {
+  fd_take_out(fd);
+  (void)close(fd);
 }

@@ -173,4 +173,19 @@ tp__recv_result tp__wire_recv(int sock, tp__wire *w, int *fd,
  * the thread's platform detail. */
 tp_error_t tp__wire_status(int32_t status, bool hello);
 
+/* ---- descriptors a forked child closes ------------------------------------
+ * A child that fork() makes holds a copy of every descriptor, though it may
+ * make no call of tidepool's: a copy of a channel or a rendezvous would only
+ * keep the peer from seeing this process go (an exporter kept a killed
+ * importer's holds until the importer's forked helper exited). The sockets
+ * that tie this process to another are therefore kept in a set that a
+ * fork handler closes in the child. Where memory is short, a descriptor is
+ * left out of the set: it works as before, and only a forked child keeps
+ * its copy. */
+
+/* Adds `fd` (>= 0) to the set. */
+void tp__ipc_fd_keep(int fd);
+/* Takes `fd` out of the set, if it is there, and closes it. */
+void tp__ipc_fd_close(int fd);
+
 #endif /* TP_IPC_WIRE_H */

@@ -338,6 +338,9 @@ TP_PL_EXPORT cudaError_t cudaMemPoolImportFromShareableHandle(
   ENTER();
   if (!pool)
     return answer(TP_ERROR_INVALID_VALUE, TP_PL_COUNT_POOL);
+  if (tp__pl_import_foreign(handle, (int)type))
+    FORWARD_COUNTED(cudaMemPoolImportFromShareableHandle,
+                    (pool, handle, type, flags));
   /* Both take a posix descriptor by value. */
   tp_pool_t imported = NULL;
   tp_error_t err = tp_pool_import_from_shareable_handle(

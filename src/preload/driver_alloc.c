@@ -282,6 +282,9 @@ static CUresult pool_import(CUmemoryPool *pool, void *handle,
         (pool, handle, type, flags));
   if (!pool || flags > UINT32_MAX)
     return tp__pl_drv_answer(TP_ERROR_INVALID_VALUE, TP_PL_COUNT_POOL);
+  if (tp__pl_import_foreign(handle, (int)type))
+    FORWARD(r_pool_import, PFN_cuMemPoolImportFromShareableHandle_v11020,
+            (pool, handle, type, flags));
   /* Both take a posix descriptor by value. */
   tp_pool_t imported = NULL;
   tp_error_t err = tp_pool_import_from_shareable_handle(

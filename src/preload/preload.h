@@ -151,6 +151,12 @@ bool tp__pl_handle_types_in(unsigned bits, unsigned *out);
 /* One handle type of an export or import; TP_HANDLE_NONE for others, which
  * tidepool refuses. */
 tp_handle_type_t tp__pl_handle_type_in(int type);
+/* Whether a pool import's handle is the runtime's or the driver's to
+ * answer: a POSIX descriptor that is open but no SOCK_SEQPACKET socket
+ * cannot be the rendezvous that tidepool's export hands out (it may be a
+ * pool that the driver exported in a process where tidepool does not
+ * answer). Never in the host mode, where the runtime has no pools. */
+bool tp__pl_import_foreign(const void *handle, int type);
 bool tp__pl_access_in(int flags, tp_access_flags_t *out);
 int tp__pl_access_out(tp_access_flags_t flags);
 /* The pool attributes both APIs have: the first eight, with the same value

@@ -2,6 +2,9 @@
  * by the runtime-level and the driver-level layers: the runtime's enums are
  * the driver's, value for value, which the assertions below hold to. */
 #include <cuda.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/socket.h>
 
 #include "preload.h"
 
@@ -78,6 +81,17 @@ tp_handle_type_t tp__pl_handle_type_in(int type) {
   case CU_MEM_HANDLE_TYPE_FABRIC: return TP_HANDLE_FABRIC;
   default: return TP_HANDLE_NONE;
   }
+}
+
+bool tp__pl_import_foreign(const void *handle, int type) {
+  intptr_t v = (intptr_t)handle;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || v < 0 ||
+      v > INT_MAX || tp__pl_host_requested() || fcntl((int)v, F_GETFD) < 0)
+    return false;
+  int st = 0;
+  socklen_t len = sizeof st;
+  return getsockopt((int)v, SOL_SOCKET, SO_TYPE, &st, &len) != 0 ||
+         st != SOCK_SEQPACKET;
 }
 
 bool tp__pl_access_in(int flags, tp_access_flags_t *out) {
