@@ -39,6 +39,16 @@ static void test_same_process(void) {
   CHECK_EQ_U64(attr_u64(imported, TP_POOL_ATTR_CHUNK_UNMAPS), 0);
   CHECK_ERR(tp_pool_export_pointer(&rec, b), TP_ERROR_INVALID_VALUE);
   CHECK_ERR(tp_free_async((char *)b + 512, s), TP_ERROR_INVALID_VALUE);
+  /* Imported twice: the same pointer, freed twice, and its bytes counted
+   * once (used never above reserved). */
+  void *b2 = NULL;
+  CHECK_OK(tp_pool_import_pointer(&b2, imported, &rec));
+  CHECK(b2 == b);
+  CHECK_EQ_U64(attr_u64(imported, TP_POOL_ATTR_USED_MEM_CURRENT), 3 * MiB);
+  CHECK_OK(tp_free_async(b2, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_EQ_U64(attr_u64(imported, TP_POOL_ATTR_USED_MEM_CURRENT), 3 * MiB);
+  CHECK(holds(b, 1 * MiB, 8, s));
 
   /* The exporter frees first: the block stays out of reuse (and counted as
    * used) until the importer's free has completed. */

@@ -327,7 +327,8 @@ tp_error_t tp__ipc_import_pointer(tp__pool *p,
     tp__chan_release(m, r.offset);
     pthread_mutex_unlock(&m->rel_mu);
   }
-  if (err == TP_SUCCESS) {
+  /* An allocation imported again is the same bytes: counted once. */
+  if (err == TP_SUCCESS && !known) {
     int64_t used =
         atomic_fetch_add(&p->caches.base, (int64_t)r.size) + (int64_t)r.size;
     tp__atomic_max(&p->used_high, (uint64_t)used);
@@ -389,8 +390,8 @@ static tp_error_t import_free(tp__pool *p, uintptr_t addr, tp__stream *s,
   if (--m->ptrs[i].count == 0) {
     memmove(&m->ptrs[i], &m->ptrs[i + 1], (m->nptrs - i - 1) * sizeof *m->ptrs);
     m->nptrs--;
+    atomic_fetch_sub(&p->caches.base, (int64_t)size);
   }
-  atomic_fetch_sub(&p->caches.base, (int64_t)size);
   pthread_mutex_unlock(&m->mu);
   return TP_SUCCESS;
 }
