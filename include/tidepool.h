@@ -121,7 +121,9 @@ typedef struct tp_event_opaque *tp_event_t;
  * destroyed pool's, answers TP_ERROR_INVALID_VALUE, also while another
  * thread destroys the pool (a call that raced with the destroy either
  * completes or answers so). A destroyed pool's handle stays recognised
- * until four million more pools have been created. */
+ * until a new pool takes its slot: the first four million pools get slots
+ * of their own, and after them each new pool takes the slot of the pool
+ * destroyed longest ago. */
 typedef struct tp_pool_opaque *tp_pool_t;
 
 /* Location types. As in CUDA, TP_LOCATION_NONE and TP_LOCATION_INVALID are

@@ -7,6 +7,8 @@
 #include <sched.h>
 
 #include "check.h"
+#include "common/slots.h"
+#include "pool/handle.h"
 #include "pool/pool.h"
 #include "pool/pool_verify.h"
 
@@ -560,6 +562,48 @@ static void test_biased_lock(void) {
     biased_lock_round();
 }
 
+/* Once every slot of the pool handles' table was used, a new pool takes
+ * the slot of the pool destroyed longest ago, never one destroyed a moment
+ * ago (it took the next destroyed slot in table order, and a pool destroyed
+ * just ahead of that place lent its handle to the very next pool: the
+ * stale handle then reached the new pool). Handles stand for pools here,
+ * since four million pools would take minutes. */
+static void test_pool_handles_oldest_first(void) {
+  const uint64_t total = (uint64_t)TP_SLOTS_MAX_CHUNKS * TP_SLOTS_CHUNK;
+  tp_pool_t kept = tp__handle_new(), oldest = NULL;
+  REQUIRE(kept);
+  while (tp__handles_taken() < total) {
+    tp_pool_t h = tp__handle_new();
+    REQUIRE(h);
+    if (!oldest)
+      oldest = h;
+    tp__handle_bury(h);
+  }
+  tp__handle_bury(kept);
+  /* Slots of pools that earlier tests destroyed come first, then this
+   * test's in the order they were buried; `kept` comes last. */
+  tp_pool_t next = NULL;
+  int taken = 0;
+  for (; taken < 100000 && next != oldest; taken++) {
+    next = tp__handle_new();
+    if (!CHECK(next && next != kept))
+      break;
+    tp__handle_bury(next);
+  }
+  CHECK(next == oldest);
+  uint64_t v = 0;
+  CHECK_ERR(tp_pool_get_attribute(kept, TP_POOL_ATTR_RELEASE_THRESHOLD, &v),
+            TP_ERROR_INVALID_VALUE);
+  /* Pools are still made: they take the oldest slots. */
+  tp_pool_t pool = NULL;
+  tp_pool_props_t props = {.alloc_type = TP_ALLOCATION_PINNED,
+                           .location = {TP_LOCATION_DEVICE, 0, 0}};
+  CHECK_OK(tp_pool_create(&pool, &props));
+  CHECK(pool != kept);
+  if (pool)
+    CHECK_OK(tp_pool_destroy(pool));
+}
+
 int main(int argc, char **argv) {
   if (!check_on_host()) {
     return check_skip("host platform only");
@@ -578,6 +622,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_growth_slack);
   RUN_TEST(test_climbing_segment_tables);
   RUN_TEST(test_join_segments);
+  RUN_TEST(test_pool_handles_oldest_first);
   printf("   seed %llu\n", (unsigned long long)seed);
   test_random_walk(seed);
   return check_done();

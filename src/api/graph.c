@@ -119,7 +119,7 @@ static graph_slot *graph_new(void) {
   if (g) {
     free_graphs = g->next_free;
   } else {
-    g = tp__slots_take(&graph_slots, NULL);
+    g = tp__slots_take(&graph_slots);
     if (g) {
       g->index = (uint32_t)(graph_slots.taken - 1);
       pthread_mutex_init(&g->use, NULL);
@@ -150,7 +150,7 @@ static exec_slot *exec_new(void) {
   if (x) {
     free_execs = x->next_free;
   } else {
-    x = tp__slots_take(&exec_slots, NULL);
+    x = tp__slots_take(&exec_slots);
     if (x)
       x->index = (uint32_t)(exec_slots.taken - 1);
   }

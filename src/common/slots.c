@@ -7,27 +7,18 @@ static char *slot_at(const tp__slots *t, uint64_t i) {
   return c + (i % TP_SLOTS_CHUNK) * t->size;
 }
 
-void *tp__slots_take(tp__slots *t, bool (*reusable)(const void *slot)) {
-  uint64_t total = (uint64_t)TP_SLOTS_MAX_CHUNKS * TP_SLOTS_CHUNK;
-  if (t->taken < total) {
-    uint32_t c = (uint32_t)(t->taken / TP_SLOTS_CHUNK);
-    if (c == atomic_load_explicit(&t->nchunks, memory_order_relaxed)) {
-      void *v = calloc(TP_SLOTS_CHUNK, t->size);
-      if (!v)
-        return NULL;
-      atomic_store_explicit(&t->chunks[c], v, memory_order_relaxed);
-      atomic_store_explicit(&t->nchunks, c + 1, memory_order_release);
-    }
-    return slot_at(t, t->taken++);
+void *tp__slots_take(tp__slots *t) {
+  if (t->taken == (uint64_t)TP_SLOTS_MAX_CHUNKS * TP_SLOTS_CHUNK)
+    return NULL;
+  uint32_t c = (uint32_t)(t->taken / TP_SLOTS_CHUNK);
+  if (c == atomic_load_explicit(&t->nchunks, memory_order_relaxed)) {
+    void *v = calloc(TP_SLOTS_CHUNK, t->size);
+    if (!v)
+      return NULL;
+    atomic_store_explicit(&t->chunks[c], v, memory_order_relaxed);
+    atomic_store_explicit(&t->nchunks, c + 1, memory_order_release);
   }
-  for (uint64_t k = 0; reusable && k < total; k++, t->taken++) {
-    char *s = slot_at(t, t->taken % total);
-    if (reusable(s)) {
-      t->taken++;
-      return s;
-    }
-  }
-  return NULL;
+  return slot_at(t, t->taken++);
 }
 
 bool tp__slots_known(const tp__slots *t, const void *p) {

@@ -24,10 +24,11 @@ typedef struct tp__slots {
 #define TP_SLOTS_INIT(type)                                                    \
   { .size = sizeof(type) }
 
-/* A slot never used (all zeros), else, once all were, the next one after
- * the last taken that `reusable` accepts (NULL: none is); NULL when memory
- * or slots run out. The owner serialises the calls. */
-void *tp__slots_take(tp__slots *t, bool (*reusable)(const void *slot));
+/* A slot never used (all zeros); NULL when memory or slots run out, and
+ * then the owner reuses its own (pools the oldest destroyed, graphs and
+ * execs any free one, their handles carrying a generation). The owner
+ * serialises the calls. */
+void *tp__slots_take(tp__slots *t);
 /* Whether `p` is the start of a slot of `t`, whatever it holds. Lock-free. */
 bool tp__slots_known(const tp__slots *t, const void *p);
 /* Slots are numbered in the order they were first taken: the one that

@@ -9,16 +9,21 @@
 static tp__slots table = TP_SLOTS_INIT(struct tp_pool_opaque);
 static tp__mutex lock = TP_MUTEX_INIT(TP_RANK_HANDLES);
 
-/* Once every slot was used, a destroyed pool's is given to a new one: 4M
- * handles later. */
-static bool dead(const void *slot) {
-  const struct tp_pool_opaque *h = slot;
-  return atomic_load_explicit(&h->state, memory_order_acquire) == TP_POOL_DEAD;
-}
+/* Buried handles, oldest first. Once every slot was used, a new pool takes
+ * the slot of the pool destroyed longest ago, so that a destroyed pool's
+ * handle is recognised for as long as the table allows (the header's
+ * promise). Under `lock`. */
+static struct tp_pool_opaque *dead_first, *dead_last;
 
 tp_pool_t tp__handle_new(void) {
   tp__mutex_lock(&lock);
-  struct tp_pool_opaque *h = tp__slots_take(&table, dead);
+  struct tp_pool_opaque *h = tp__slots_take(&table);
+  if (!h && dead_first) {
+    h = dead_first;
+    dead_first = h->next_dead;
+    if (!dead_first)
+      dead_last = NULL;
+  }
   if (h) {
     atomic_store_explicit(&h->pool, NULL, memory_order_relaxed);
     atomic_store_explicit(&h->state, TP_POOL_MADE, memory_order_relaxed);
@@ -34,7 +39,26 @@ void tp__handle_publish(tp_pool_t h, tp__pool *p) {
 
 void tp__handle_bury(tp_pool_t h) {
   atomic_store_explicit(&h->pool, NULL, memory_order_relaxed);
-  atomic_store_explicit(&h->state, TP_POOL_DEAD, memory_order_release);
+  int was =
+      atomic_exchange_explicit(&h->state, TP_POOL_DEAD, memory_order_release);
+  TP_CHECK(was != TP_POOL_DEAD);
+  if (was == TP_POOL_DEAD)
+    return;
+  tp__mutex_lock(&lock);
+  h->next_dead = NULL;
+  if (dead_last)
+    dead_last->next_dead = h;
+  else
+    dead_first = h;
+  dead_last = h;
+  tp__mutex_unlock(&lock);
+}
+
+uint64_t tp__handles_taken(void) {
+  tp__mutex_lock(&lock);
+  uint64_t n = table.taken;
+  tp__mutex_unlock(&lock);
+  return n;
 }
 
 bool tp__handle_known(tp_pool_t h) {

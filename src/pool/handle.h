@@ -18,6 +18,7 @@ enum {
 struct tp_pool_opaque {
   _Atomic int state;
   _Atomic(tp__pool *) pool;
+  struct tp_pool_opaque *next_dead; /* handle.c's queue */
 };
 
 /* A fresh handle in state MADE; NULL when memory or slots run out. */
@@ -25,6 +26,8 @@ tp_pool_t tp__handle_new(void);
 void tp__handle_publish(tp_pool_t h, tp__pool *p);
 /* The handle answers INVALID_VALUE from now on. */
 void tp__handle_bury(tp_pool_t h);
+/* Slots of the table used so far (fresh ones handed out); for tests. */
+uint64_t tp__handles_taken(void);
 /* Whether `h` is a slot of the table, whatever its state. */
 bool tp__handle_known(tp_pool_t h);
 /* The live pool of a handle; INVALID_VALUE for anything else. The pool
