@@ -899,7 +899,12 @@ TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream);
  * TIDEPOOL_TORCH_TRACE being recorded still shows the request). A pool
  * allocation freed during a capture PyTorch announced
  * (tp_torch_capture_begin) is freed once the last announced capture has
- * ended, waiting then for its recorded streams. During such a capture a
+ * ended, waiting then for its recorded streams, where the capture refuses
+ * the free (also one invalidated already) or a stream recorded for it
+ * captures while the free does not (the work that stream queued before its
+ * capture cannot be waited for until then). Outside an announced capture
+ * such a free is reported and the memory stays allocated: never reused
+ * under work that may still use it. During such a capture a
  * free on the legacy stream (NULL) is always deferred so, without asking
  * whether it captures: where a blocking stream captures, both the free and
  * the question would cost that capture its validity. */
@@ -950,9 +955,10 @@ TP_API tp_error_t tp_torch_trim(int device, size_t keep);
  * of the device that tp_torch_free is given (the allocation's, as PyTorch
  * frees), whichever device is current where the record is made. A handle
  * that names the calling thread's own stream (cuda's per-thread default
- * stream, 0x2) is recorded as the legacy stream, which waits for every
- * blocking stream's work, that thread's too: the handle itself would name
- * the freeing thread's own stream at the free. */
+ * stream, 0x2) is recorded as the legacy stream of that stream's device,
+ * which waits for every blocking stream's work there, that thread's too:
+ * the handle itself would name the freeing thread's own stream at the
+ * free. */
 TP_API void tp_torch_record_stream(void *ptr, void *stream);
 
 /* torch.cuda.empty_cache(): tp_torch_trim(device, 0) on every device that

@@ -1162,6 +1162,225 @@ static void test_record_stream_legacy_other_device(void) {
   CHECK_OK(tp_stream_destroy(a1));
 }
 
+/* The per-thread default stream recorded by a thread whose device is not
+ * the tensor's: the free waits for that device's per-thread stream of the
+ * recording thread (it waited for the legacy stream of the tensor's device,
+ * which does not follow another device's streams, and the memory was
+ * handed out again under the recorded work). Two devices, cuda. */
+static void *record_per_thread_device1(void *arg) {
+  per_thread_record *r = arg;
+  CHECK_OK(tp_set_device(1));
+  tp_stream_t mine = (tp_stream_t)(uintptr_t)2;
+  CHECK_OK(hold_stream(mine, &r->gate));
+  tp_torch_record_stream(r->x, mine);
+  pthread_barrier_wait(&r->bar); /* recorded */
+  pthread_barrier_wait(&r->bar); /* freed and checked */
+  CHECK_OK(tp_stream_synchronize(mine));
+  return NULL;
+}
+
+static void test_record_stream_per_thread_other_device(void) {
+  int count = 0;
+  REQUIRE_OK(tp_get_device_count(&count));
+  if (!has_per_thread_stream() || count < 2) {
+    printf("   (needs two devices and a per-thread stream)\n");
+    return;
+  }
+  REQUIRE_OK(tp_set_device(0));
+  tp_stream_t a;
+  REQUIRE_OK(tp_stream_create(&a, TP_STREAM_NON_BLOCKING));
+  per_thread_record r = {.x = tp_torch_alloc((ssize_t)MiB, 0, a)};
+  REQUIRE(r.x != NULL);
+  REQUIRE(pthread_barrier_init(&r.bar, NULL, 2) == 0);
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, record_per_thread_device1, &r) == 0);
+  pthread_barrier_wait(&r.bar);
+  tp_torch_free(r.x, (ssize_t)MiB, 0, a);
+  check_sleep_ms(20);
+  CHECK_ERR(tp_stream_query(a), TP_ERROR_NOT_READY);
+  release(&r.gate);
+  pthread_barrier_wait(&r.bar);
+  pthread_join(t, NULL);
+  pthread_barrier_destroy(&r.bar);
+  CHECK_OK(tp_stream_synchronize(a));
+  CHECK_OK(tp_stream_destroy(a));
+}
+
+/* A free made during an announced capture that was invalidated (a query of
+ * the capturing stream, say) is deferred like any other and made once the
+ * pair ends: it was refused with STREAM_CAPTURE_INVALIDATED, and PyTorch
+ * never frees again, so the tensor's memory stayed in use for good. */
+static void test_capture_invalidated_deferred_free(void) {
+  tp_torch_announce_captures();
+  static const tp_capture_mode_t modes[] = {TP_CAPTURE_MODE_GLOBAL,
+                                            TP_CAPTURE_MODE_THREAD_LOCAL,
+                                            TP_CAPTURE_MODE_RELAXED};
+  for (int blocking = 0; blocking < 2; blocking++) {
+    for (int m = 0; m < 3; m++) {
+      tp_stream_t cs;
+      REQUIRE_OK(tp_stream_create(&cs, blocking ? 0 : TP_STREAM_NON_BLOCKING));
+      uint64_t before[4], after[4];
+      stats(0, before);
+      void *x = tp_torch_alloc((ssize_t)MiB, 0, cs);
+      REQUIRE(x != NULL);
+      tp_torch_capture_begin();
+      REQUIRE_OK(tp_stream_begin_capture(cs, modes[m]));
+      CHECK_ERR(tp_stream_query(cs), TP_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+      tp_torch_free(x, (ssize_t)MiB, 0, cs);
+      tp_graph_t g = NULL;
+      CHECK_ERR(tp_stream_end_capture(cs, &g),
+                TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+      tp_torch_capture_end();
+      CHECK_OK(tp_stream_synchronize(cs));
+      stats(0, after);
+      if (!CHECK_EQ_U64(after[2], before[2]))
+        printf("   %s stream, mode %d\n",
+               blocking ? "blocking" : "non-blocking", (int)modes[m]);
+      CHECK_OK(tp_stream_destroy(cs));
+    }
+  }
+}
+
+/* A tensor recorded on a stream that then begins a capture, freed outside
+ * it: the free waits for the work the stream queued before its capture
+ * (deferred to the pair's end, since nothing can be ordered after that
+ * work while the stream captures). The recorded stream was skipped, and
+ * the next tensor overwrote the memory under its held work. */
+typedef struct bytes_check {
+  const unsigned char *p;
+  size_t n;
+  atomic_int bad;
+} bytes_check;
+
+static void check_bytes_fn(void *arg) {
+  bytes_check *c = arg;
+  for (size_t i = 0; i < c->n; i += 997)
+    if (c->p[i] != 0x5a)
+      atomic_store(&c->bad, 1);
+}
+
+static void test_record_stream_then_capture(void) {
+  tp_torch_announce_captures();
+  for (int mode = 0; mode < 3; mode++) {
+    tp_stream_t s, cs;
+    REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+    REQUIRE_OK(tp_stream_create(&cs, TP_STREAM_NON_BLOCKING));
+    void *p = tp_torch_alloc((ssize_t)MiB, 0, s);
+    REQUIRE(p != NULL);
+    CHECK_OK(tp_memset_async(p, 0x5a, MiB, s));
+    tp_event_t ev;
+    REQUIRE_OK(tp_event_create(&ev));
+    CHECK_OK(tp_event_record(ev, s));
+    CHECK_OK(tp_stream_wait_event(cs, ev, 0));
+    gate_t gate;
+    REQUIRE_OK(hold_stream(cs, &gate));
+    static bytes_check c;
+    c.p = p;
+    c.n = MiB;
+    atomic_store(&c.bad, 0);
+    CHECK_OK(tp_launch_host_func(cs, check_bytes_fn, &c));
+    tp_torch_record_stream(p, cs);
+    tp_torch_capture_begin();
+    REQUIRE_OK(tp_stream_begin_capture(cs, (tp_capture_mode_t)mode));
+    tp_torch_free(p, (ssize_t)MiB, 0, s);
+    void *q = tp_torch_alloc((ssize_t)MiB, 0, s);
+    REQUIRE(q != NULL);
+    CHECK_OK(tp_memset_async(q, 0x11, MiB, s));
+    tp_graph_t g = NULL;
+    CHECK_OK(tp_stream_end_capture(cs, &g));
+    tp_torch_capture_end();
+    release(&gate);
+    CHECK_OK(tp_stream_synchronize(cs));
+    CHECK_OK(tp_stream_synchronize(s));
+    if (!CHECK_EQ_INT(atomic_load(&c.bad), 0))
+      printf("   mode %d: the recorded work read overwritten bytes\n", mode);
+    if (g)
+      CHECK_OK(tp_graph_destroy(g));
+    tp_torch_free(q, (ssize_t)MiB, 0, s);
+    CHECK_OK(tp_stream_synchronize(s));
+    CHECK_OK(tp_event_destroy(ev));
+    CHECK_OK(tp_stream_destroy(cs));
+    CHECK_OK(tp_stream_destroy(s));
+  }
+}
+
+/* Frees on the legacy stream during an announced pair, racing its end: each
+ * is made, at once or by that end, never left for a pair that may not come
+ * (the count was read before the list's lock, and a free kept after the
+ * end took the list waited for the next pair). */
+typedef struct pair_race {
+  pthread_barrier_t bar;
+  int trials, users;
+  atomic_int stranded;
+} pair_race;
+
+typedef struct pair_racer {
+  pair_race *r;
+  int id;
+} pair_racer;
+
+static void *pair_race_thread(void *arg) {
+  pair_race *r = ((pair_racer *)arg)->r;
+  int id = ((pair_racer *)arg)->id;
+  check_rng rng = {(uint64_t)id * 977 + 12345};
+  CHECK_OK(tp_set_device(0));
+  for (int t = 0; t < r->trials; t++) {
+    ssize_t n = 512 + (ssize_t)(rng_next(&rng) % 10000);
+    void *p = NULL;
+    if (id < r->users)
+      p = tp_torch_alloc(n, 0, NULL);
+    else
+      tp_torch_capture_begin();
+    pthread_barrier_wait(&r->bar);
+    if (id == r->users) {
+      for (volatile unsigned k = 0, end = rng_next(&rng) % 20000; k < end;
+           k++) {
+      }
+      tp_torch_capture_end();
+    } else if (p) {
+      tp_torch_free(p, n, 0, NULL);
+    }
+    pthread_barrier_wait(&r->bar);
+    if (id == 0) {
+      uint64_t st[4];
+      CHECK_OK(tp_torch_stats(0, st));
+      if (st[2]) {
+        atomic_fetch_add(&r->stranded, 1);
+        tp_torch_capture_begin(); /* lets the stranded free go */
+        tp_torch_capture_end();
+      }
+    }
+    pthread_barrier_wait(&r->bar);
+  }
+  return NULL;
+}
+
+static void test_capture_end_races_deferred_frees(void) {
+  tp_torch_announce_captures();
+  CHECK_OK(tp_device_synchronize());
+  uint64_t st[4];
+  stats(0, st);
+  if (st[2]) {
+    printf("   skipped: %llu bytes in use before the test\n",
+           (unsigned long long)st[2]);
+    return;
+  }
+  pair_race r = {.trials = 3000, .users = 3};
+  REQUIRE(pthread_barrier_init(&r.bar, NULL, (unsigned)r.users + 1) == 0);
+  pthread_t t[8];
+  pair_racer who[8];
+  for (int i = 0; i <= r.users; i++) {
+    who[i] = (pair_racer){&r, i};
+    REQUIRE(pthread_create(&t[i], NULL, pair_race_thread, &who[i]) == 0);
+  }
+  for (int i = 0; i <= r.users; i++)
+    pthread_join(t[i], NULL);
+  pthread_barrier_destroy(&r.bar);
+  printf("   %d of %d trials left a free for a later pair\n",
+         atomic_load(&r.stranded), r.trials);
+  CHECK_EQ_INT(atomic_load(&r.stranded), 0);
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "--trace-child") == 0)
     return trace_child_main(argv[2]);
@@ -1207,5 +1426,9 @@ int main(int argc, char **argv) {
   RUN_TEST(test_record_stream_stale);
   RUN_TEST(test_record_stream_other_device);
   RUN_TEST(test_record_stream_legacy_other_device);
+  RUN_TEST(test_record_stream_per_thread_other_device);
+  RUN_TEST(test_capture_invalidated_deferred_free);
+  RUN_TEST(test_record_stream_then_capture);
+  RUN_TEST(test_capture_end_races_deferred_frees);
   return check_done();
 }

@@ -219,9 +219,15 @@ static bool announced_capture(void) {
  * recorded there) before the free is queued, as PyTorch's
  * backend:cudaMallocAsync does. A free of a pointer never recorded reads
  * one counter. */
+/* A recorded stream: a handle, and the device whose legacy stream stands
+ * for it where the handle is NULL (-1: the freeing thread's). */
+typedef struct rec {
+  void *stream;
+  int device;
+} rec;
 typedef struct recorded {
   void *ptr;
-  void **streams;
+  rec *streams;
   uint32_t n, cap;
 } recorded;
 static pthread_mutex_t record_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -270,12 +276,12 @@ static bool stream_facts(void *stream, int *device, bool *thread_bound) {
 }
 
 /* Takes out `ptr`'s recorded streams (NULL when none); record_lock held. */
-static void **records_take(void *ptr, uint32_t *n) {
+static rec *records_take(void *ptr, uint32_t *n) {
   recorded *r = records_find(ptr);
   *n = 0;
   if (!r)
     return NULL;
-  void **streams = r->streams;
+  rec *streams = r->streams;
   *n = r->n;
   *r = records[--nrecords];
   atomic_store_explicit(&nrecords_seen, nrecords, memory_order_relaxed);
@@ -310,12 +316,12 @@ static int stream_device(void *stream, int fallback) {
  * (`*n` of them, malloc'd, which a deferred free brings along). Where they
  * cannot be joined for want of memory, every free waits for its whole
  * device from then on, as where a record is lost. */
-static void records_claim(void *ptr, void ***streams, uint32_t *n) {
+static void records_claim(void *ptr, rec **streams, uint32_t *n) {
   if (TP_LIKELY(!atomic_load_explicit(&nrecords_seen, memory_order_relaxed)))
     return;
   uint32_t m;
   pthread_mutex_lock(&record_lock);
-  void **taken = records_take(ptr, &m);
+  rec *taken = records_take(ptr, &m);
   pthread_mutex_unlock(&record_lock);
   if (!m)
     return;
@@ -325,7 +331,7 @@ static void records_claim(void *ptr, void ***streams, uint32_t *n) {
     *n = m;
     return;
   }
-  void **all = realloc(*streams, (*n + m) * sizeof *all);
+  rec *all = realloc(*streams, (*n + m) * sizeof *all);
   if (!all) {
     free(taken);
     if (!atomic_exchange(&records_lost, true))
@@ -339,9 +345,11 @@ static void records_claim(void *ptr, void ***streams, uint32_t *n) {
 }
 
 /* Makes `stream` wait for the work queued so far on each of the `n`
- * streams recorded for the memory it frees; the device current. */
-static tp_error_t wait_recorded(void *const *streams, uint32_t n,
-                                void *stream) {
+ * streams recorded for the memory it frees; the device current.
+ * STREAM_CAPTURE_UNSUPPORTED where a recorded stream captures and the free
+ * does not: the work it queued before its capture cannot be waited for
+ * without invalidating the capture, and the free must wait until it ends. */
+static tp_error_t wait_recorded(const rec *streams, uint32_t n, void *stream) {
   if (TP_UNLIKELY(atomic_load_explicit(&records_lost, memory_order_relaxed)))
     TP_FORWARD(tp_device_synchronize());
   if (TP_LIKELY(!n))
@@ -349,24 +357,31 @@ static tp_error_t wait_recorded(void *const *streams, uint32_t n,
   tp_error_t err = TP_SUCCESS;
   int side = capture_side(stream);
   for (uint32_t i = 0; i < n && err == TP_SUCCESS; i++) {
-    if (streams[i] == stream)
+    void *other_stream = streams[i].stream;
+    int here = tp__current_device();
+    int there = streams[i].device >= 0 ? streams[i].device
+                                       : stream_device(other_stream, here);
+    if (other_stream == stream && (stream || there == here))
       continue;
     /* An order between a capture and work outside it cannot be queued
      * (the attempt would invalidate the capture). A recorded stream outside
      * the capture of the free leaves nothing in the graph to wait for: the
      * graph's memory is reused only by the graph. */
-    int other = capture_side(streams[i]);
+    tp__set_current_device(there);
+    int other = capture_side(other_stream);
+    tp__set_current_device(here);
+    if (side == 0 && other > 0)
+      return TP_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (side < 0 || other != side)
       continue;
     /* The event is made on the recorded stream's device (the platform
      * enters that device's context for the call alone); the freeing stream
      * may wait on it from any device. */
     tp_event_t e = NULL;
-    int here = tp__current_device(), there = stream_device(streams[i], here);
     tp__set_current_device(there);
     err = tp_event_create(&e);
     if (err == TP_SUCCESS)
-      err = tp_event_record(e, (tp_stream_t)streams[i]);
+      err = tp_event_record(e, (tp_stream_t)other_stream);
     tp__set_current_device(here);
     if (err == TP_SUCCESS)
       err = tp_stream_wait_event((tp_stream_t)stream, e, 0);
@@ -375,8 +390,11 @@ static tp_error_t wait_recorded(void *const *streams, uint32_t n,
     /* An order that cannot be queued is replaced, outside a capture, by
      * waiting for the recorded stream's work here, and failing that for the
      * device's: the memory is neither reused early nor lost. */
-    if (err != TP_SUCCESS && side == 0)
-      err = tp_stream_synchronize((tp_stream_t)streams[i]);
+    if (err != TP_SUCCESS && side == 0) {
+      tp__set_current_device(there);
+      err = tp_stream_synchronize((tp_stream_t)other_stream);
+      tp__set_current_device(here);
+    }
     if (err != TP_SUCCESS && side == 0)
       err = tp_device_synchronize();
   }
@@ -415,13 +433,13 @@ TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream) {
 }
 
 static bool defer_free(void *ptr, ssize_t size, int device, void *stream,
-                       void **streams, uint32_t nstreams);
+                       rec *streams, uint32_t nstreams);
 
 /* `traced`: the request is in the trace already (a deferred free).
  * `streams`: the `n` streams recorded for `ptr` that a deferred free brings
  * along (malloc'd, or NULL), which this call owns. */
 static void torch_free(void *ptr, ssize_t size, int device, void *stream,
-                       bool traced, void **streams, uint32_t n) {
+                       bool traced, rec *streams, uint32_t n) {
   int saved;
   /* A deferred free was timed when PyTorch made it. */
   bool timed_call = !traced && timing_on();
@@ -448,7 +466,12 @@ static void torch_free(void *ptr, ssize_t size, int device, void *stream,
       err = wait_recorded(streams, n, stream);
       if (err == TP_SUCCESS)
         err = tp__free_async_as(ptr, (tp_stream_t)stream, uncaptured());
-      deferred = err == TP_ERROR_INVALID_VALUE &&
+      /* Refused for a capture (a live allocation of before it freed inside
+       * it, or a capture invalidated already), or waiting on one: made once
+       * the pairs end. */
+      deferred = (err == TP_ERROR_INVALID_VALUE ||
+                  err == TP_ERROR_STREAM_CAPTURE_INVALIDATED ||
+                  err == TP_ERROR_STREAM_CAPTURE_UNSUPPORTED) &&
                  defer_free(ptr, size, device, stream, streams, n);
     }
     if (deferred) {
@@ -538,10 +561,11 @@ TP_API void tp_torch_record_stream(void *ptr, void *stream) {
    * default stream) would name the freeing thread's at the free. Such a
    * stream is a blocking one, so the legacy stream, which waits for every
    * blocking stream's work, stands for it. */
-  int device;
+  int device = -1;
   bool bound = false;
   if (stream && stream_facts(stream, &device, &bound) && bound)
     stream = NULL;
+  rec want = {stream, bound ? device : -1};
   pthread_mutex_lock(&record_lock);
   recorded *r = records_find(ptr);
   bool ok = true;
@@ -552,9 +576,10 @@ TP_API void tp_torch_record_stream(void *ptr, void *stream) {
   }
   bool known = false;
   for (uint32_t i = 0; ok && i < r->n && !known; i++)
-    known = r->streams[i] == stream;
+    known = r->streams[i].stream == want.stream &&
+            r->streams[i].device == want.device;
   if (ok && !known && (ok = TP_ARRAY_ROOM(r->streams, r->n, r->cap)))
-    r->streams[r->n++] = stream;
+    r->streams[r->n++] = want;
   pthread_mutex_unlock(&record_lock);
   /* PyTorch gives this hook no error channel, and a lost record would let
    * the memory be reused under the recorded stream's work: from here on
@@ -585,19 +610,22 @@ typedef struct deferred {
   ssize_t size;
   int device;
   void *stream;
-  void **streams; /* the streams recorded for ptr, to wait for */
+  rec *streams; /* the streams recorded for ptr, to wait for */
   uint32_t nstreams;
 } deferred;
 static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
 static deferred *deferreds;
 static uint32_t ndeferred, capdeferred;
 
+/* The pair count is read under the list's lock, under which the last
+ * pair's end also takes the list: a free kept here is made by that end,
+ * never left for a pair that may not come. */
 static bool defer_free(void *ptr, ssize_t size, int device, void *stream,
-                       void **streams, uint32_t nstreams) {
+                       rec *streams, uint32_t nstreams) {
   if (!announced_capture() || pool_live(ptr) != 1)
     return false;
   pthread_mutex_lock(&deferred_lock);
-  bool kept = true;
+  bool kept = announced_capture();
   for (uint32_t i = 0; i < ndeferred && kept; i++)
     kept = deferreds[i].ptr != ptr; /* freed twice: refused */
   kept = kept && TP_ARRAY_ROOM(deferreds, ndeferred, capdeferred);
@@ -608,13 +636,7 @@ static bool defer_free(void *ptr, ssize_t size, int device, void *stream,
   return kept;
 }
 
-static void deferred_run(void) {
-  pthread_mutex_lock(&deferred_lock);
-  deferred *v = deferreds;
-  uint32_t n = ndeferred;
-  deferreds = NULL;
-  ndeferred = capdeferred = 0;
-  pthread_mutex_unlock(&deferred_lock);
+static void deferred_run(deferred *v, uint32_t n) {
   for (uint32_t i = 0; i < n; i++)
     torch_free(v[i].ptr, v[i].size, v[i].device, v[i].stream, true,
                v[i].streams, v[i].nstreams);
@@ -626,13 +648,22 @@ TP_API void tp_torch_capture_begin(void) {
 }
 
 TP_API void tp_torch_capture_end(void) {
+  pthread_mutex_lock(&deferred_lock);
   uint32_t n = atomic_load_explicit(&torch_captures, memory_order_relaxed);
   while (n && !atomic_compare_exchange_weak_explicit(&torch_captures, &n, n - 1,
                                                      memory_order_acq_rel,
                                                      memory_order_relaxed)) {
   }
-  if (n == 1)
-    deferred_run();
+  deferred *v = NULL;
+  uint32_t nv = 0;
+  if (n == 1) {
+    v = deferreds;
+    nv = ndeferred;
+    deferreds = NULL;
+    ndeferred = capdeferred = 0;
+  }
+  pthread_mutex_unlock(&deferred_lock);
+  deferred_run(v, nv);
 }
 
 TP_API void tp_torch_announce_captures(void) {
