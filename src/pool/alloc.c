@@ -189,7 +189,23 @@ void tp__pool_free_put_slow(tp__pool *p, tp__stream *s, uintptr_t addr,
   if (!kept)
     free_slow(p, s, cls, large, &e, req);
   if (atomic_load_explicit(&p->destroyed, memory_order_acquire))
-    tp__pools_reap();
+    tp__pool_freed_into_destroyed(s);
+}
+
+/* A destroyed pool goes once its frees are known complete, and with no
+ * synchronize to come only an allocation that finds the device full asks
+ * their streams. A stream whose own answer cannot show its frees complete
+ * (the legacy stream on cuda, a blocking stream there that follows legacy
+ * work) needs a marker, which such an allocation would only record: it
+ * then failed out of memory though the frees had completed long before
+ * (the same allocation at once after succeeded). The marker is recorded
+ * here instead, with the free, so that the allocation finds it done. */
+void tp__pool_freed_into_destroyed(tp__stream *s) {
+  if (s->legacy || tp__stream_misses_legacy(s)) {
+    tp__tag t = tp__stream_tag(s);
+    (void)tp__stream_poll(&t);
+  }
+  tp__pools_reap();
 }
 
 /* ---- frees from elsewhere

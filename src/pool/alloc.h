@@ -18,6 +18,9 @@ tp_error_t tp__pool_malloc_slow(tp__pool *p, tp__stream *s, size_t r,
  * claim need not live in memory. */
 void tp__pool_free_put_slow(tp__pool *p, tp__stream *s, uintptr_t addr,
                             void *owner, unsigned cls, bool large, int64_t req);
+/* After a free into a destroyed pool on `s`: finishes the pool where its
+ * frees are known complete (see alloc.c). */
+void tp__pool_freed_into_destroyed(tp__stream *s);
 
 /* ---- each thread's share of the bytes in use (see alloc.c) --------------- */
 
@@ -172,7 +175,7 @@ static TP_ALWAYS_INLINE void tp__pool_free_put(tp__pool *p, tp__stream *s,
     return;
   }
   if (TP_UNLIKELY(atomic_load_explicit(&p->destroyed, memory_order_acquire)))
-    tp__pools_reap();
+    tp__pool_freed_into_destroyed(s);
 }
 
 #endif /* TP_ALLOC_H */
