@@ -68,8 +68,13 @@ tp_error_t tp__default_pool_of(int slot, tp_pool_t *out) {
   if (!defaults[slot]) {
     tp_pool_props_t props = slot_props(slot);
     err = tp__pool_new(&props, true, &defaults[slot]);
+    /* The default becomes current only where no pool was made current
+     * before it was first asked for (a set, then a get of the default,
+     * once undid the set). */
+    tp_pool_t none = NULL;
     if (err == TP_SUCCESS)
-      atomic_store(&tp__current_pools[slot], defaults[slot]);
+      atomic_compare_exchange_strong(&tp__current_pools[slot], &none,
+                                     defaults[slot]);
   }
   *out = defaults[slot];
   tp__mutex_unlock(&slots_lock);

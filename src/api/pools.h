@@ -18,7 +18,8 @@ extern _Atomic(tp_pool_t) tp__current_pools[TP_POOL_SLOTS];
 /* The slot's default pool, made on first use. */
 tp_error_t tp__default_pool_of(int slot, tp_pool_t *out);
 
-/* The slot's current pool; NULL until its default pool is made. */
+/* The slot's current pool; NULL until its default pool is made or a pool
+ * is made current. */
 static inline tp_pool_t tp__current_pool_made(int slot) {
   return atomic_load_explicit(&tp__current_pools[slot], memory_order_acquire);
 }
@@ -29,7 +30,13 @@ static inline tp_error_t tp__current_pool_of(int slot, tp_pool_t *out) {
     *out = p;
     return TP_SUCCESS;
   }
-  return tp__default_pool_of(slot, out);
+  /* Made now, the default is current unless a pool was made current
+   * meanwhile, which is then the answer. */
+  TP_FORWARD(tp__default_pool_of(slot, out));
+  p = tp__current_pool_made(slot);
+  if (p)
+    *out = p;
+  return TP_SUCCESS;
 }
 
 /* A destroyed pool that was current for its location stops being so. */

@@ -249,6 +249,53 @@ static tp_pool_t stable_default(tp_location_t loc, tp_allocation_type_t type) {
   return a;
 }
 
+/* A pool made current before its location's default pool was ever asked
+ * for stays current when the default is then asked for: making the default
+ * once made it current too, and undid the set (tp_malloc_async then
+ * allocated from the default pool). Runs first, before anything made a
+ * default pool. */
+static void test_set_before_default_made(void) {
+  static const struct {
+    tp_location_t loc;
+    const char *name;
+  } where[] = {{{TP_LOCATION_HOST_NUMA, 0, 0}, "host NUMA node 0"},
+               {{TP_LOCATION_HOST, 0, 0}, "host"},
+               {{TP_LOCATION_DEVICE, 0, 0}, "device 0"}};
+  for (size_t i = 0; i < sizeof where / sizeof where[0]; i++) {
+    step(where[i].name);
+    tp_pool_props_t props =
+        props_make(TP_ALLOCATION_PINNED, where[i].loc, TP_HANDLE_NONE, 0);
+    tp_pool_t mine = NULL, def = NULL, got = NULL;
+    if (!CHECK_OK(tp_pool_create(&mine, &props)))
+      continue;
+    CHECK_OK(tp_mem_set_pool(&where[i].loc, TP_ALLOCATION_PINNED, mine));
+    CHECK_OK(
+        tp_mem_get_default_pool(&def, &where[i].loc, TP_ALLOCATION_PINNED));
+    CHECK(def != NULL && def != mine);
+    CHECK_OK(tp_mem_get_pool(&got, &where[i].loc, TP_ALLOCATION_PINNED));
+    CHECK_EQ_PTR(got, mine);
+    if (where[i].loc.type == TP_LOCATION_DEVICE) {
+      got = NULL;
+      CHECK_OK(tp_device_get_mem_pool(&got, 0));
+      CHECK_EQ_PTR(got, mine);
+      tp_stream_t s = stream_new(TP_STREAM_NON_BLOCKING);
+      void *p = NULL;
+      if (s && CHECK_OK(tp_malloc_async(&p, 1 << 20, s))) {
+        CHECK_EQ_U64(attr_u64(mine, TP_POOL_ATTR_USED_MEM_CURRENT), 1 << 20);
+        CHECK_EQ_U64(attr_u64(def, TP_POOL_ATTR_USED_MEM_CURRENT), 0);
+        CHECK_OK(tp_free_async(p, s));
+        CHECK_OK(tp_stream_synchronize(s));
+      }
+      if (s)
+        CHECK_OK(tp_stream_destroy(s));
+    }
+    CHECK_OK(tp_pool_destroy(mine));
+    got = NULL;
+    CHECK_OK(tp_mem_get_pool(&got, &where[i].loc, TP_ALLOCATION_PINNED));
+    CHECK_EQ_PTR(got, def);
+  }
+}
+
 static void test_default_and_current_pools(void) {
   tp_location_t dev0 = loc_device(0), host = loc_host(), numa0 = loc_numa(0),
                 none = loc_none();
@@ -446,6 +493,7 @@ static void test_max_size(void) {
 
 int main(int argc, char **argv) {
   static const conformance_test_t tests[] = {
+      CONFORMANCE_TEST(test_set_before_default_made),
       CONFORMANCE_TEST(test_attributes),
       CONFORMANCE_TEST(test_destroy),
       CONFORMANCE_TEST(test_default_and_current_pools),
