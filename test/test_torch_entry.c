@@ -1286,6 +1286,15 @@ static void test_record_stream_then_capture(void) {
     void *q = tp_torch_alloc((ssize_t)MiB, 0, s);
     REQUIRE(q != NULL);
     CHECK_OK(tp_memset_async(q, 0x11, MiB, s));
+    /* The memset has run before the held work reads (where the capture
+     * allows a synchronize: relaxed). */
+    if (mode == TP_CAPTURE_MODE_RELAXED) {
+      tp_event_t done;
+      REQUIRE_OK(tp_event_create(&done));
+      CHECK_OK(tp_event_record(done, s));
+      CHECK_OK(tp_event_synchronize(done));
+      CHECK_OK(tp_event_destroy(done));
+    }
     tp_graph_t g = NULL;
     CHECK_OK(tp_stream_end_capture(cs, &g));
     tp_torch_capture_end();
@@ -1302,6 +1311,55 @@ static void test_record_stream_then_capture(void) {
     CHECK_OK(tp_stream_destroy(cs));
     CHECK_OK(tp_stream_destroy(s));
   }
+}
+
+/* A tensor recorded on the legacy stream, freed on a non-blocking stream
+ * while a blocking stream captures (relaxed, so that the test's own calls
+ * leave the capture valid): the legacy stream cannot be asked or waited
+ * for then, and the free waits for the pair's end. It was made at once,
+ * and the next tensor overwrote the bytes under the legacy stream's held
+ * work (a review of the fixes above). */
+static void test_record_legacy_then_blocking_capture(void) {
+  tp_torch_announce_captures();
+  tp_stream_t s, b;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_stream_create(&b, TP_STREAM_DEFAULT));
+  void *p = tp_torch_alloc((ssize_t)MiB, 0, s);
+  REQUIRE(p != NULL);
+  CHECK_OK(tp_memset_async(p, 0x5a, MiB, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  gate_t gate;
+  REQUIRE_OK(hold_stream(NULL, &gate));
+  static bytes_check c;
+  c.p = p;
+  c.n = MiB;
+  atomic_store(&c.bad, 0);
+  CHECK_OK(tp_launch_host_func(NULL, check_bytes_fn, &c));
+  tp_torch_record_stream(p, NULL);
+  tp_torch_capture_begin();
+  REQUIRE_OK(tp_stream_begin_capture(b, TP_CAPTURE_MODE_RELAXED));
+  tp_torch_free(p, (ssize_t)MiB, 0, s);
+  void *q = tp_torch_alloc((ssize_t)MiB, 0, s);
+  REQUIRE(q != NULL);
+  CHECK_OK(tp_memset_async(q, 0x11, MiB, s));
+  /* The memset has run before the held work reads. */
+  tp_event_t e;
+  REQUIRE_OK(tp_event_create(&e));
+  CHECK_OK(tp_event_record(e, s));
+  CHECK_OK(tp_event_synchronize(e));
+  CHECK_OK(tp_event_destroy(e));
+  tp_graph_t g = NULL;
+  CHECK_OK(tp_stream_end_capture(b, &g));
+  tp_torch_capture_end();
+  release(&gate);
+  CHECK_OK(tp_device_synchronize());
+  CHECK_EQ_INT(atomic_load(&c.bad), 0);
+  if (g)
+    CHECK_OK(tp_graph_destroy(g));
+  tp_torch_free(q, (ssize_t)MiB, 0, s);
+  CHECK_OK(tp_device_synchronize());
+  CHECK_OK(tp_stream_destroy(b));
+  CHECK_OK(tp_stream_destroy(s));
 }
 
 /* Frees on the legacy stream during an announced pair, racing its end: each
@@ -1430,5 +1488,6 @@ int main(int argc, char **argv) {
   RUN_TEST(test_capture_invalidated_deferred_free);
   RUN_TEST(test_record_stream_then_capture);
   RUN_TEST(test_capture_end_races_deferred_frees);
+  RUN_TEST(test_record_legacy_then_blocking_capture);
   return check_done();
 }

@@ -363,6 +363,12 @@ static tp_error_t wait_recorded(const rec *streams, uint32_t n, void *stream) {
                                        : stream_device(other_stream, here);
     if (other_stream == stream && (stream || there == here))
       continue;
+    /* The legacy stream is asked nothing during an announced pair: where a
+     * blocking stream captures, the question would cost that capture its
+     * validity, and an order with the legacy stream could not be queued.
+     * The free waits for the pair's end instead. */
+    if (!other_stream && side == 0 && announced_capture())
+      return TP_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     /* An order between a capture and work outside it cannot be queued
      * (the attempt would invalidate the capture). A recorded stream outside
      * the capture of the free leaves nothing in the graph to wait for: the
@@ -462,17 +468,22 @@ static void torch_free(void *ptr, ssize_t size, int device, void *stream,
      * waits longer than it had to, never too little). */
     bool deferred = !stream && !traced && announced_capture() &&
                     defer_free(ptr, size, device, stream, streams, n);
-    if (!deferred) {
+    for (int attempt = 0; !deferred && attempt < 2; attempt++) {
       err = wait_recorded(streams, n, stream);
       if (err == TP_SUCCESS)
         err = tp__free_async_as(ptr, (tp_stream_t)stream, uncaptured());
       /* Refused for a capture (a live allocation of before it freed inside
        * it, or a capture invalidated already), or waiting on one: made once
-       * the pairs end. */
-      deferred = (err == TP_ERROR_INVALID_VALUE ||
-                  err == TP_ERROR_STREAM_CAPTURE_INVALIDATED ||
-                  err == TP_ERROR_STREAM_CAPTURE_UNSUPPORTED) &&
-                 defer_free(ptr, size, device, stream, streams, n);
+       * the pairs end. Where the last pair ended between the refusal and
+       * the list's lock, the capture that refused it is over, and the free
+       * is tried once more instead. */
+      if (err != TP_ERROR_INVALID_VALUE &&
+          err != TP_ERROR_STREAM_CAPTURE_INVALIDATED &&
+          err != TP_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+        break;
+      deferred = defer_free(ptr, size, device, stream, streams, n);
+      if (announced_capture())
+        break;
     }
     if (deferred) {
       err = TP_SUCCESS;
