@@ -378,7 +378,6 @@ static bool channel_take(const tp__ipc_export *x, pid_t pid, int priv) {
 static void serve_connect(tp__pool *p, const tp__wire *q, int priv,
                           const struct ucred *u, bool has_cred) {
   tp__ipc_export *x = p->exp;
-  tp__ipc_fd_keep(priv);
   int type = 0;
   socklen_t len = sizeof type;
   if (getsockopt(priv, SOL_SOCKET, SO_TYPE, &type, &len) != 0 ||
@@ -425,7 +424,13 @@ static bool serve_rendezvous(tp__pool *p, int fd, short revents) {
     int priv = -1;
     struct ucred u;
     bool has_cred = false;
+    /* Received and kept as one step (see tp__ipc_fd_begin); the receive
+     * does not wait. */
+    tp__ipc_fd_begin();
     tp__recv_result r = tp__wire_recv(fd, &q, &priv, &u, &has_cred, 0);
+    if (priv >= 0)
+      tp__ipc_fd_keep(priv);
+    tp__ipc_fd_end();
     switch (r) {
     case TP_RECV_OK:
       if (priv >= 0)
@@ -557,9 +562,12 @@ static tp_error_t start_thread(tp__pool *p) {
 tp_error_t tp__ipc_export_handle(tp__pool *p, int *fd) {
   tp__ipc_export *x = p->exp;
   int sv[2];
-  TP_RETURN_IF(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0,
-               tp__platform_fail(errno, "socketpair"));
-  tp__ipc_fd_keep(sv[0]);
+  tp__ipc_fd_begin();
+  int made = socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv);
+  if (made == 0)
+    tp__ipc_fd_keep(sv[0]);
+  tp__ipc_fd_end();
+  TP_RETURN_IF(made != 0, tp__platform_fail(errno, "socketpair"));
   /* Set before the other end leaves this process, so that every CONNECT
    * arrives with its sender's credentials. */
   int one = 1;

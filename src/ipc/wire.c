@@ -5,6 +5,9 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -223,7 +226,13 @@ tp__recv_result tp__wire_recv(int sock, tp__wire *w, int *fd,
  * freed, so that the child's handler, which runs with whatever locks the
  * parent's other threads held at the fork, walks them without a lock. A
  * descriptor is added once open and taken out before it is closed, so that
- * a slot never names a number that another part of the process reuses. */
+ * a slot never names a number that another part of the process reuses;
+ * both steps are made whole before a fork copies the descriptor table
+ * (the prepare handler waits for them), so that no child copies a
+ * descriptor made but not yet kept, or taken out but not yet closed (a
+ * review found both windows). A count of threads inside a step and a flag
+ * rather than a lock: the child, whose thread id differs, could not unlock
+ * a lock its parent's thread took. */
 
 #define FD_PAGE 64
 typedef struct fd_page {
@@ -233,7 +242,41 @@ typedef struct fd_page {
 static fd_page fd_first;
 static pthread_once_t fd_once = PTHREAD_ONCE_INIT;
 
+static _Atomic int fd_steps;
+static atomic_bool fd_forking;
+
+static void fd_register(void);
+
+void tp__ipc_fd_begin(void) {
+  /* The handlers stand before the first descriptor is made. */
+  pthread_once(&fd_once, fd_register);
+  for (;;) {
+    while (atomic_load(&fd_forking))
+      sched_yield();
+    atomic_fetch_add(&fd_steps, 1);
+    if (!atomic_load(&fd_forking))
+      return;
+    atomic_fetch_sub(&fd_steps, 1);
+  }
+}
+
+void tp__ipc_fd_end(void) {
+  atomic_fetch_sub(&fd_steps, 1);
+}
+
+static void fd_prepare(void) {
+  atomic_store(&fd_forking, true);
+  while (atomic_load(&fd_steps))
+    sched_yield();
+}
+
+static void fd_parent(void) {
+  atomic_store(&fd_forking, false);
+}
+
 static void fd_forked_child(void) {
+  atomic_store(&fd_steps, 0);
+  atomic_store(&fd_forking, false);
   for (fd_page *g = &fd_first; g;
        g = atomic_load_explicit(&g->next, memory_order_acquire)) {
     for (int i = 0; i < FD_PAGE; i++) {
@@ -245,7 +288,7 @@ static void fd_forked_child(void) {
 }
 
 static void fd_register(void) {
-  (void)pthread_atfork(NULL, NULL, fd_forked_child);
+  (void)pthread_atfork(fd_prepare, fd_parent, fd_forked_child);
 }
 
 static bool fd_put(fd_page *g, int v) {
@@ -258,7 +301,6 @@ static bool fd_put(fd_page *g, int v) {
 }
 
 void tp__ipc_fd_keep(int fd) {
-  pthread_once(&fd_once, fd_register);
   fd_page *g = &fd_first, *fresh = NULL;
   for (;;) {
     if (fd_put(g, fd + 1))
@@ -290,6 +332,8 @@ static void fd_take_out(int fd) {
 }
 
 void tp__ipc_fd_close(int fd) {
+  tp__ipc_fd_begin();
   fd_take_out(fd);
   (void)close(fd);
+  tp__ipc_fd_end();
 }

@@ -183,9 +183,16 @@ tp_error_t tp__wire_status(int32_t status, bool hello);
  * left out of the set: it works as before, and only a forked child keeps
  * its copy. */
 
-/* Adds `fd` (>= 0) to the set. */
+/* Brackets the making (or receiving) of such descriptors and their
+ * tp__ipc_fd_keep: a fork waits for the step to end, so that no child
+ * copies a descriptor made but not kept yet. Short: nothing that waits on
+ * a peer goes inside. */
+void tp__ipc_fd_begin(void);
+void tp__ipc_fd_end(void);
+/* Adds `fd` (>= 0) to the set; inside tp__ipc_fd_begin/end. */
 void tp__ipc_fd_keep(int fd);
-/* Takes `fd` out of the set, if it is there, and closes it. */
+/* Takes `fd` out of the set, if it is there, and closes it, as one step
+ * that a fork waits for. */
 void tp__ipc_fd_close(int fd);
 
 #endif /* TP_IPC_WIRE_H */
