@@ -262,7 +262,7 @@ static void test_set_before_default_made(void) {
                {{TP_LOCATION_HOST, 0, 0}, "host"},
                {{TP_LOCATION_DEVICE, 0, 0}, "device 0"}};
   for (size_t i = 0; i < sizeof where / sizeof where[0]; i++) {
-    step(where[i].name);
+    step("%s", where[i].name);
     tp_pool_props_t props =
         props_make(TP_ALLOCATION_PINNED, where[i].loc, TP_HANDLE_NONE, 0);
     tp_pool_t mine = NULL, def = NULL, got = NULL;
