@@ -328,11 +328,44 @@ static void test_stale_handles_race(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* A graph's handle passed where an exec's is asked for, and the other way
+ * round, is refused and leaves both alone: the first graph and the first
+ * exec once had the same handle value, and the graph's handle launched and
+ * destroyed the exec. Runs first, while both tables are unused. */
+static void test_handles_of_the_other_kind(void) {
+  tp_stream_t s = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  atomic_int runs = 0;
+  REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_OK(tp_launch_host_func(s, bump, &runs));
+  tp_graph_t g = NULL;
+  REQUIRE_OK(tp_stream_end_capture(s, &g));
+  tp_graph_exec_t x = NULL;
+  REQUIRE_OK(tp_graph_instantiate(&x, g, 0));
+  CHECK_EQ_INT(tp_graph_launch((tp_graph_exec_t)(void *)g, s),
+               TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_exec_destroy((tp_graph_exec_t)(void *)g),
+               TP_ERROR_INVALID_VALUE);
+  tp_graph_exec_t x2 = NULL;
+  CHECK_EQ_INT(tp_graph_instantiate(&x2, (tp_graph_t)(void *)x, 0),
+               TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_destroy((tp_graph_t)(void *)x), TP_ERROR_INVALID_VALUE);
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_EQ_INT(atomic_load(&runs), 0);
+  CHECK_OK(tp_graph_launch(x, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_EQ_INT(atomic_load(&runs), 1);
+  CHECK_OK(tp_graph_exec_destroy(x));
+  CHECK_OK(tp_graph_destroy(g));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
 int main(void) {
   const char *platform = tp_platform_name();
   REQUIRE_EXIT(platform != NULL);
   if (strcmp(platform, "host") != 0)
     return check_skip("host platform only");
+  RUN_TEST(test_handles_of_the_other_kind);
   RUN_TEST(test_failed_calls_change_no_accounts);
   RUN_TEST(test_stale_handles);
   RUN_TEST(test_stale_handles_race);

@@ -20,11 +20,15 @@
  * A handle is therefore no address: it names the slot's number and its
  * generation, which the slot's state carries while that graph or exec is
  * alive and every reuse advances, so that a destroyed one's handle is still
- * refused once its slot serves another (until one slot has served 2^41
- * graphs, where pointers have 64 bits). */
+ * refused once its slot serves another (until one slot has served 2^40
+ * graphs, where pointers have 64 bits). A bit says which table: a graph's
+ * handle passed for an exec (both first slots are number 0) once launched
+ * and destroyed the exec. */
 #define INDEX_BITS 23 /* the slot's number + 1, 0 in no handle */
 #define INDEX_MASK (((uintptr_t)1 << INDEX_BITS) - 1)
-#define GEN_MASK ((uint64_t)(UINTPTR_MAX >> INDEX_BITS))
+#define KIND_EXEC ((uintptr_t)1 << INDEX_BITS)
+#define GEN_SHIFT (INDEX_BITS + 1)
+#define GEN_MASK ((uint64_t)(UINTPTR_MAX >> GEN_SHIFT))
 #define SLOTS_IN_ALL ((uint64_t)TP_SLOTS_CHUNK * TP_SLOTS_MAX_CHUNKS)
 _Static_assert(SLOTS_IN_ALL < INDEX_MASK, "a slot's number + 1 fits");
 
@@ -94,17 +98,18 @@ static uint64_t gen_of(uint64_t state) {
   return state >> 1;
 }
 
-static uintptr_t handle_of(uint32_t index, uint64_t state) {
-  return (uintptr_t)gen_of(state) << INDEX_BITS | ((uintptr_t)index + 1);
+/* `kind`: 0 for a graph, KIND_EXEC for an exec. */
+static uintptr_t handle_of(uintptr_t kind, uint32_t index, uint64_t state) {
+  return (uintptr_t)gen_of(state) << GEN_SHIFT | kind | ((uintptr_t)index + 1);
 }
 
 /* The slot a handle names, or NULL; *want: the state the slot has while
  * the handle's graph or exec is alive. Reads nothing through the handle. */
-static void *slot_named(const tp__slots *t, const void *handle,
+static void *slot_named(const tp__slots *t, uintptr_t kind, const void *handle,
                         uint64_t *want) {
   uintptr_t h = (uintptr_t)handle, i = h & INDEX_MASK;
-  *want = (uint64_t)(h >> INDEX_BITS) << 1 | 1;
-  return i ? tp__slots_at(t, i - 1) : NULL;
+  *want = (uint64_t)(h >> GEN_SHIFT) << 1 | 1;
+  return i && (h & KIND_EXEC) == kind ? tp__slots_at(t, i - 1) : NULL;
 }
 
 /* The state that makes a free slot alive, in a new generation. */
@@ -179,24 +184,25 @@ static void exec_free(exec_slot *x) {
 static tp_graph_t graph_publish(graph_slot *g) {
   uint64_t st = next_alive(atomic_load(&g->state));
   atomic_store(&g->state, st);
-  return (tp_graph_t)handle_of(g->index, st);
+  return (tp_graph_t)handle_of(0, g->index, st);
 }
 
 static tp_graph_exec_t exec_publish(exec_slot *x) {
   uint64_t st = next_alive(atomic_load(&x->state));
   atomic_store(&x->state, st);
-  return (tp_graph_exec_t)handle_of(x->index, st);
+  return (tp_graph_exec_t)handle_of(KIND_EXEC, x->index, st);
 }
 
 static tp_graph_exec_t exec_handle(const exec_slot *x) {
-  return (tp_graph_exec_t)handle_of(x->index, atomic_load(&x->state));
+  return (tp_graph_exec_t)handle_of(KIND_EXEC, x->index,
+                                    atomic_load(&x->state));
 }
 
 /* The live graph a handle names, in *out, and the state that says it is
  * still alive in *want. */
 static tp_error_t graph_get(tp_graph_t handle, graph_slot **out,
                             uint64_t *want) {
-  graph_slot *g = slot_named(&graph_slots, handle, want);
+  graph_slot *g = slot_named(&graph_slots, 0, handle, want);
   TP_RETURN_IF(!g || atomic_load(&g->state) != *want, TP_ERROR_INVALID_VALUE);
   *out = g;
   return TP_SUCCESS;
@@ -204,7 +210,7 @@ static tp_error_t graph_get(tp_graph_t handle, graph_slot **out,
 
 static tp_error_t exec_get(tp_graph_exec_t handle, exec_slot **out,
                            uint64_t *want) {
-  exec_slot *x = slot_named(&exec_slots, handle, want);
+  exec_slot *x = slot_named(&exec_slots, KIND_EXEC, handle, want);
   TP_RETURN_IF(!x || atomic_load(&x->state) != *want, TP_ERROR_INVALID_VALUE);
   *out = x;
   return TP_SUCCESS;
