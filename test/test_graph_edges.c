@@ -360,6 +360,62 @@ static void test_handles_of_the_other_kind(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* A graph whose allocation lands in the newest arena of addresses, on a
+ * device whose memory the chunks cached by older arenas fill: those chunks
+ * make room. They stayed cached once the graphs that used them were gone,
+ * and the instantiation failed out of memory with no graph memory in use,
+ * until a trim (a black-box finding). 300 graphs of 2 MiB, alive at once,
+ * take segments of two arenas on the default 4 GiB device. */
+static tp_graph_t graph_allocating(tp_stream_t s, size_t size) {
+  tp_graph_t g = NULL;
+  void *q = NULL;
+  if (!CHECK_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL)))
+    return NULL;
+  CHECK_OK(tp_malloc_async(&q, size, s));
+  CHECK_OK(tp_memset_async(q, 1, size, s));
+  CHECK_OK(tp_free_async(q, s));
+  CHECK_OK(tp_stream_end_capture(s, &g));
+  return g;
+}
+
+static void test_graph_memory_cached_in_older_arenas(void) {
+  if (getenv("TIDEPOOL_HOST_DEVICE_MEMORY")) {
+    printf("   (needs the default 4 GiB device)\n");
+    return;
+  }
+  tp_stream_t s;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  enum { K = 300 };
+  static tp_graph_t g[K];
+  static tp_graph_exec_t x[K];
+  int made = 0;
+  for (; made < K; made++) {
+    g[made] = graph_allocating(s, (size_t)2 << 20);
+    if (!g[made] || !CHECK_OK(tp_graph_instantiate(&x[made], g[made], 0))) {
+      if (g[made])
+        CHECK_OK(tp_graph_destroy(g[made]));
+      break;
+    }
+  }
+  for (int i = 0; i < made; i++) {
+    CHECK_OK(tp_graph_exec_destroy(x[i]));
+    CHECK_OK(tp_graph_destroy(g[i]));
+  }
+  CHECK_OK(tp_device_synchronize());
+  uint64_t used = 1;
+  CHECK_OK(tp_device_get_graph_mem_attribute(
+      0, TP_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used));
+  CHECK_EQ_U64(used, 0);
+  tp_graph_t big = graph_allocating(s, (size_t)3800 << 20);
+  tp_graph_exec_t bx = NULL;
+  if (big && CHECK_OK(tp_graph_instantiate(&bx, big, 0)))
+    CHECK_OK(tp_graph_exec_destroy(bx));
+  if (big)
+    CHECK_OK(tp_graph_destroy(big));
+  CHECK_OK(tp_device_graph_mem_trim(0));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
 int main(void) {
   const char *platform = tp_platform_name();
   REQUIRE_EXIT(platform != NULL);
@@ -370,5 +426,6 @@ int main(void) {
   RUN_TEST(test_stale_handles);
   RUN_TEST(test_stale_handles_race);
   RUN_TEST(test_more_graphs_than_slots);
+  RUN_TEST(test_graph_memory_cached_in_older_arenas);
   return check_done();
 }

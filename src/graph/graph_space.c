@@ -200,14 +200,42 @@ static slot *slot_of(const segment *sg, size_t g) {
   return &sg->gm->slots[sg->gr[g].slot - 1];
 }
 
-/* Gives a slot a chunk: from the arena's cache, or a new one. */
+/* Releases the chunks cached by the device's arenas other than `but`
+ * (a chunk is made in its arena's reservation, and serves only there);
+ * whether any went. */
+static bool release_other_caches(const arena *but) {
+  bool went = false;
+  for (arena *a = devs[but->device].arenas; a; a = a->next) {
+    uint32_t kept = 0;
+    for (uint32_t i = 0; a != but && i < a->ncache; i++) {
+      if (tp__platform->chunk_release(a->res, a->cache[i]) == TP_SUCCESS) {
+        count_reserved(a->device, a->gran, false);
+        went = true;
+      } else {
+        a->cache[kept++] = a->cache[i];
+      }
+    }
+    if (a != but)
+      a->ncache = kept;
+  }
+  return went;
+}
+
+/* Gives a slot a chunk: from the arena's cache, or a new one. Where the
+ * device is full, the chunks other arenas cache make room first: they
+ * stayed there once the graphs that used them were gone, and a graph of
+ * another arena then failed out of memory with nothing in use (until a
+ * trim). */
 static tp_error_t slot_fill(arena *a, slot *sl) {
   if (sl->phys)
     return TP_SUCCESS;
   if (a->ncache) {
     sl->phys = a->cache[--a->ncache];
   } else {
-    TP_FORWARD(tp__platform->chunk_create(a->res, &sl->phys));
+    tp_error_t err = tp__platform->chunk_create(a->res, &sl->phys);
+    if (err == TP_ERROR_OUT_OF_MEMORY && release_other_caches(a))
+      err = tp__platform->chunk_create(a->res, &sl->phys);
+    TP_FORWARD(err);
     count_reserved(a->device, a->gran, true);
   }
   count_used(a->device, a->gran, true);
