@@ -239,6 +239,57 @@ static void test_race_destroy(void) {
   }
 }
 
+/* Two threads adopting one exec at once get the same exec, both of them:
+ * the second once found nothing adopted yet and was refused (1 round in
+ * a few hundred, on the fake driver). */
+typedef struct twin_t {
+  pthread_barrier_t bar;
+  tp__pexec *pe;
+  tp__pgraph *pg;
+  tp_graph_exec_t got[2];
+  tp_error_t err[2];
+} twin_t;
+
+static twin_t twin;
+
+static void *twin_adopter(void *arg) {
+  int i = (int)(intptr_t)arg;
+  pthread_barrier_wait(&twin.bar);
+  twin.err[i] = tp_graph_exec_adopt(&twin.got[i], twin.pe, twin.pg, 0);
+  return NULL;
+}
+
+static void test_adopt_twice_at_once(void) {
+  tp_stream_t s;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  REQUIRE(pthread_barrier_init(&twin.bar, NULL, 2) == 0);
+  int refused = 0, different = 0;
+  for (int round = 0; round < 1500 && !check_failure_count(); round++) {
+    void *p = NULL;
+    if (!make_graph(s, 4096, 0, &p, &twin.pg, &twin.pe))
+      break;
+    pthread_t t[2];
+    for (intptr_t i = 0; i < 2; i++)
+      REQUIRE(pthread_create(&t[i], NULL, twin_adopter, (void *)i) == 0);
+    for (int i = 0; i < 2; i++)
+      pthread_join(t[i], NULL);
+    refused += twin.err[0] != TP_SUCCESS || twin.err[1] != TP_SUCCESS;
+    different += !twin.err[0] && !twin.err[1] && twin.got[0] != twin.got[1];
+    tp_graph_exec_t x = twin.err[0] ? twin.got[1] : twin.got[0];
+    if (x && CHECK_OK(tp_graph_launch(x, s)))
+      CHECK_OK(tp_free_async(p, s));
+    CHECK_OK(tp_stream_synchronize(s));
+    if (x)
+      CHECK_OK(tp_graph_exec_destroy(x));
+    drop_graph(twin.pg, twin.pe);
+  }
+  pthread_barrier_destroy(&twin.bar);
+  CHECK_EQ_INT(refused, 0);
+  CHECK_EQ_INT(different, 0);
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
 int main(void) {
   /* Graph memory as on cuda: before tidepool starts, where it is read. */
   setenv("TIDEPOOL_HOST_GRAPH_MAPS_AT_CAPTURE", "1", 1);
@@ -252,5 +303,6 @@ int main(void) {
   RUN_TEST(test_rules);
   RUN_TEST(test_forget);
   RUN_TEST(test_race_destroy);
+  RUN_TEST(test_adopt_twice_at_once);
   return check_done();
 }

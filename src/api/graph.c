@@ -635,8 +635,15 @@ TP_API tp_error_t tp_graph_exec_adopt(tp_graph_exec_t *exec,
   TP_FORWARD(tp__api_init());
   /* Where tidepool maps at instantiation (host), it makes every exec. */
   TP_RETURN_IF(!tp__platform->graph_maps_at_capture(), TP_ERROR_NOT_SUPPORTED);
-  /* Other flags (upload, device launch, priorities) are the platform's. */
-  return adopt(exec, platform_exec, platform_graph, flags);
+  /* Other flags (upload, device launch, priorities) are the platform's.
+   * One adoption at a time, find to publish: of two threads adopting one
+   * exec at once, the second found nothing yet, and the graph memory's
+   * one-exec rule then refused it instead of answering the same exec. */
+  static pthread_mutex_t adopt_lock = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&adopt_lock);
+  tp_error_t err = adopt(exec, platform_exec, platform_graph, flags);
+  pthread_mutex_unlock(&adopt_lock);
+  return err;
 }
 
 TP_API tp_error_t tp_graph_adoptable(const void *platform_graph,
