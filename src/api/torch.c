@@ -367,8 +367,11 @@ static tp_error_t wait_recorded(const rec *streams, uint32_t n, void *stream) {
      * blocking stream captures, the question would cost that capture its
      * validity, and an order with the legacy stream could not be queued.
      * The free waits for the pair's end instead. */
-    if (!other_stream && side == 0 && announced_capture())
-      return TP_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (!other_stream && announced_capture()) {
+      if (side == 0)
+        return TP_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+      continue; /* a free in the capture: the legacy stream is outside */
+    }
     /* An order between a capture and work outside it cannot be queued
      * (the attempt would invalidate the capture). A recorded stream outside
      * the capture of the free leaves nothing in the graph to wait for: the
@@ -465,8 +468,9 @@ static void torch_free(void *ptr, ssize_t size, int device, void *stream,
      * would be refused and would cost the capture its validity; so would
      * asking. During an announced capture such a free is deferred at once
      * (the capture may be of a non-blocking stream, and the free then
-     * waits longer than it had to, never too little). */
-    bool deferred = !stream && !traced && announced_capture() &&
+     * waits longer than it had to, never too little), also one deferred
+     * before and made by a pair's end while another pair began. */
+    bool deferred = !stream && announced_capture() &&
                     defer_free(ptr, size, device, stream, streams, n);
     for (int attempt = 0; !deferred && attempt < 2; attempt++) {
       err = wait_recorded(streams, n, stream);
@@ -479,7 +483,8 @@ static void torch_free(void *ptr, ssize_t size, int device, void *stream,
        * is tried once more instead. */
       if (err != TP_ERROR_INVALID_VALUE &&
           err != TP_ERROR_STREAM_CAPTURE_INVALIDATED &&
-          err != TP_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+          err != TP_ERROR_STREAM_CAPTURE_UNSUPPORTED &&
+          err != TP_ERROR_STREAM_CAPTURE_IMPLICIT)
         break;
       deferred = defer_free(ptr, size, device, stream, streams, n);
       if (announced_capture())

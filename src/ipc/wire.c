@@ -244,6 +244,7 @@ static pthread_once_t fd_once = PTHREAD_ONCE_INIT;
 
 static _Atomic int fd_steps;
 static atomic_bool fd_forking;
+static _Thread_local int fd_mine; /* this thread's steps under way */
 
 static void fd_register(void);
 
@@ -254,20 +255,34 @@ void tp__ipc_fd_begin(void) {
     while (atomic_load(&fd_forking))
       sched_yield();
     atomic_fetch_add(&fd_steps, 1);
-    if (!atomic_load(&fd_forking))
+    if (!atomic_load(&fd_forking)) {
+      fd_mine++;
       return;
+    }
     atomic_fetch_sub(&fd_steps, 1);
   }
 }
 
 void tp__ipc_fd_end(void) {
+  fd_mine--;
   atomic_fetch_sub(&fd_steps, 1);
 }
 
+/* Waits for the steps under way, but not for one of the forking thread's
+ * own (a fork from a signal handler that interrupted it, which would wait
+ * for good), nor past a bound (a thread that cannot run meanwhile): in
+ * those rare cases the child may copy one descriptor, as before. */
 static void fd_prepare(void) {
   atomic_store(&fd_forking, true);
-  while (atomic_load(&fd_steps))
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (!fd_mine && atomic_load(&fd_steps)) {
     sched_yield();
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if ((now.tv_sec - t0.tv_sec) * 1000000000L + (now.tv_nsec - t0.tv_nsec) >
+        200000000L)
+      break;
+  }
 }
 
 static void fd_parent(void) {
