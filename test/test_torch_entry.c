@@ -1014,12 +1014,15 @@ static void test_capture_deferred_free_legacy(void) {
  * recorded work). */
 typedef struct per_thread_record {
   void *x;
+  int device; /* the recording thread's, or -1: as it starts */
   gate_t gate;
   pthread_barrier_t bar;
 } per_thread_record;
 
 static void *record_per_thread(void *arg) {
   per_thread_record *r = arg;
+  if (r->device >= 0)
+    CHECK_OK(tp_set_device(r->device));
   tp_stream_t mine = (tp_stream_t)(uintptr_t)2;
   CHECK_OK(hold_stream(mine, &r->gate));
   tp_torch_record_stream(r->x, mine);
@@ -1029,12 +1032,13 @@ static void *record_per_thread(void *arg) {
   return NULL;
 }
 
-static void test_record_stream_per_thread(void) {
-  if (!has_per_thread_stream())
-    return;
+/* The tensor on device 0, recorded by a thread on `device` (-1: its
+ * first), freed here: the free waits for that thread's per-thread stream. */
+static void record_per_thread_and_free(int device) {
   tp_stream_t a;
   REQUIRE_OK(tp_stream_create(&a, TP_STREAM_NON_BLOCKING));
-  per_thread_record r = {.x = tp_torch_alloc((ssize_t)MiB, 0, a)};
+  per_thread_record r = {.x = tp_torch_alloc((ssize_t)MiB, 0, a),
+                         .device = device};
   REQUIRE(r.x != NULL);
   REQUIRE(pthread_barrier_init(&r.bar, NULL, 2) == 0);
   pthread_t t;
@@ -1049,6 +1053,11 @@ static void test_record_stream_per_thread(void) {
   pthread_barrier_destroy(&r.bar);
   CHECK_OK(tp_stream_synchronize(a));
   CHECK_OK(tp_stream_destroy(a));
+}
+
+static void test_record_stream_per_thread(void) {
+  if (has_per_thread_stream())
+    record_per_thread_and_free(-1);
 }
 
 /* A record of memory that is no live allocation (its tensor freed) is
@@ -1168,18 +1177,6 @@ static void test_record_stream_legacy_other_device(void) {
  * recording thread (it waited for the legacy stream of the tensor's device,
  * which does not follow another device's streams, and the memory was
  * handed out again under the recorded work). Two devices, cuda. */
-static void *record_per_thread_device1(void *arg) {
-  per_thread_record *r = arg;
-  CHECK_OK(tp_set_device(1));
-  tp_stream_t mine = (tp_stream_t)(uintptr_t)2;
-  CHECK_OK(hold_stream(mine, &r->gate));
-  tp_torch_record_stream(r->x, mine);
-  pthread_barrier_wait(&r->bar); /* recorded */
-  pthread_barrier_wait(&r->bar); /* freed and checked */
-  CHECK_OK(tp_stream_synchronize(mine));
-  return NULL;
-}
-
 static void test_record_stream_per_thread_other_device(void) {
   int count = 0;
   REQUIRE_OK(tp_get_device_count(&count));
@@ -1188,23 +1185,7 @@ static void test_record_stream_per_thread_other_device(void) {
     return;
   }
   REQUIRE_OK(tp_set_device(0));
-  tp_stream_t a;
-  REQUIRE_OK(tp_stream_create(&a, TP_STREAM_NON_BLOCKING));
-  per_thread_record r = {.x = tp_torch_alloc((ssize_t)MiB, 0, a)};
-  REQUIRE(r.x != NULL);
-  REQUIRE(pthread_barrier_init(&r.bar, NULL, 2) == 0);
-  pthread_t t;
-  REQUIRE(pthread_create(&t, NULL, record_per_thread_device1, &r) == 0);
-  pthread_barrier_wait(&r.bar);
-  tp_torch_free(r.x, (ssize_t)MiB, 0, a);
-  check_sleep_ms(20);
-  CHECK_ERR(tp_stream_query(a), TP_ERROR_NOT_READY);
-  release(&r.gate);
-  pthread_barrier_wait(&r.bar);
-  pthread_join(t, NULL);
-  pthread_barrier_destroy(&r.bar);
-  CHECK_OK(tp_stream_synchronize(a));
-  CHECK_OK(tp_stream_destroy(a));
+  record_per_thread_and_free(1);
 }
 
 /* A free made during an announced capture that was invalidated (a query of
