@@ -18,7 +18,13 @@
  *    driver's 32 MiB steps. What is kept is the rule: at a synchronize,
  *    reserved falls to the release threshold, holding onto at least the
  *    threshold (whole chunks, up to one more) where it held more, and
- *    "used" counts the bytes asked for, not the bytes handed out. */
+ *    "used" counts the bytes asked for, not the bytes handed out;
+ *  - a synchronize releases the frees it shows complete: those of the
+ *    stream or event it waited for, of the streams that work waited for
+ *    (events), and every one at a device synchronize. A free on another
+ *    stream that happens to have completed waits for one of those (the
+ *    driver may release it at any synchronize), and so does a blocking
+ *    stream's free that a synchronize of the legacy stream covered. */
 #ifndef TIDEPOOL_H
 #define TIDEPOOL_H
 
