@@ -200,24 +200,35 @@ static slot *slot_of(const segment *sg, size_t g) {
   return &sg->gm->slots[sg->gr[g].slot - 1];
 }
 
-/* Releases the chunks cached by the device's arenas other than `but`
- * (a chunk is made in its arena's reservation, and serves only there);
+/* Releases the chunks an arena caches; those the platform refuses stay,
+ * and the first refusal goes to *first where that is still SUCCESS.
+ * Whether any went. */
+static bool cache_release(arena *a, tp_error_t *first) {
+  uint32_t kept = 0;
+  for (uint32_t i = 0; i < a->ncache; i++) {
+    tp_error_t err = tp__platform->chunk_release(a->res, a->cache[i]);
+    if (err == TP_SUCCESS) {
+      count_reserved(a->device, a->gran, false);
+      continue;
+    }
+    a->cache[kept++] = a->cache[i];
+    if (*first == TP_SUCCESS)
+      *first = err;
+  }
+  bool went = kept < a->ncache;
+  a->ncache = kept;
+  return went;
+}
+
+/* Releases the chunks cached by the device's arenas other than `but` (a
+ * chunk is made in its arena's reservation, and serves only there);
  * whether any went. */
 static bool release_other_caches(const arena *but) {
   bool went = false;
-  for (arena *a = devs[but->device].arenas; a; a = a->next) {
-    uint32_t kept = 0;
-    for (uint32_t i = 0; a != but && i < a->ncache; i++) {
-      if (tp__platform->chunk_release(a->res, a->cache[i]) == TP_SUCCESS) {
-        count_reserved(a->device, a->gran, false);
-        went = true;
-      } else {
-        a->cache[kept++] = a->cache[i];
-      }
-    }
+  tp_error_t ignored = TP_SUCCESS;
+  for (arena *a = devs[but->device].arenas; a; a = a->next)
     if (a != but)
-      a->ncache = kept;
-  }
+      went |= cache_release(a, &ignored);
   return went;
 }
 
@@ -629,20 +640,8 @@ tp_error_t tp__gspace_plan(tp__gmem *gm, tp__pstream *ps,
 
 tp_error_t tp__gspace_trim(int device) {
   tp_error_t first = TP_SUCCESS;
-  for (arena *a = devs[device].arenas; a; a = a->next) {
-    uint32_t kept = 0;
-    for (uint32_t i = 0; i < a->ncache; i++) {
-      tp_error_t err = tp__platform->chunk_release(a->res, a->cache[i]);
-      if (err == TP_SUCCESS) {
-        count_reserved(device, a->gran, false);
-      } else {
-        a->cache[kept++] = a->cache[i];
-        if (first == TP_SUCCESS)
-          first = err;
-      }
-    }
-    a->ncache = kept;
-  }
+  for (arena *a = devs[device].arenas; a; a = a->next)
+    (void)cache_release(a, &first);
   return first;
 }
 

@@ -562,12 +562,7 @@ static tp_error_t start_thread(tp__pool *p) {
 tp_error_t tp__ipc_export_handle(tp__pool *p, int *fd) {
   tp__ipc_export *x = p->exp;
   int sv[2];
-  tp__ipc_fd_begin();
-  int made = socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv);
-  if (made == 0)
-    tp__ipc_fd_keep(sv[0]);
-  tp__ipc_fd_end();
-  TP_RETURN_IF(made != 0, tp__platform_fail(errno, "socketpair"));
+  TP_FORWARD(tp__ipc_socketpair(sv, false));
   /* Set before the other end leaves this process, so that every CONNECT
    * arrives with its sender's credentials. */
   int one = 1;

@@ -497,14 +497,7 @@ static tp_error_t import_connect(int fd, int *chan, tp__wire *h, int *backing) {
                    type != SOCK_SEQPACKET,
                TP_ERROR_INVALID_VALUE);
   int sv[2];
-  tp__ipc_fd_begin();
-  int made = socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv);
-  if (made == 0) {
-    tp__ipc_fd_keep(sv[0]);
-    tp__ipc_fd_keep(sv[1]);
-  }
-  tp__ipc_fd_end();
-  TP_RETURN_IF(made != 0, tp__platform_fail(errno, "socketpair"));
+  TP_FORWARD(tp__ipc_socketpair(sv, true));
   uint64_t deadline = tp__ipc_deadline();
   tp__wire q = tp__wire_make(TP_OP_CONNECT);
   tp_error_t err = tp__wire_send(fd, &q, sv[1], true, deadline);

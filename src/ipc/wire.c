@@ -352,3 +352,16 @@ void tp__ipc_fd_close(int fd) {
   (void)close(fd);
   tp__ipc_fd_end();
 }
+
+tp_error_t tp__ipc_socketpair(int sv[2], bool both) {
+  tp__ipc_fd_begin();
+  int made = socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv);
+  if (made == 0) {
+    tp__ipc_fd_keep(sv[0]);
+    if (both)
+      tp__ipc_fd_keep(sv[1]);
+  }
+  tp__ipc_fd_end();
+  TP_RETURN_IF(made != 0, tp__platform_fail(errno, "socketpair"));
+  return TP_SUCCESS;
+}

@@ -194,5 +194,10 @@ void tp__ipc_fd_keep(int fd);
 /* Takes `fd` out of the set, if it is there, and closes it, as one step
  * that a fork waits for. */
 void tp__ipc_fd_close(int fd);
+/* A SOCK_SEQPACKET socketpair, close-on-exec, made and kept in the set as
+ * one step: sv[0], and sv[1] too where `both` (where not, sv[1] is to
+ * leave the process, and closing it is the caller's with close()).
+ * Errors: PLATFORM. */
+tp_error_t tp__ipc_socketpair(int sv[2], bool both);
 
 #endif /* TP_IPC_WIRE_H */
