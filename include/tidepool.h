@@ -9,6 +9,10 @@
  * none of the parent's threads (the host platform's stream workers among
  * them) and, on cuda, no usable context, so every call there answers
  * TP_ERROR_NOT_PERMITTED. Exec first, or fork before the first call.
+ * Once loaded, the shared library stays loaded until the process ends: a
+ * dlclose leaves it in place (it is linked with -z nodelete), since its
+ * threads, pools and thread-exit handlers outlive any caller's handle, and
+ * a later dlopen finds the same library and its state.
  *
  * Where tidepool deliberately answers differently from the CUDA driver:
  *  - freeing a pointer that no tidepool pool gave out is
