@@ -8,7 +8,7 @@ static char *slot_at(const tp__slots *t, uint64_t i) {
 }
 
 void *tp__slots_take(tp__slots *t) {
-  if (t->taken == (uint64_t)TP_SLOTS_MAX_CHUNKS * TP_SLOTS_CHUNK)
+  if (tp__slots_full(t))
     return NULL;
   uint32_t c = (uint32_t)(t->taken / TP_SLOTS_CHUNK);
   if (c == atomic_load_explicit(&t->nchunks, memory_order_relaxed)) {

@@ -29,6 +29,11 @@ typedef struct tp__slots {
  * execs any free one, their handles carrying a generation). The owner
  * serialises the calls. */
 void *tp__slots_take(tp__slots *t);
+/* Whether every slot was handed out (tp__slots_take's NULL then means that,
+ * not a shortage of memory). The owner's lock held. */
+static inline bool tp__slots_full(const tp__slots *t) {
+  return t->taken == (uint64_t)TP_SLOTS_MAX_CHUNKS * TP_SLOTS_CHUNK;
+}
 /* Whether `p` is the start of a slot of `t`, whatever it holds. Lock-free. */
 bool tp__slots_known(const tp__slots *t, const void *p);
 /* Slots are numbered in the order they were first taken: the one that

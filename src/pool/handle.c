@@ -18,7 +18,10 @@ static struct tp_pool_opaque *dead_first, *dead_last;
 tp_pool_t tp__handle_new(void) {
   tp__mutex_lock(&lock);
   struct tp_pool_opaque *h = tp__slots_take(&table);
-  if (!h && dead_first) {
+  /* Where a new chunk of slots could not be allocated, the pool is not
+   * made: a dead slot taken then would come back before the table's
+   * promise allows. */
+  if (!h && dead_first && tp__slots_full(&table)) {
     h = dead_first;
     dead_first = h->next_dead;
     if (!dead_first)
