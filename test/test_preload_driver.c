@@ -746,6 +746,68 @@ static void test_other_contexts(void) {
   REQUIRE_RC(cu.ctx_set(ctx0), CUDA_SUCCESS);
 }
 
+/* tidepool's pool and pointer used where no context is current: from a
+ * thread that never made one current (a finalizer thread of Numba or
+ * CuPy), and after cuCtxSetCurrent(NULL). The driver answers such calls on
+ * its own pools and pointers; tidepool must too, rather than hand its
+ * objects to the driver, which refused them (the free was lost and the
+ * memory stayed in use). The caller's context (none) stays current. */
+static CUmemoryPool own_pool;
+static CUdeviceptr own_ptr;
+static CUstream own_stream;
+
+static void *use_without_context(void *arg) {
+  (void)arg;
+  CUcontext now = ctx0;
+  CHECK_RC(cu.ctx_get(&now), CUDA_SUCCESS);
+  CHECK(now == NULL);
+  uint64_t used = 0;
+  CHECK_RC(cu.pool_get_attr(own_pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used),
+           CUDA_SUCCESS);
+  CHECK_EQ_U64(used, MiB);
+  CHECK_RC(cu.pool_trim(own_pool, 0), CUDA_SUCCESS);
+  CHECK_RC(cu.free(own_ptr, own_stream), CUDA_SUCCESS);
+  CHECK_RC(cu.free(own_ptr, own_stream), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(cu.ctx_get(&now), CUDA_SUCCESS);
+  CHECK(now == NULL);
+  return NULL;
+}
+
+static void test_own_objects_without_context(void) {
+  own_pool = new_pool(0);
+  REQUIRE(own_pool != NULL);
+  REQUIRE_RC(cu.stream_create(&own_stream, CU_STREAM_NON_BLOCKING),
+             CUDA_SUCCESS);
+  REQUIRE_RC(cu.alloc_from_pool(&own_ptr, MiB, own_pool, own_stream),
+             CUDA_SUCCESS);
+  CHECK_RC(cu.stream_sync(own_stream), CUDA_SUCCESS);
+  pthread_t t;
+  if (CHECK(pthread_create(&t, NULL, use_without_context, NULL) == 0))
+    pthread_join(t, NULL);
+  CHECK_RC(cu.stream_sync(own_stream), CUDA_SUCCESS);
+  CHECK_EQ_U64(attr(own_pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
+
+  /* The same thread, its context taken away: a free on the legacy stream
+   * names the current context's, of which there is none (the driver's
+   * answer), a free on a stream of a primary context is made, and the pool
+   * is destroyed. */
+  CUdeviceptr p = 0;
+  REQUIRE_RC(cu.alloc_from_pool(&p, MiB, own_pool, own_stream), CUDA_SUCCESS);
+  REQUIRE_RC(cu.ctx_set(NULL), CUDA_SUCCESS);
+  CHECK(cu.free(p, NULL) != CUDA_SUCCESS);
+  CHECK_RC(cu.free(p, own_stream), CUDA_SUCCESS);
+  CHECK_RC(cu.pool_destroy(own_pool), CUDA_SUCCESS);
+  CUcontext now = ctx0;
+  CHECK_RC(cu.ctx_get(&now), CUDA_SUCCESS);
+  CHECK(now == NULL);
+  REQUIRE_RC(cu.ctx_set(ctx0), CUDA_SUCCESS);
+  uint64_t v = 0;
+  CHECK_RC(cu.pool_get_attr(own_pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v),
+           CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(cu.stream_sync(own_stream), CUDA_SUCCESS);
+  CHECK_RC(cu.stream_destroy(own_stream), CUDA_SUCCESS);
+}
+
 /* A pool shared through a POSIX descriptor (passed by value on import, as
  * the driver takes it) and a pointer through its 64-byte record. */
 static void test_ipc(void) {
@@ -966,6 +1028,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_ctx_synchronize);
   RUN_TEST(test_capture);
   RUN_TEST(test_other_contexts);
+  RUN_TEST(test_own_objects_without_context);
   RUN_TEST(test_ipc);
   RUN_TEST(test_devices);
   if (stub_calls)

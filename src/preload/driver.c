@@ -26,6 +26,10 @@ static struct {
   DRV_HELPERS(DRV_FIELD)
 #undef DRV_FIELD
   PFN_cuStreamIsCapturing_v10000_ptsz cuStreamIsCapturing_ptsz;
+  /* Optional (a stand-in driver may lack it): without it, a call on
+   * tidepool's object with a stream, made without a primary context
+   * current, goes to the driver. */
+  PFN_cuStreamGetCtx_v9020 cuStreamGetCtx;
 } drv;
 static _Atomic int drv_state; /* 0 not loaded, 1 loaded, -1 incomplete */
 static pthread_mutex_t drv_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -62,6 +66,8 @@ bool tp__pl_drv_load(PFN_cuGetProcAddress_v12000 get_proc) {
 #undef DRV_LOAD
     fn = tp__pl_drv_fetch(get_proc, "cuStreamIsCapturing", 10000, true);
     complete = DRV_SET(drv.cuStreamIsCapturing_ptsz, fn) && complete;
+    fn = tp__pl_drv_fetch(get_proc, "cuStreamGetCtx", 9020, false);
+    (void)DRV_SET(drv.cuStreamGetCtx, fn);
     atomic_store_explicit(&drv_state, complete ? 1 : -1, memory_order_release);
   }
   pthread_mutex_unlock(&drv_lock);
@@ -212,6 +218,46 @@ int tp__pl_drv_enter(bool decide, CUresult *err) {
     e = tp_set_device(ordinal);
   if (e != TP_SUCCESS) {
     tp__pl_drv_ctx_restore(ctx);
+    *err = tp__pl_drv_error(e);
+    return TP_PL_DRV_FAILED;
+  }
+  return TP_PL_DRV_OURS;
+}
+
+/* The ordinal of the device whose primary context `ctx` is, made current
+ * to ask; -1 where it is no primary context. */
+static int primary_ordinal(CUcontext ctx) {
+  CUdevice dev = 0;
+  if (!ctx || drv.cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
+      drv.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+    return -1;
+  int ordinal = tp__pl_drv_ordinal(dev);
+  return ordinal >= 0 && is_primary(ordinal, ctx) ? ordinal : -1;
+}
+
+int tp__pl_drv_own(bool has_stream, CUstream stream, CUcontext *saved,
+                   CUresult *err) {
+  *saved = tp__pl_drv_ctx_save();
+  int ordinal = -1;
+  if (has_stream &&
+      (!stream || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD))
+    return TP_PL_DRV_OTHER;
+  /* With TIDEPOOL_PRELOAD=host the streams are tidepool's, of no context. */
+  if (has_stream && !tp__pl_host_requested()) {
+    CUcontext of = NULL;
+    if (!drv.cuStreamGetCtx || drv.cuStreamGetCtx(stream, &of) != CUDA_SUCCESS)
+      return TP_PL_DRV_OTHER;
+    ordinal = primary_ordinal(of);
+    if (ordinal < 0) {
+      tp__pl_drv_ctx_restore(*saved);
+      return TP_PL_DRV_OTHER;
+    }
+  } else if (tp_get_device(&ordinal) != TP_SUCCESS) {
+    ordinal = 0;
+  }
+  tp_error_t e = tp_set_device(ordinal);
+  if (e != TP_SUCCESS) {
+    tp__pl_drv_ctx_restore(*saved);
     *err = tp__pl_drv_error(e);
     return TP_PL_DRV_FAILED;
   }

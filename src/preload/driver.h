@@ -81,6 +81,21 @@ enum {
  * mode as it is, having nothing to tell tidepool yet. */
 int tp__pl_drv_enter(bool decide, CUresult *err);
 
+/* A call on tidepool's own object (a pool it made, a pointer it gave out)
+ * that tp__pl_drv_enter sent to the driver (OTHER): the driver would take
+ * tidepool's handle or pointer for one of its own and refuse it, and a free
+ * would be lost. Answers OURS where tidepool can answer it in a primary
+ * context, made current for the call: that of `stream`'s device where
+ * `stream` (when `has_stream`) is a stream of a primary context, else, for
+ * a call without a stream, that of tidepool's current device. The
+ * caller's context is in *saved, to be put back with tp__pl_drv_ctx_restore
+ * once tidepool answered. OTHER where the driver answers after all (a
+ * stream of a context of the program's own, or a legacy or per-thread
+ * stream, which names the current context's: none, or the program's own),
+ * the caller's context current; FAILED with *err. */
+int tp__pl_drv_own(bool has_stream, CUstream stream, CUcontext *saved,
+                   CUresult *err);
+
 /* Whether the driver captures `stream` (or cannot say); see
  * tp__pl_capturing. */
 bool tp__pl_drv_capturing(CUstream stream, bool per_thread);

@@ -46,6 +46,54 @@ typedef PFN_cuMemAllocFromPoolAsync_v11020 from_pool_fn;
     }                                                                          \
   } while (0)
 
+/* A call on an object that may be tidepool's (a pool, a pointer) goes to
+ * tidepool in any context where it is (`ours`): where tp__pl_drv_enter
+ * sends it to the driver for the context (OTHER), tidepool answers in a
+ * primary context (tp__pl_drv_own), borrowed until leave_on. */
+typedef struct borrowed {
+  bool on;
+  CUcontext saved;
+} borrowed;
+
+static int enter_on(bool decide, bool ours, bool has_stream, CUstream stream,
+                    borrowed *b, CUresult *err) {
+  b->on = false;
+  int where = tp__pl_drv_enter(decide, err);
+  if (where != TP_PL_DRV_OTHER || !ours)
+    return where;
+  where = tp__pl_drv_own(has_stream, stream, &b->saved, err);
+  b->on = where == TP_PL_DRV_OURS;
+  return where;
+}
+
+static void leave_on(const borrowed *b) {
+  if (b->on)
+    tp__pl_drv_ctx_restore(b->saved);
+}
+
+/* ENTER for a call on `pool` (and `stream` where `has_stream`): the
+ * driver's pools go to the driver, tidepool's are answered by `answer` (a
+ * CUresult expression). */
+#define POOL_CALL_ON(slot, type, pool, has_stream, stream, args, answer)       \
+  do {                                                                         \
+    borrowed b_;                                                               \
+    CUresult e_ = CUDA_SUCCESS;                                                \
+    bool ours_ = tp__pl_pool_known((tp_pool_t)(pool));                         \
+    switch (enter_on(true, ours_, has_stream, stream, &b_, &e_)) {             \
+    case TP_PL_DRV_PASS: PASS(slot, type, args);                               \
+    case TP_PL_DRV_OTHER: FORWARD(slot, type, args);                           \
+    case TP_PL_DRV_FAILED: tp__pl_count(TP_PL_COUNT_FAILED); return e_;        \
+    default: break;                                                            \
+    }                                                                          \
+    if (!ours_)                                                                \
+      FORWARD(slot, type, args);                                               \
+    CUresult r_ = (answer);                                                    \
+    leave_on(&b_);                                                             \
+    return r_;                                                                 \
+  } while (0)
+#define POOL_CALL(slot, type, pool, args, answer)                              \
+  POOL_CALL_ON(slot, type, pool, false, NULL, args, answer)
+
 static void *ptr_of(CUdeviceptr p) {
   return (void *)(uintptr_t)p;
 }
@@ -74,12 +122,8 @@ static CUresult mem_alloc_async_ptsz(CUdeviceptr *dptr, size_t size,
   return alloc_async(&r_alloc_ptsz, dptr, size, stream, true);
 }
 
-static CUresult from_pool(_Atomic(tp__pl_fn) *slot, CUdeviceptr *dptr,
-                          size_t size, CUmemoryPool pool, CUstream stream,
-                          bool per_thread) {
-  ENTER(true, *slot, from_pool_fn, (dptr, size, pool, stream));
-  if (!tp__pl_pool_known((tp_pool_t)pool))
-    FORWARD(*slot, from_pool_fn, (dptr, size, pool, stream));
+static CUresult alloc_from(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
+                           CUstream stream, bool per_thread) {
   void *p = NULL;
   tp_error_t err =
       dptr ? tp_malloc_from_pool_async(&p, size, (tp_pool_t)pool,
@@ -88,6 +132,14 @@ static CUresult from_pool(_Atomic(tp__pl_fn) *slot, CUdeviceptr *dptr,
   if (err == TP_SUCCESS)
     *dptr = (CUdeviceptr)(uintptr_t)p;
   return tp__pl_drv_answer(err, TP_PL_COUNT_MALLOC);
+}
+
+static CUresult from_pool(_Atomic(tp__pl_fn) *slot, CUdeviceptr *dptr,
+                          size_t size, CUmemoryPool pool, CUstream stream,
+                          bool per_thread) {
+  POOL_CALL_ON(*slot, from_pool_fn, pool, true, stream,
+               (dptr, size, pool, stream),
+               alloc_from(dptr, size, pool, stream, per_thread));
 }
 
 static CUresult mem_alloc_from_pool_async(CUdeviceptr *dptr, size_t size,
@@ -108,9 +160,17 @@ static CUresult free_async(_Atomic(tp__pl_fn) *slot, CUdeviceptr ptr,
                            CUstream stream, bool per_thread) {
   if (!ptr)
     PASS(*slot, free_fn, (ptr, stream));
-  ENTER(false, *slot, free_fn, (ptr, stream));
+  borrowed b;
+  CUresult enter_err = CUDA_SUCCESS;
+  switch (enter_on(false, true, true, stream, &b, &enter_err)) {
+  case TP_PL_DRV_PASS: PASS(*slot, free_fn, (ptr, stream));
+  case TP_PL_DRV_OTHER: FORWARD(*slot, free_fn, (ptr, stream));
+  case TP_PL_DRV_FAILED: tp__pl_count(TP_PL_COUNT_FAILED); return enter_err;
+  default: break;
+  }
   tp_error_t err =
       tp_free_async(ptr_of(ptr), tp__pl_stream(stream, per_thread));
+  leave_on(&b);
   if (err == TP_ERROR_INVALID_VALUE)
     FORWARD(*slot, free_fn, (ptr, stream));
   return tp__pl_drv_answer(err, TP_PL_COUNT_FREE);
@@ -131,29 +191,25 @@ static CUresult mem_free_async_ptsz(CUdeviceptr ptr, CUstream stream) {
 static CUresult mem_free(CUdeviceptr ptr) {
   if (!ptr)
     PASS(r_mem_free, PFN_cuMemFree_v3020, (ptr));
+  borrowed b;
   CUresult enter_err = CUDA_SUCCESS;
-  int where = tp__pl_drv_enter(false, &enter_err);
+  int where = enter_on(false, true, false, NULL, &b, &enter_err);
   if (where == TP_PL_DRV_FAILED)
     return enter_err;
   if (where != TP_PL_DRV_OURS)
     PASS(r_mem_free, PFN_cuMemFree_v3020, (ptr));
   tp_error_t err = tp_free_async(ptr_of(ptr), NULL);
-  if (err == TP_ERROR_INVALID_VALUE)
-    PASS(r_mem_free, PFN_cuMemFree_v3020, (ptr));
   if (err == TP_SUCCESS)
     err = tp_stream_synchronize(NULL);
+  leave_on(&b);
+  if (err == TP_ERROR_INVALID_VALUE)
+    PASS(r_mem_free, PFN_cuMemFree_v3020, (ptr));
   return tp__pl_drv_answer(err, TP_PL_COUNT_FREE);
 }
 
 /* ---- pools ----------------------------------------------------------------
- * Calls that take a pool go to the driver when the pool is not tidepool's.
- */
-#define POOL_CALL(slot, type, pool, args)                                      \
-  do {                                                                         \
-    ENTER(true, slot, type, args);                                             \
-    if (!tp__pl_pool_known((tp_pool_t)(pool)))                                 \
-      FORWARD(slot, type, args);                                               \
-  } while (0)
+ * Calls that take a pool go to the driver when the pool is not tidepool's
+ * (POOL_CALL). */
 
 static CUresult pool_create(CUmemoryPool *pool, const CUmemPoolProps *props) {
   ENTER(true, r_pool_create, PFN_cuMemPoolCreate_v11020, (pool, props));
@@ -179,39 +235,47 @@ static CUresult pool_create(CUmemoryPool *pool, const CUmemPoolProps *props) {
   return tp__pl_drv_answer(err, TP_PL_COUNT_POOL);
 }
 
+static CUresult pool_answer(tp_error_t err) {
+  return tp__pl_drv_answer(err, TP_PL_COUNT_POOL);
+}
+
 static CUresult pool_destroy(CUmemoryPool pool) {
-  POOL_CALL(r_pool_destroy, PFN_cuMemPoolDestroy_v11020, pool, (pool));
-  return tp__pl_drv_answer(tp_pool_destroy((tp_pool_t)pool), TP_PL_COUNT_POOL);
+  POOL_CALL(r_pool_destroy, PFN_cuMemPoolDestroy_v11020, pool, (pool),
+            pool_answer(tp_pool_destroy((tp_pool_t)pool)));
+}
+
+static tp_error_t get_attribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                                void *value) {
+  tp_pool_attr_t a;
+  if (!tp__pl_attr_in((int)attr, &a))
+    return TP_ERROR_INVALID_VALUE;
+  return tp_pool_get_attribute((tp_pool_t)pool, a, value);
 }
 
 static CUresult pool_get_attribute(CUmemoryPool pool, CUmemPool_attribute attr,
                                    void *value) {
   POOL_CALL(r_pool_get_attr, PFN_cuMemPoolGetAttribute_v11020, pool,
-            (pool, attr, value));
+            (pool, attr, value), pool_answer(get_attribute(pool, attr, value)));
+}
+
+static tp_error_t set_attribute(CUmemoryPool pool, CUmemPool_attribute attr,
+                                void *value) {
   tp_pool_attr_t a;
   if (!tp__pl_attr_in((int)attr, &a))
-    return tp__pl_drv_answer(TP_ERROR_INVALID_VALUE, TP_PL_COUNT_POOL);
-  return tp__pl_drv_answer(tp_pool_get_attribute((tp_pool_t)pool, a, value),
-                           TP_PL_COUNT_POOL);
+    return TP_ERROR_INVALID_VALUE;
+  return tp_pool_set_attribute((tp_pool_t)pool, a, value);
 }
 
 static CUresult pool_set_attribute(CUmemoryPool pool, CUmemPool_attribute attr,
                                    void *value) {
   POOL_CALL(r_pool_set_attr, PFN_cuMemPoolSetAttribute_v11020, pool,
-            (pool, attr, value));
-  tp_pool_attr_t a;
-  if (!tp__pl_attr_in((int)attr, &a))
-    return tp__pl_drv_answer(TP_ERROR_INVALID_VALUE, TP_PL_COUNT_POOL);
-  return tp__pl_drv_answer(tp_pool_set_attribute((tp_pool_t)pool, a, value),
-                           TP_PL_COUNT_POOL);
+            (pool, attr, value), pool_answer(set_attribute(pool, attr, value)));
 }
 
-static CUresult pool_set_access(CUmemoryPool pool, const CUmemAccessDesc *map,
-                                size_t count) {
-  POOL_CALL(r_pool_set_access, PFN_cuMemPoolSetAccess_v11020, pool,
-            (pool, map, count));
+static tp_error_t set_access(CUmemoryPool pool, const CUmemAccessDesc *map,
+                             size_t count) {
   if (!map && count)
-    return tp__pl_drv_answer(TP_ERROR_INVALID_VALUE, TP_PL_COUNT_POOL);
+    return TP_ERROR_INVALID_VALUE;
   /* A few descriptors on the stack; a longer list on the heap. A count too
    * large to copy is no list a program holds: INVALID_VALUE, as in
    * cudaMemPoolSetAccess. */
@@ -221,7 +285,7 @@ static CUresult pool_set_access(CUmemoryPool pool, const CUmemAccessDesc *map,
     descs =
         count < SIZE_MAX / sizeof *descs ? malloc(count * sizeof *descs) : NULL;
     if (!descs)
-      return tp__pl_drv_answer(TP_ERROR_INVALID_VALUE, TP_PL_COUNT_POOL);
+      return TP_ERROR_INVALID_VALUE;
   }
   tp_error_t err = TP_SUCCESS;
   for (size_t i = 0; i < count && err == TP_SUCCESS; i++)
@@ -233,46 +297,60 @@ static CUresult pool_set_access(CUmemoryPool pool, const CUmemAccessDesc *map,
     err = tp_pool_set_access((tp_pool_t)pool, count ? descs : NULL, count);
   if (descs != small)
     free(descs);
-  return tp__pl_drv_answer(err, TP_PL_COUNT_POOL);
+  return err;
+}
+
+static CUresult pool_set_access(CUmemoryPool pool, const CUmemAccessDesc *map,
+                                size_t count) {
+  POOL_CALL(r_pool_set_access, PFN_cuMemPoolSetAccess_v11020, pool,
+            (pool, map, count), pool_answer(set_access(pool, map, count)));
+}
+
+static tp_error_t get_access(CUmemAccess_flags *flags, CUmemoryPool pool,
+                             CUmemLocation *location) {
+  tp_location_t loc;
+  if (!flags || !location ||
+      !tp__pl_location_in((int)location->type, location->id, &loc))
+    return TP_ERROR_INVALID_VALUE;
+  tp_access_flags_t got = TP_ACCESS_NONE;
+  tp_error_t err = tp_pool_get_access(&got, (tp_pool_t)pool, &loc);
+  if (err == TP_SUCCESS)
+    *flags = (CUmemAccess_flags)tp__pl_access_out(got);
+  return err;
 }
 
 static CUresult pool_get_access(CUmemAccess_flags *flags, CUmemoryPool pool,
                                 CUmemLocation *location) {
   POOL_CALL(r_pool_get_access, PFN_cuMemPoolGetAccess_v11020, pool,
-            (flags, pool, location));
-  tp_location_t loc;
-  if (!flags || !location ||
-      !tp__pl_location_in((int)location->type, location->id, &loc))
-    return tp__pl_drv_answer(TP_ERROR_INVALID_VALUE, TP_PL_COUNT_POOL);
-  tp_access_flags_t got = TP_ACCESS_NONE;
-  tp_error_t err = tp_pool_get_access(&got, (tp_pool_t)pool, &loc);
-  if (err == TP_SUCCESS)
-    *flags = (CUmemAccess_flags)tp__pl_access_out(got);
-  return tp__pl_drv_answer(err, TP_PL_COUNT_POOL);
+            (flags, pool, location),
+            pool_answer(get_access(flags, pool, location)));
 }
 
 static CUresult pool_trim_to(CUmemoryPool pool, size_t keep) {
-  POOL_CALL(r_pool_trim, PFN_cuMemPoolTrimTo_v11020, pool, (pool, keep));
-  return tp__pl_drv_answer(tp_pool_trim_to((tp_pool_t)pool, keep),
-                           TP_PL_COUNT_POOL);
+  POOL_CALL(r_pool_trim, PFN_cuMemPoolTrimTo_v11020, pool, (pool, keep),
+            pool_answer(tp_pool_trim_to((tp_pool_t)pool, keep)));
 }
 
 /* ---- sharing between processes --------------------------------------------
  * A POSIX descriptor is exported through a pointer to an int and imported
  * by value, cast to a pointer, as in alloc.c. */
 
+static tp_error_t export_pool(void *handle, CUmemoryPool pool,
+                              CUmemAllocationHandleType type,
+                              unsigned long long flags) {
+  if (flags > UINT32_MAX)
+    return TP_ERROR_INVALID_VALUE;
+  return tp_pool_export_to_shareable_handle(handle, (tp_pool_t)pool,
+                                            tp__pl_handle_type_in((int)type),
+                                            (unsigned)flags);
+}
+
 static CUresult pool_export(void *handle, CUmemoryPool pool,
                             CUmemAllocationHandleType type,
                             unsigned long long flags) {
   POOL_CALL(r_pool_export, PFN_cuMemPoolExportToShareableHandle_v11020, pool,
-            (handle, pool, type, flags));
-  if (flags > UINT32_MAX)
-    return tp__pl_drv_answer(TP_ERROR_INVALID_VALUE, TP_PL_COUNT_POOL);
-  return tp__pl_drv_answer(
-      tp_pool_export_to_shareable_handle(handle, (tp_pool_t)pool,
-                                         tp__pl_handle_type_in((int)type),
-                                         (unsigned)flags),
-      TP_PL_COUNT_POOL);
+            (handle, pool, type, flags),
+            pool_answer(export_pool(handle, pool, type, flags)));
 }
 
 static CUresult pool_import(CUmemoryPool *pool, void *handle,
@@ -297,10 +375,20 @@ static CUresult pool_import(CUmemoryPool *pool, void *handle,
 }
 
 static CUresult ptr_export(CUmemPoolPtrExportData *data, CUdeviceptr ptr) {
-  ENTER(true, r_ptr_export, PFN_cuMemPoolExportPointer_v11020, (data, ptr));
+  borrowed b;
+  CUresult enter_err = CUDA_SUCCESS;
+  switch (enter_on(true, true, false, NULL, &b, &enter_err)) {
+  case TP_PL_DRV_PASS:
+    PASS(r_ptr_export, PFN_cuMemPoolExportPointer_v11020, (data, ptr));
+  case TP_PL_DRV_OTHER:
+    FORWARD(r_ptr_export, PFN_cuMemPoolExportPointer_v11020, (data, ptr));
+  case TP_PL_DRV_FAILED: tp__pl_count(TP_PL_COUNT_FAILED); return enter_err;
+  default: break;
+  }
   tp_pool_ptr_export_data_t record;
   tp_error_t err = data ? tp_pool_export_pointer(&record, ptr_of(ptr))
                         : TP_ERROR_INVALID_VALUE;
+  leave_on(&b);
   /* A pointer of a pool tidepool did not make is the driver's to export. */
   if (err == TP_ERROR_INVALID_VALUE && data && ptr)
     FORWARD(r_ptr_export, PFN_cuMemPoolExportPointer_v11020, (data, ptr));
@@ -309,19 +397,23 @@ static CUresult ptr_export(CUmemPoolPtrExportData *data, CUdeviceptr ptr) {
   return tp__pl_drv_answer(err, TP_PL_COUNT_POOL);
 }
 
-static CUresult ptr_import(CUdeviceptr *ptr, CUmemoryPool pool,
-                           CUmemPoolPtrExportData *data) {
-  POOL_CALL(r_ptr_import, PFN_cuMemPoolImportPointer_v11020, pool,
-            (ptr, pool, data));
+static tp_error_t import_pointer(CUdeviceptr *ptr, CUmemoryPool pool,
+                                 CUmemPoolPtrExportData *data) {
   if (!data || !ptr)
-    return tp__pl_drv_answer(TP_ERROR_INVALID_VALUE, TP_PL_COUNT_POOL);
+    return TP_ERROR_INVALID_VALUE;
   tp_pool_ptr_export_data_t record;
   memcpy(&record, data, sizeof record);
   void *p = NULL;
   tp_error_t err = tp_pool_import_pointer(&p, (tp_pool_t)pool, &record);
   if (err == TP_SUCCESS)
     *ptr = (CUdeviceptr)(uintptr_t)p;
-  return tp__pl_drv_answer(err, TP_PL_COUNT_POOL);
+  return err;
+}
+
+static CUresult ptr_import(CUdeviceptr *ptr, CUmemoryPool pool,
+                           CUmemPoolPtrExportData *data) {
+  POOL_CALL(r_ptr_import, PFN_cuMemPoolImportPointer_v11020, pool,
+            (ptr, pool, data), pool_answer(import_pointer(ptr, pool, data)));
 }
 
 /* ---- default and current pools --------------------------------------------

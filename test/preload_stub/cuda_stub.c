@@ -237,8 +237,23 @@ STUB_API CUresult cuStreamCreate(CUstream *s, unsigned flags) {
   count(__func__);
   if (!s)
     return CUDA_ERROR_INVALID_VALUE;
-  *s = calloc(1, 16);
-  return *s ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  /* A stream keeps the context it was made in, in its first word. */
+  CUcontext *made = calloc(1, 16);
+  if (made)
+    *made = current;
+  *s = (CUstream)made;
+  return made ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+STUB_API CUresult cuStreamGetCtx(CUstream s, CUcontext *ctx) {
+  if (!ctx)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
+    *ctx = current;
+    return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+  }
+  *ctx = *(CUcontext *)(void *)s;
+  return CUDA_SUCCESS;
 }
 
 STUB_API CUresult cuStreamCreateWithPriority(CUstream *s, unsigned flags,
@@ -610,6 +625,7 @@ static const struct variant {
     V("cuStreamCreate", 2000, false, cuStreamCreate),
     V("cuStreamCreateWithPriority", 5050, false, cuStreamCreateWithPriority),
     V("cuStreamDestroy", 4000, false, cuStreamDestroy_v2),
+    V("cuStreamGetCtx", 9020, false, cuStreamGetCtx),
     V("cuStreamSynchronize", 2000, false, cuStreamSynchronize),
     V("cuStreamSynchronize", 7000, true, cuStreamSynchronize_ptsz),
     V("cuStreamBeginCapture", 10010, false, cuStreamBeginCapture_v2),
