@@ -256,6 +256,14 @@ typedef struct tp_pool_ptr_export_data {
   unsigned char reserved[64];
 } tp_pool_ptr_export_data_t;
 
+/* What tp_pointer_get_attribute tells of a pointer; the values are the
+ * driver's CU_POINTER_ATTRIBUTE_* of the same names. */
+typedef enum tp_pointer_attr {
+  TP_POINTER_ATTR_RANGE_START_ADDR = 11, /* void *: the allocation's start */
+  TP_POINTER_ATTR_RANGE_SIZE = 12,       /* size_t: the bytes it asked for */
+  TP_POINTER_ATTR_MEMPOOL_HANDLE = 17    /* tp_pool_t: the pool it is of */
+} tp_pointer_attr_t;
+
 typedef enum tp_device_attr {
   TP_DEVICE_ATTR_MEMORY_POOLS_SUPPORTED = 1,
   TP_DEVICE_ATTR_MEMORY_POOL_SUPPORTED_HANDLE_TYPES = 2,
@@ -296,6 +304,17 @@ TP_API tp_error_t tp_malloc_from_pool_async(void **ptr, size_t size,
  * pointer, a pointer already freed, unknown stream). A rejected free changes
  * nothing. */
 TP_API tp_error_t tp_free_async(void *ptr, tp_stream_t stream);
+
+/* Writes to *data what `attr` tells of the live allocation that holds
+ * `ptr` (its start or any byte up to the size it asked for), as
+ * cuPointerGetAttribute does for the driver's pools: its start, its size
+ * (the bytes asked for) or its pool. Errors: INVALID_VALUE (data or ptr
+ * NULL, another attribute, a pointer in no live allocation of a pool of
+ * this process: freed, never given out, or imported from another
+ * process). Thread-safe; racing a free of the same allocation, the answer
+ * may be from before the free. */
+TP_API tp_error_t tp_pointer_get_attribute(void *data, tp_pointer_attr_t attr,
+                                           const void *ptr);
 
 /* ========================================================================
  * Pools

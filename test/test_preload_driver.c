@@ -84,6 +84,9 @@ static struct {
   PFN_cuMemPoolSetAccess_v11020 pool_set_access;
   PFN_cuMemPoolGetAccess_v11020 pool_get_access;
   PFN_cuMemPoolTrimTo_v11020 pool_trim;
+  PFN_cuPointerGetAttribute_v4000 ptr_attr;
+  PFN_cuPointerGetAttributes_v7000 ptr_attrs;
+  PFN_cuMemGetAddressRange_v3020 addr_range;
   PFN_cuMemPoolExportToShareableHandle_v11020 pool_export;
   PFN_cuMemPoolImportFromShareableHandle_v11020 pool_import;
   PFN_cuMemPoolExportPointer_v11020 ptr_export;
@@ -185,6 +188,10 @@ static int load_driver(void) {
   /* Older ABIs a driver may drop: the test that uses them is skipped. */
   (void)fetch_quietly("cuCtxCreate", 3020, LEGACY, &cu.ctx_create);
   (void)fetch_quietly("cuCtxDestroy", 4000, LEGACY, &cu.ctx_destroy);
+  /* The stand-in driver has no pointer attributes. */
+  (void)fetch_quietly("cuPointerGetAttribute", 4000, LEGACY, &cu.ptr_attr);
+  (void)fetch_quietly("cuPointerGetAttributes", 7000, LEGACY, &cu.ptr_attrs);
+  (void)fetch_quietly("cuMemGetAddressRange", 3020, LEGACY, &cu.addr_range);
   return ok;
 }
 
@@ -808,6 +815,66 @@ static void test_own_objects_without_context(void) {
   CHECK_RC(cu.stream_destroy(own_stream), CUDA_SUCCESS);
 }
 
+/* What the driver's pointer queries tell of tidepool's allocations: the
+ * allocation (its start, its size, its pool), as the driver tells of its
+ * own pools', not the range tidepool reserved for the pool or the chunk
+ * mapped there (which the driver told before). */
+static void check_pointer(CUdeviceptr p, size_t off, size_t size,
+                          CUmemoryPool pool) {
+  CUdeviceptr start = 0, base = 0;
+  size_t got = 0, range = 0;
+  CUmemoryPool of = NULL;
+  CHECK_RC(cu.ptr_attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p + off),
+           CUDA_SUCCESS);
+  CHECK_EQ_U64(start, p);
+  CHECK_RC(cu.ptr_attr(&got, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + off),
+           CUDA_SUCCESS);
+  CHECK_EQ_U64(got, size);
+  CHECK_RC(cu.ptr_attr(&of, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p + off),
+           CUDA_SUCCESS);
+  CHECK(of == pool);
+  CHECK_RC(cu.addr_range(&base, &range, p + off), CUDA_SUCCESS);
+  CHECK_EQ_U64(base, p);
+  CHECK_EQ_U64(range, size);
+  CUpointer_attribute attrs[3] = {CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+                                  CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                  CU_POINTER_ATTRIBUTE_RANGE_START_ADDR};
+  of = NULL;
+  got = 0;
+  start = 0;
+  void *data[3] = {&of, &got, &start};
+  CHECK_RC(cu.ptr_attrs(3, attrs, data, p + off), CUDA_SUCCESS);
+  CHECK(of == pool);
+  CHECK_EQ_U64(got, size);
+  CHECK_EQ_U64(start, p);
+}
+
+static void test_pointer_attributes(void) {
+  if (!cu.ptr_attr || !cu.ptr_attrs || !cu.addr_range) {
+    printf("   skipped: the driver has no pointer attributes\n");
+    return;
+  }
+  CHECK_EQ_INT(in_interposer((void *)(uintptr_t)cu.ptr_attr), 1);
+  CUmemoryPool def = NULL, pool = new_pool(0);
+  REQUIRE_RC(cu.default_pool(&def, dev0), CUDA_SUCCESS);
+  REQUIRE(pool != NULL);
+  CUdeviceptr small = 0, large = 0;
+  REQUIRE_RC(cu.alloc(&small, 3000, NULL), CUDA_SUCCESS);
+  REQUIRE_RC(cu.alloc_from_pool(&large, 5 * MiB + 7, pool, NULL), CUDA_SUCCESS);
+  check_pointer(small, 0, 3000, def);
+  check_pointer(small, 2999, 3000, def);
+  check_pointer(large, 0, 5 * MiB + 7, pool);
+  check_pointer(large, 4 * MiB + 5, 5 * MiB + 7, pool);
+  /* A freed allocation is the driver's to tell of again. */
+  CHECK_RC(cu.free(large, NULL), CUDA_SUCCESS);
+  size_t got = 0;
+  if (cu.ptr_attr(&got, CU_POINTER_ATTRIBUTE_RANGE_SIZE, large) == CUDA_SUCCESS)
+    CHECK(got != 5 * MiB + 7);
+  CHECK_RC(cu.free(small, NULL), CUDA_SUCCESS);
+  CHECK_RC(cu.stream_sync(NULL), CUDA_SUCCESS);
+  CHECK_RC(cu.pool_destroy(pool), CUDA_SUCCESS);
+}
+
 /* A pool shared through a POSIX descriptor (passed by value on import, as
  * the driver takes it) and a pointer through its 64-byte record. */
 static void test_ipc(void) {
@@ -1029,6 +1096,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_capture);
   RUN_TEST(test_other_contexts);
   RUN_TEST(test_own_objects_without_context);
+  RUN_TEST(test_pointer_attributes);
   RUN_TEST(test_ipc);
   RUN_TEST(test_devices);
   if (stub_calls)

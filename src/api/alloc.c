@@ -1,6 +1,7 @@
 /* The allocator's entry points, tp_malloc_async, tp_malloc_from_pool_async
  * and tp_free_async: the fast path first (a stream resolved, a pool's cache),
- * a capture's allocation where the stream captures (capture.h). */
+ * a capture's allocation where the stream captures (capture.h); and
+ * tp_pointer_get_attribute, what a pointer is. */
 #include "pool/alloc.h"
 #include "api/api.h"
 #include "api/capture.h"
@@ -240,4 +241,33 @@ static TP_NOINLINE tp_error_t free_whole(void *ptr, tp_stream_t stream,
   TP_FORWARD(tp__api_init());
   tp__guard_enter();
   return free_entered(ptr, stream, uncaptured);
+}
+
+/* ---- what a pointer is --------------------------------------------------- */
+
+static tp_error_t pointer_attribute(void *data, tp_pointer_attr_t attr,
+                                    const void *ptr) {
+  tp__pool *p = tp__registry_find((uintptr_t)ptr);
+  TP_RETURN_IF(!p || p->imported, TP_ERROR_INVALID_VALUE);
+  uintptr_t start = 0;
+  size_t size = 0;
+  TP_FORWARD(tp__pool_live_range(p, (uintptr_t)ptr, &start, &size));
+  if (attr == TP_POINTER_ATTR_RANGE_START_ADDR)
+    *(void **)data = (void *)start;
+  else if (attr == TP_POINTER_ATTR_RANGE_SIZE)
+    *(size_t *)data = size;
+  else
+    *(tp_pool_t *)data = p->handle;
+  return TP_SUCCESS;
+}
+
+TP_API tp_error_t tp_pointer_get_attribute(void *data, tp_pointer_attr_t attr,
+                                           const void *ptr) {
+  TP_RETURN_IF(!data || !ptr, TP_ERROR_INVALID_VALUE);
+  TP_RETURN_IF(attr != TP_POINTER_ATTR_RANGE_START_ADDR &&
+                   attr != TP_POINTER_ATTR_RANGE_SIZE &&
+                   attr != TP_POINTER_ATTR_MEMPOOL_HANDLE,
+               TP_ERROR_INVALID_VALUE);
+  TP_FORWARD(tp__api_init());
+  return TP_GUARDED(pointer_attribute(data, attr, ptr));
 }

@@ -223,6 +223,58 @@ tp_error_t tp__pool_live_size(tp__pool *p, void *ptr, size_t *size) {
   return TP_SUCCESS;
 }
 
+/* The record nearest below `addr` (a block's, or a slab's at one of its
+ * blocks), looking back granule by granule within the mapped chunks, since a
+ * live allocation lies in mapped chunks only, and a chunk without a granule
+ * table at once; 0 where there is none. Pool lock held. */
+static uintptr_t record_below(tp__space *sp, uintptr_t *addr) {
+  uintptr_t g = *addr & ~(uintptr_t)(TP_GRANULE - 1);
+  for (;;) {
+    size_t c = tp__space_chunk(sp, g);
+    if (!tp__space_mapped(sp, c))
+      return 0;
+    _Atomic uintptr_t *e = tp__space_entry(sp, g, false);
+    uintptr_t v = e ? atomic_load_explicit(e, memory_order_acquire) : 0;
+    if (v) {
+      *addr = g;
+      return v;
+    }
+    uintptr_t chunk_start = tp__space_addr(sp, c);
+    if (!e)
+      g = chunk_start;
+    if (g == sp->base)
+      return 0;
+    g -= TP_GRANULE;
+  }
+}
+
+tp_error_t tp__pool_live_range(tp__pool *p, uintptr_t addr, uintptr_t *start,
+                               size_t *size) {
+  tp_error_t err = TP_ERROR_INVALID_VALUE;
+  tp__mutex_lock(&p->lock);
+  uintptr_t at = addr;
+  uintptr_t v = !p->torn_down && addr >= p->space.base &&
+                        addr - p->space.base < p->space.va_size
+                    ? record_below(&p->space, &at)
+                    : 0;
+  tp__slab *s = v & 1u ? (tp__slab *)(v & ~(uintptr_t)1) : NULL;
+  uint64_t i = s && addr >= s->base ? (addr - s->base) / s->bsize : UINT64_MAX;
+  if (s && i < s->nblocks) {
+    *start = s->base + i * s->bsize;
+    *size = atomic_load_explicit(&s->req[i], memory_order_acquire);
+    if (addr - *start < *size)
+      err = TP_SUCCESS;
+  } else if (v && !s) {
+    tp__block *b = (tp__block *)v;
+    *start = b->addr;
+    *size = atomic_load_explicit(&b->req, memory_order_acquire);
+    if (*start == at && addr - *start < *size)
+      err = TP_SUCCESS;
+  }
+  tp__mutex_unlock(&p->lock);
+  return err;
+}
+
 /* The block goes to the pool, counted in the same step. */
 static void free_to_pool(tp__pool *p, tp__stream *s, unsigned cls, bool large,
                          const tp__centry *e, int64_t req) {

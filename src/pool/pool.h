@@ -115,6 +115,11 @@ static inline tp__pool *tp__registry_find(uintptr_t addr) {
 /* The bytes asked for by the live allocation at `ptr` (not an interior
  * pointer); INVALID_VALUE when there is none. */
 tp_error_t tp__pool_live_size(tp__pool *p, void *ptr, size_t *size);
+/* The live allocation that holds `addr` (its start, or any byte up to the
+ * size it asked for): its start and that size; INVALID_VALUE when there is
+ * none. Takes the pool lock. */
+tp_error_t tp__pool_live_range(tp__pool *p, uintptr_t addr, uintptr_t *start,
+                               size_t *size);
 /* Frees the allocation at `ptr` as a free with tag `tag` would have: the
  * exporter's free of a block that importers held until now (ipc). The block
  * goes to the pool's free lists, never to a stream cache, since its stream

@@ -17,7 +17,7 @@ static _Atomic(tp__pl_fn) r_alloc, r_alloc_ptsz, r_free, r_free_ptsz,
     r_pool_get_attr, r_pool_set_attr, r_pool_set_access, r_pool_get_access,
     r_pool_trim, r_pool_export, r_pool_import, r_ptr_export, r_ptr_import,
     r_dev_default_pool, r_dev_get_pool, r_dev_set_pool, r_mem_default_pool,
-    r_mem_get_pool, r_mem_set_pool;
+    r_mem_get_pool, r_mem_set_pool, r_ptr_attr, r_ptr_attrs, r_addr_range;
 
 typedef PFN_cuMemAllocAsync_v11020 alloc_fn;
 typedef PFN_cuMemFreeAsync_v11020 free_fn;
@@ -516,6 +516,80 @@ static CUresult mem_set_pool(CUmemLocation *location, CUmemAllocationType type,
   return tp__pl_drv_answer(err, TP_PL_COUNT_POOL);
 }
 
+/* ---- what a pointer is ------------------------------------------------------
+ * The driver tells of tidepool's memory what it knows: the range reserved
+ * for a whole pool, the chunk mapped there, no pool. Where the pointer is
+ * in one of tidepool's allocations, tidepool answers for the allocation, as
+ * the driver does for its own pools'; the driver answers everything else.
+ * tidepool's lookup is made with the caller's context kept (a thread's
+ * first call into tidepool makes a context current). */
+
+static bool pointer_attr_in(CUpointer_attribute attr, tp_pointer_attr_t *out) {
+  switch (attr) {
+  case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    *out = TP_POINTER_ATTR_RANGE_START_ADDR;
+    return true;
+  case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+    *out = TP_POINTER_ATTR_RANGE_SIZE;
+    return true;
+  case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+    *out = TP_POINTER_ATTR_MEMPOOL_HANDLE;
+    return true;
+  default: return false;
+  }
+}
+
+/* tidepool's answer for `attr` of `ptr` in *data; false, *data untouched,
+ * where the driver answers. The three values are as wide as the driver's
+ * (a CUdeviceptr, a size_t, a CUmemoryPool, which is tidepool's handle). */
+static bool pointer_attr_ours(void *data, CUpointer_attribute attr,
+                              CUdeviceptr ptr) {
+  tp_pointer_attr_t a;
+  if (!data || !ptr || !pointer_attr_in(attr, &a) || !tp__pl_on())
+    return false;
+  CUcontext saved = tp__pl_drv_ctx_save();
+  bool ours = tp_pointer_get_attribute(data, a, ptr_of(ptr)) == TP_SUCCESS;
+  tp__pl_drv_ctx_restore(saved);
+  return ours;
+}
+
+static CUresult ptr_get_attribute(void *data, CUpointer_attribute attr,
+                                  CUdeviceptr ptr) {
+  if (pointer_attr_ours(data, attr, ptr))
+    return CUDA_SUCCESS;
+  PASS(r_ptr_attr, PFN_cuPointerGetAttribute_v4000, (data, attr, ptr));
+}
+
+/* The driver answers every attribute first (its errors stand), then
+ * tidepool's replace the three it knows better. */
+static CUresult ptr_get_attributes(unsigned n, CUpointer_attribute *attrs,
+                                   void **data, CUdeviceptr ptr) {
+  CUresult r = TP_PL_DRV_CALL(r_ptr_attrs, PFN_cuPointerGetAttributes_v7000,
+                              (n, attrs, data, ptr));
+  for (unsigned i = 0; r == CUDA_SUCCESS && attrs && data && i < n; i++)
+    if (!pointer_attr_ours(data[i], attrs[i], ptr) &&
+        (attrs[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ||
+         attrs[i] == CU_POINTER_ATTRIBUTE_RANGE_SIZE ||
+         attrs[i] == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE))
+      break; /* not tidepool's: the driver's answers stand */
+  return r;
+}
+
+static CUresult mem_get_address_range(CUdeviceptr *base, size_t *size,
+                                      CUdeviceptr ptr) {
+  CUdeviceptr b = 0;
+  size_t n = 0;
+  if (pointer_attr_ours(&b, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr) &&
+      pointer_attr_ours(&n, CU_POINTER_ATTRIBUTE_RANGE_SIZE, ptr)) {
+    if (base)
+      *base = b;
+    if (size)
+      *size = n;
+    return CUDA_SUCCESS;
+  }
+  PASS(r_addr_range, PFN_cuMemGetAddressRange_v3020, (base, size, ptr));
+}
+
 /* ---- the entries -------------------------------------------------------- */
 
 /* A wrapper's address as the generic function type of the table. */
@@ -570,6 +644,12 @@ const tp__pl_drv_entry tp__pl_drv_alloc_entries[] = {
      FN(mem_get_pool), &r_mem_get_pool},
     {"cuMemSetMemPool", "cuMemSetMemPool", 13000, false, false,
      FN(mem_set_pool), &r_mem_set_pool},
+    {"cuPointerGetAttribute", "cuPointerGetAttribute", 4000, false, false,
+     FN(ptr_get_attribute), &r_ptr_attr},
+    {"cuPointerGetAttributes", "cuPointerGetAttributes", 7000, false, false,
+     FN(ptr_get_attributes), &r_ptr_attrs},
+    {"cuMemGetAddressRange", "cuMemGetAddressRange_v2", 3020, false, false,
+     FN(mem_get_address_range), &r_addr_range},
 };
 const size_t tp__pl_drv_alloc_count =
     sizeof tp__pl_drv_alloc_entries / sizeof tp__pl_drv_alloc_entries[0];

@@ -491,8 +491,76 @@ static void test_max_size(void) {
   stream_done(a);
 }
 
+/* ========================================================================
+ * What a pointer is
+ * ======================================================================== */
+
+/* The allocation that holds `p` at `off` bytes from its start: its start,
+ * its size and its pool. */
+static void check_range(void *p, size_t off, size_t size, tp_pool_t pool) {
+  const char *at = (const char *)p + off;
+  void *start = NULL;
+  size_t got = 0;
+  tp_pool_t of = NULL;
+  CHECK_OK(
+      tp_pointer_get_attribute(&start, TP_POINTER_ATTR_RANGE_START_ADDR, at));
+  CHECK(start == p);
+  CHECK_OK(tp_pointer_get_attribute(&got, TP_POINTER_ATTR_RANGE_SIZE, at));
+  CHECK_EQ_U64(got, size);
+  CHECK_OK(tp_pointer_get_attribute(&of, TP_POINTER_ATTR_MEMPOOL_HANDLE, at));
+  CHECK(of == pool);
+}
+
+static void test_pointer_attributes(void) {
+  tp_stream_t a = stream_new(TP_STREAM_NON_BLOCKING);
+  REQUIRE(a != NULL);
+  tp_pool_t def = default_pool(), pool = device_pool(0);
+  REQUIRE(def != NULL && pool != NULL);
+  /* Small ones (one granule, several granules), a large one over several
+   * chunks and one that starts where another ends. */
+  static const size_t sizes[] = {100, 3000, 70000, 5 * MiB + 123};
+  enum { N = sizeof sizes / sizeof sizes[0] };
+  void *p[N] = {0}, *q[N] = {0};
+  for (int i = 0; i < N; i++) {
+    step("pointer attributes, %zu bytes", sizes[i]);
+    CHECK_OK(tp_malloc_async(&p[i], sizes[i], a));
+    CHECK_OK(tp_malloc_from_pool_async(&q[i], sizes[i], pool, a));
+    if (!p[i] || !q[i])
+      continue;
+    check_range(p[i], 0, sizes[i], def);
+    check_range(p[i], sizes[i] / 2 + 1, sizes[i], def);
+    check_range(p[i], sizes[i] - 1, sizes[i], def);
+    check_range(q[i], sizes[i] - 1, sizes[i], pool);
+  }
+  step("pointer attributes: bad input");
+  size_t v = 0;
+  int local = 0;
+  CHECK_ERR(tp_pointer_get_attribute(NULL, TP_POINTER_ATTR_RANGE_SIZE, p[0]),
+            TP_ERROR_INVALID_VALUE);
+  CHECK_ERR(tp_pointer_get_attribute(&v, TP_POINTER_ATTR_RANGE_SIZE, NULL),
+            TP_ERROR_INVALID_VALUE);
+  CHECK_ERR(tp_pointer_get_attribute(&v, (tp_pointer_attr_t)9, p[0]),
+            TP_ERROR_INVALID_VALUE);
+  CHECK_ERR(tp_pointer_get_attribute(&v, TP_POINTER_ATTR_RANGE_SIZE, &local),
+            TP_ERROR_INVALID_VALUE);
+  step("pointer attributes: a freed allocation is none");
+  for (int i = 0; i < N; i++) {
+    CHECK_OK(tp_free_async(p[i], a));
+    CHECK_ERR(tp_pointer_get_attribute(&v, TP_POINTER_ATTR_RANGE_SIZE, p[i]),
+              TP_ERROR_INVALID_VALUE);
+    CHECK_OK(tp_free_async(q[i], a));
+  }
+  CHECK_OK(tp_stream_synchronize(a));
+  CHECK_ERR(tp_pointer_get_attribute(&v, TP_POINTER_ATTR_RANGE_SIZE, q[N - 1]),
+            TP_ERROR_INVALID_VALUE);
+  CHECK_OK(tp_pool_destroy(pool));
+  check_context(NULL);
+  stream_done(a);
+}
+
 int main(int argc, char **argv) {
   static const conformance_test_t tests[] = {
+      CONFORMANCE_TEST(test_pointer_attributes),
       CONFORMANCE_TEST(test_set_before_default_made),
       CONFORMANCE_TEST(test_attributes),
       CONFORMANCE_TEST(test_destroy),

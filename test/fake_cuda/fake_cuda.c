@@ -2210,6 +2210,73 @@ FK_API CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size,
   return r;
 }
 
+/* What the fake tells of a pointer: of a reserved range only, as a driver
+ * tells of its virtual memory (the range, no pool); of anything else,
+ * nothing (INVALID_VALUE). */
+static bool resv_of(CUdeviceptr ptr, resv *out) {
+  lock();
+  bool found = false;
+  for (size_t i = 0; i < nresvs && !found; i++)
+    if (ptr >= resvs[i].base && ptr - resvs[i].base < resvs[i].size) {
+      *out = resvs[i];
+      found = true;
+    }
+  unlock();
+  return found;
+}
+
+FK_API CUresult CUDAAPI cuPointerGetAttribute(void *data,
+                                              CUpointer_attribute attribute,
+                                              CUdeviceptr ptr) {
+  NEED_INIT();
+  resv r;
+  if (!data || !resv_of(ptr, &r))
+    return CUDA_ERROR_INVALID_VALUE;
+  switch (attribute) {
+  case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    *(CUdeviceptr *)data = r.base;
+    return CUDA_SUCCESS;
+  case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+    *(size_t *)data = r.size;
+    return CUDA_SUCCESS;
+  case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+    *(CUmemoryPool *)data = NULL;
+    return CUDA_SUCCESS;
+  case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+    *(unsigned *)data = CU_MEMORYTYPE_DEVICE;
+    return CUDA_SUCCESS;
+  default: return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+FK_API CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes,
+                                               CUpointer_attribute *attributes,
+                                               void **data, CUdeviceptr ptr) {
+  NEED_INIT();
+  if (!attributes || !data)
+    return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < numAttributes; i++) {
+    CUresult r = cuPointerGetAttribute(data[i], attributes[i], ptr);
+    if (r != CUDA_SUCCESS)
+      return r;
+  }
+  return CUDA_SUCCESS;
+}
+
+FK_API CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase,
+                                                size_t *psize,
+                                                CUdeviceptr dptr) {
+  NEED_INIT();
+  resv r;
+  if (!resv_of(dptr, &r))
+    return CUDA_ERROR_NOT_FOUND;
+  if (pbase)
+    *pbase = r.base;
+  if (psize)
+    *psize = r.size;
+  return CUDA_SUCCESS;
+}
+
 static void phys_put(phys *p);
 
 /* A range freed with mappings still in it loses them, as the driver would
@@ -3396,6 +3463,9 @@ static const struct {
     FK_PROC(cuEventSynchronize, 2000),
     FK_PROC(cuMemGetAllocationGranularity, 10020),
     FK_PROC(cuMemAddressReserve, 10020),
+    FK_PROC(cuPointerGetAttribute, 4000),
+    FK_PROC(cuPointerGetAttributes, 7000),
+    FK_PROC(cuMemGetAddressRange, 3020),
     FK_PROC(cuMemAddressFree, 10020),
     FK_PROC(cuMemCreate, 10020),
     FK_PROC(cuMemRelease, 10020),
