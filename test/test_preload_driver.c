@@ -85,6 +85,9 @@ static struct {
   PFN_cuMemPoolGetAccess_v11020 pool_get_access;
   PFN_cuMemPoolTrimTo_v11020 pool_trim;
   PFN_cuPointerGetAttribute_v4000 ptr_attr;
+  PFN_cuGraphCreate_v10000 graph_create;
+  PFN_cuStreamBeginCaptureToGraph_v12030 begin_to_graph;
+  PFN_cuGraphInstantiateWithParams_v12000 instantiate_params;
   PFN_cuPointerGetAttributes_v7000 ptr_attrs;
   PFN_cuMemGetAddressRange_v3020 addr_range;
   PFN_cuMemPoolExportToShareableHandle_v11020 pool_export;
@@ -188,7 +191,12 @@ static int load_driver(void) {
   /* Older ABIs a driver may drop: the test that uses them is skipped. */
   (void)fetch_quietly("cuCtxCreate", 3020, LEGACY, &cu.ctx_create);
   (void)fetch_quietly("cuCtxDestroy", 4000, LEGACY, &cu.ctx_destroy);
-  /* The stand-in driver has no pointer attributes. */
+  /* The stand-in driver has no pointer attributes, nor these. */
+  (void)fetch_quietly("cuGraphCreate", 10000, LEGACY, &cu.graph_create);
+  (void)fetch_quietly("cuStreamBeginCaptureToGraph", 12030, LEGACY,
+                      &cu.begin_to_graph);
+  (void)fetch_quietly("cuGraphInstantiateWithParams", 12000, LEGACY,
+                      &cu.instantiate_params);
   (void)fetch_quietly("cuPointerGetAttribute", 4000, LEGACY, &cu.ptr_attr);
   (void)fetch_quietly("cuPointerGetAttributes", 7000, LEGACY, &cu.ptr_attrs);
   (void)fetch_quietly("cuMemGetAddressRange", 3020, LEGACY, &cu.addr_range);
@@ -721,6 +729,50 @@ static void test_capture(void) {
   CHECK_RC(cu.stream_destroy(s), CUDA_SUCCESS);
 }
 
+/* A capture into the application's graph (cuStreamBeginCaptureToGraph):
+ * its output follows every launch of the graph's exec (freed after each, a
+ * relaunch refused while it is live), and a second exec, refused, says so
+ * in cuGraphInstantiateWithParams' result_out (it said success). */
+static void test_capture_to_graph(void) {
+  if (!cu.graph_create || !cu.begin_to_graph || !cu.instantiate_params) {
+    printf("   skipped: the driver cannot capture into a graph\n");
+    return;
+  }
+  CUstream s = NULL;
+  REQUIRE_RC(cu.stream_create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  CUgraph graph = NULL, ended = NULL;
+  REQUIRE_RC(cu.graph_create(&graph, 0), CUDA_SUCCESS);
+  CUdeviceptr a = 0;
+  REQUIRE_RC(
+      cu.begin_to_graph(s, graph, NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_GLOBAL),
+      CUDA_SUCCESS);
+  CHECK_RC(cu.alloc(&a, MiB, s), CUDA_SUCCESS);
+  REQUIRE_RC(cu.end_capture(s, &ended), CUDA_SUCCESS);
+  CHECK(ended == graph);
+  CUDA_GRAPH_INSTANTIATE_PARAMS params;
+  memset(&params, 0, sizeof params);
+  params.result_out = (CUgraphInstantiateResult)77;
+  CUgraphExec exec = NULL, second = NULL;
+  REQUIRE_RC(cu.instantiate_params(&exec, graph, &params), CUDA_SUCCESS);
+  CHECK_EQ_INT(params.result_out, CUDA_GRAPH_INSTANTIATE_SUCCESS);
+  params.result_out = (CUgraphInstantiateResult)77;
+  CHECK_RC(cu.instantiate_params(&second, graph, &params),
+           CUDA_ERROR_INVALID_VALUE);
+  CHECK(second == NULL);
+  CHECK(params.result_out != CUDA_GRAPH_INSTANTIATE_SUCCESS &&
+        params.result_out != (CUgraphInstantiateResult)77);
+  for (int i = 0; i < 3; i++) {
+    CHECK_RC(cu.graph_launch(exec, s), CUDA_SUCCESS);
+    if (i == 0)
+      CHECK_RC(cu.graph_launch(exec, s), CUDA_ERROR_INVALID_VALUE);
+    CHECK_RC(cu.free(a, s), CUDA_SUCCESS);
+    CHECK_RC(cu.stream_sync(s), CUDA_SUCCESS);
+  }
+  CHECK_RC(cu.exec_destroy(exec), CUDA_SUCCESS);
+  CHECK_RC(cu.graph_destroy(graph), CUDA_SUCCESS);
+  CHECK_RC(cu.stream_destroy(s), CUDA_SUCCESS);
+}
+
 /* A context the program made itself is not a primary context, in which
  * tidepool's pools live: its allocations are the driver's; and without a
  * current context the driver gives its error. */
@@ -1094,6 +1146,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_event_order);
   RUN_TEST(test_ctx_synchronize);
   RUN_TEST(test_capture);
+  RUN_TEST(test_capture_to_graph);
   RUN_TEST(test_other_contexts);
   RUN_TEST(test_own_objects_without_context);
   RUN_TEST(test_pointer_attributes);

@@ -163,7 +163,11 @@ static CUresult instantiate_params_in(_Atomic(tp__pl_fn) *slot,
     return err;
   CUresult r = TP_PL_DRV_CALL(*slot, PFN_cuGraphInstantiateWithParams_v12000,
                               (exec, graph, params));
-  return adopt(r, exec, graph, params ? params->flags : 0);
+  CUresult out = adopt(r, exec, graph, params ? params->flags : 0);
+  /* A refusal after the driver's success says so in the result too. */
+  if (out != CUDA_SUCCESS && r == CUDA_SUCCESS && params)
+    params->result_out = CUDA_GRAPH_INSTANTIATE_ERROR;
+  return out;
 }
 
 static CUresult instantiate_params(CUgraphExec *exec, CUgraph graph,

@@ -253,6 +253,7 @@ struct capture {
   CUstreamCaptureMode mode;
   pthread_t thread;
   bool invalid;
+  bool to_graph; /* into the application's graph, which outlives it */
   fstream **streams;
   size_t n, cap;
   capture *next;
@@ -694,7 +695,7 @@ static void capture_end(capture *c, bool keep_graph) {
   while (*pp != c)
     pp = &(*pp)->next;
   *pp = c->next;
-  if (!keep_graph)
+  if (!keep_graph && !c->to_graph)
     graph_free(c->g);
   free(c->streams);
   free(c);
@@ -1473,9 +1474,9 @@ cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
   return CUDA_SUCCESS;
 }
 
-FK_API CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream,
-                                             CUstreamCaptureMode mode) {
-  NEED_INIT();
+/* A capture into `into` (the application's graph), or into a new graph. */
+static CUresult begin_capture(CUstream hStream, struct CUgraph_st *into,
+                              CUstreamCaptureMode mode) {
   if ((unsigned)mode > CU_STREAM_CAPTURE_MODE_RELAXED)
     return CUDA_ERROR_INVALID_VALUE;
   lock();
@@ -1489,11 +1490,12 @@ FK_API CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream,
   struct CUgraph_st *g = NULL;
   if (r == CUDA_SUCCESS) {
     c = calloc(1, sizeof *c);
-    g = calloc(1, sizeof *g);
+    g = into ? into : calloc(1, sizeof *g);
     if (!c || !g ||
         !grow((void **)&c->streams, &c->cap, 1, sizeof *c->streams)) {
       free(c);
-      free(g);
+      if (!into)
+        free(g);
       r = CUDA_ERROR_OUT_OF_MEMORY;
     }
   }
@@ -1501,6 +1503,7 @@ FK_API CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream,
     g->magic = FK_MAGIC_GRAPH;
     c->id = next_capture_id++;
     c->g = g;
+    c->to_graph = into != NULL;
     c->origin = s;
     c->mode = mode;
     c->thread = pthread_self();
@@ -1512,6 +1515,12 @@ FK_API CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream,
   }
   unlock();
   return r;
+}
+
+FK_API CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream,
+                                             CUstreamCaptureMode mode) {
+  NEED_INIT();
+  return begin_capture(hStream, NULL, mode);
 }
 
 /* Whether a node is n itself or comes before one of `from`. */
@@ -1659,6 +1668,33 @@ cuStreamUpdateCaptureDependencies(CUstream hStream, CUgraphNode *dependencies,
 
 static bool graph_ok(CUgraph g) {
   return g && g->magic == FK_MAGIC_GRAPH;
+}
+
+FK_API CUresult CUDAAPI cuGraphCreate(CUgraph *phGraph, unsigned int flags) {
+  NEED_INIT();
+  if (!phGraph || flags)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct CUgraph_st *g = calloc(1, sizeof *g);
+  if (!g)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  g->magic = FK_MAGIC_GRAPH;
+  *phGraph = g;
+  return CUDA_SUCCESS;
+}
+
+/* Into the graph's roots only: the fake takes no dependencies. */
+FK_API CUresult CUDAAPI cuStreamBeginCaptureToGraph(
+    CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies,
+    const CUgraphEdgeData *dependencyData, size_t numDependencies,
+    CUstreamCaptureMode mode) {
+  NEED_INIT();
+  (void)dependencies;
+  (void)dependencyData;
+  if (!graph_ok(hGraph))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (numDependencies)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  return begin_capture(hStream, hGraph, mode);
 }
 
 FK_API CUresult CUDAAPI cuGraphAddEmptyNode(CUgraphNode *phGraphNode,
@@ -1984,6 +2020,22 @@ FK_API CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec,
   free(indeg);
   free(queue);
   unlock();
+  return r;
+}
+
+/* The flags as cuGraphInstantiateWithFlags takes them (an upload is work
+ * the fake has none of), and the result said. */
+FK_API CUresult CUDAAPI
+cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                             CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+  NEED_INIT();
+  if (!params)
+    return CUDA_ERROR_INVALID_VALUE;
+  unsigned long long flags =
+      params->flags & ~(unsigned long long)CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
+  CUresult r = cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags);
+  params->result_out = r == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS
+                                         : CUDA_GRAPH_INSTANTIATE_ERROR;
   return r;
 }
 
@@ -3475,6 +3527,9 @@ static const struct {
     FK_PROC(cuMemExportToShareableHandle, 10020),
     FK_PROC(cuMemImportFromShareableHandle, 10020),
     FK_PROC_PT(cuStreamBeginCapture, 10010, cuStreamBeginCapture_v2_ptsz),
+    FK_PROC(cuStreamBeginCaptureToGraph, 12030),
+    FK_PROC(cuGraphCreate, 10000),
+    FK_PROC(cuGraphInstantiateWithParams, 12000),
     FK_PROC(cuThreadExchangeStreamCaptureMode, 10010),
     FK_PROC_PT(cuStreamEndCapture, 10000, cuStreamEndCapture_ptsz),
     FK_PROC_PT(cuStreamIsCapturing, 10000, cuStreamIsCapturing_ptsz),
