@@ -33,7 +33,7 @@ static tp_error_t free_whole(void *ptr, tp_stream_t stream, bool uncaptured);
 static TP_ALWAYS_INLINE tp_error_t malloc_quick(void **ptr, size_t size,
                                                 tp_stream_t stream,
                                                 bool uncaptured) {
-  if (TP_UNLIKELY(!tp__api_ready || !ptr || !tp__guard_try_enter()))
+  if (TP_UNLIKELY(!tp__api_quick || !ptr || !tp__guard_try_enter()))
     return malloc_whole(ptr, size, stream, uncaptured);
   tp__stream *s = tp__stream_quick(stream);
   tp_pool_t pool;
@@ -43,7 +43,7 @@ static TP_ALWAYS_INLINE tp_error_t malloc_quick(void **ptr, size_t size,
                   tp__pool_get_known(pool, &p) != TP_SUCCESS))
     return malloc_entered(ptr, size, stream, uncaptured);
   if (TP_LIKELY(tp__pool_malloc_quick(p, ptr, size, s))) {
-    tp__guard_exit();
+    tp__guard_exit_quick();
     return TP_SUCCESS;
   }
   /* The stream and the pool are known: a stream shared by threads (the
@@ -55,7 +55,7 @@ static TP_ALWAYS_INLINE tp_error_t malloc_quick(void **ptr, size_t size,
  * captures. */
 static TP_ALWAYS_INLINE tp_error_t free_quick(void *ptr, tp_stream_t stream,
                                               bool uncaptured) {
-  if (TP_UNLIKELY(!tp__api_ready || !ptr || !tp__guard_try_enter()))
+  if (TP_UNLIKELY(!tp__api_quick || !ptr || !tp__guard_try_enter()))
     return free_whole(ptr, stream, uncaptured);
   tp__stream *s = tp__stream_quick(stream);
   tp__pool *p;
@@ -65,7 +65,7 @@ static TP_ALWAYS_INLINE tp_error_t free_quick(void *ptr, tp_stream_t stream,
                   !tp__pool_claim_local(p, ptr, &c)))
     return free_entered(ptr, stream, uncaptured);
   tp__pool_free_put(p, s, &c);
-  tp__guard_exit();
+  tp__guard_exit_quick();
   return TP_SUCCESS;
 }
 

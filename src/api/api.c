@@ -4,11 +4,13 @@
 #include <pthread.h>
 
 #include "api/api.h"
+#include "common/guard.h"
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static tp_error_t init_err = TP_ERROR_NO_DEVICE;
 static int ndevices;
 TP_TLS bool tp__api_ready;
+TP_TLS bool tp__api_quick;
 
 /* A child made by fork() has none of the parent's threads (the host
  * platform's stream workers, say) and, on cuda, no usable context: from
@@ -19,6 +21,7 @@ TP_TLS bool tp__api_ready;
 static void forked_child(void) {
   init_err = TP_ERROR_NOT_PERMITTED;
   tp__api_ready = false;
+  tp__api_quick = false;
 }
 
 static void init_once(void) {
@@ -42,6 +45,11 @@ tp_error_t tp__api_init_slow(void) {
   if (ndevices > 0)
     TP_FORWARD(tp__platform->set_device(tp__current_device()));
   tp__api_ready = true;
+  /* The first entry gives the thread its guard record, which it keeps. */
+  tp__fence_init();
+  tp__guard_enter();
+  tp__api_quick = tp__hot.fence_expedited && tp__guard_me.rec != NULL;
+  tp__guard_exit();
   /* A new thread: those that ended before it may have left streams. */
   tp__pools_drop_lost();
   return TP_SUCCESS;

@@ -10,6 +10,12 @@
 /* Initialises the platform and the core once; every entry point calls it.
  * After a thread's first call it is one thread-local load. */
 extern TP_TLS bool tp__api_ready;
+/* Ready, the light fence a compiler barrier (fence.h), and the thread's
+ * guard record made (guard.h): the allocator's quick entries, which take
+ * it as their one condition, then fence with compiler barriers alone and
+ * use the record without asking again. The light fence never stops being
+ * free once it is, and a thread keeps its record. */
+extern TP_TLS bool tp__api_quick;
 tp_error_t tp__api_init_slow(void);
 static inline tp_error_t tp__api_init(void) {
   return TP_LIKELY(tp__api_ready) ? TP_SUCCESS : tp__api_init_slow();

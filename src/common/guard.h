@@ -49,16 +49,23 @@ static inline void tp__guard_enter(void) {
   tp__guard_publish(g->rec);
 }
 
-/* Enters where that is the common case, a thread outside the library that
- * has its record; false, with nothing changed, otherwise (the caller then
- * enters with tp__guard_enter). The allocator's fast entry points use it so
- * that they hold no call they must come back from. */
+/* Enters where that is the common case, a thread outside the library;
+ * false, with nothing changed, otherwise (the caller then enters with
+ * tp__guard_enter). The allocator's fast entry points use it so that they
+ * hold no call they must come back from. Only for a thread known to have
+ * its record, where the light fence is known free
+ * (tp__hot.fence_expedited, which stays so once set): the fence is then
+ * the compiler barrier alone, with no load to ask (api.h, tp__api_quick). */
 static inline bool tp__guard_try_enter(void) {
   tp__guard_tls *g = &tp__guard_me;
-  if (TP_UNLIKELY(g->depth != 0 || !g->rec))
+  if (TP_UNLIKELY(g->depth != 0))
     return false;
   g->depth = 1;
-  tp__guard_publish(g->rec);
+  atomic_store_explicit(
+      &g->rec->epoch,
+      atomic_load_explicit(&tp__hot.guard_epoch, memory_order_acquire),
+      memory_order_relaxed);
+  atomic_signal_fence(memory_order_seq_cst);
   return true;
 }
 
@@ -75,6 +82,25 @@ static inline void tp__guard_exit(void) {
   if (TP_UNLIKELY(
           atomic_load_explicit(&tp__hot.guard_limbo, memory_order_relaxed)))
     tp__guard_exit_slow(g, entered);
+}
+
+/* Leaves an entry by tp__guard_try_enter, whose depth is back at one (what
+ * the call entered inside since, it left). Retired objects waiting are
+ * looked for before the record is cleared rather than after: relaxed, the
+ * load was free to pass the store already, and the epoch entered at is
+ * then read only where the slow exit wants it. */
+static inline void tp__guard_exit_quick(void) {
+  tp__guard_tls *g = &tp__guard_me;
+  tp__guard_rec *rec = g->rec;
+  g->depth = 0;
+  if (TP_UNLIKELY(
+          atomic_load_explicit(&tp__hot.guard_limbo, memory_order_relaxed))) {
+    uint64_t entered = atomic_load_explicit(&rec->epoch, memory_order_relaxed);
+    atomic_store_explicit(&rec->epoch, 0, memory_order_release);
+    tp__guard_exit_slow(g, entered);
+    return;
+  }
+  atomic_store_explicit(&rec->epoch, 0, memory_order_release);
 }
 
 /* Frees `obj` with `fn` once every thread inside the library when this is

@@ -115,13 +115,16 @@ static inline void tp__blspin_init(tp__blspin *b, tp__rank rank) {
 }
 void tp__blspin_lock_slow(tp__blspin *b);
 /* Enters in bias, where the caller owns the lock and the bias stands; false,
- * with nothing changed, otherwise. Left with tp__blspin_leave(b, true). */
+ * with nothing changed, otherwise. Left with tp__blspin_leave(b, true).
+ * Bias is given only where the light fence is free, and the owner took it
+ * itself after seeing so: an owner need not ask again, and fences with the
+ * compiler barrier alone. */
 static inline bool tp__blspin_try_bias(tp__blspin *b) {
   if (TP_UNLIKELY(atomic_load_explicit(&b->owner, memory_order_relaxed) !=
                   tp__self()))
     return false;
   atomic_store_explicit(&b->busy, 1, memory_order_relaxed);
-  tp__fence_light();
+  atomic_signal_fence(memory_order_seq_cst);
   if (TP_UNLIKELY(atomic_load_explicit(&b->revoked, memory_order_relaxed))) {
     atomic_store_explicit(&b->busy, 0, memory_order_release);
     return false;

@@ -223,8 +223,8 @@ tp_error_t tp__pool_live_size(tp__pool *p, void *ptr, size_t *size) {
   return TP_SUCCESS;
 }
 
-/* The record nearest below `addr` (a block's, or a slab's at one of its
- * blocks), looking back granule by granule within the mapped chunks, since a
+/* The record nearest below `addr` (a block's, or a slab's block's),
+ * looking back granule by granule within the mapped chunks, since a
  * live allocation lies in mapped chunks only, and a chunk without a granule
  * table at once; 0 where there is none. Pool lock held. */
 static uintptr_t record_below(tp__space *sp, uintptr_t *addr) {
@@ -257,14 +257,14 @@ tp_error_t tp__pool_live_range(tp__pool *p, uintptr_t addr, uintptr_t *start,
                         addr - p->space.base < p->space.va_size
                     ? record_below(&p->space, &at)
                     : 0;
-  tp__slab *s = v & 1u ? (tp__slab *)(v & ~(uintptr_t)1) : NULL;
-  uint64_t i = s && addr >= s->base ? (addr - s->base) / s->bsize : UINT64_MAX;
-  if (s && i < s->nblocks) {
-    *start = s->base + i * s->bsize;
+  if (v & 1u) {
+    tp__slab *s = tp__slab_of_entry(v);
+    uint32_t i = tp__slab_index_of_entry(v);
+    *start = s->base + (uintptr_t)i * s->bsize;
     *size = atomic_load_explicit(&s->req[i], memory_order_acquire);
-    if (addr - *start < *size)
+    if (*start == at && addr - *start < *size)
       err = TP_SUCCESS;
-  } else if (v && !s) {
+  } else if (v) {
     tp__block *b = (tp__block *)v;
     *start = b->addr;
     *size = atomic_load_explicit(&b->req, memory_order_acquire);

@@ -67,9 +67,9 @@ static inline bool tp__claim_find(tp__pool *p, uintptr_t addr, tp__found *f) {
     f->block = (tp__block *)v;
     return f->block != NULL;
   }
-  f->slab = (tp__slab *)(v & ~(uintptr_t)1);
-  f->idx = tp__slab_index(f->slab, addr);
-  return f->idx >= 0;
+  f->slab = tp__slab_of_entry(v);
+  f->idx = tp__slab_index_of_entry(v);
+  return true;
 }
 
 /* Takes the live allocation at `addr` back: its entry (large) or its

@@ -82,6 +82,8 @@ struct tp__pool {
   tp__slabs slabs;
   tp__caches caches;
 };
+_Static_assert(offsetof(tp__pool, space.gmask) + sizeof(uint32_t) <= 64,
+               "a free's reads of the pool stay on its first line");
 
 /* ---- registry.c ---------------------------------------------------------
  * The pool whose virtual range holds an address, read without a lock by
@@ -89,23 +91,17 @@ struct tp__pool {
 #define TP_REGISTRY_SHIFT 30
 tp_error_t tp__registry_add(uintptr_t base, size_t size, tp__pool *p);
 void tp__registry_remove(uintptr_t base, size_t size);
-#define TP_REGISTRY_L2_BITS 12
-#define TP_REGISTRY_L1_BITS 7 /* 2^(30 + 12 + 7) = 512 TiB of addresses */
-typedef struct tp__registry_leaf {
-  _Atomic(tp__pool *) slot[1u << TP_REGISTRY_L2_BITS];
-} tp__registry_leaf;
-extern _Atomic(tp__registry_leaf *)
-    tp__registry_root[1u << TP_REGISTRY_L1_BITS];
+#define TP_REGISTRY_BITS 19 /* 2^(30 + 19) = 512 TiB of addresses */
+/* One slot per gigabyte, in one flat table: a free's lookup is one load
+ * rather than two dependent ones, on the chain of loads that leads to its
+ * exchange. Zero pages until written: a page of slots covers 512 GiB of
+ * addresses, and the table's 4 MiB are virtual. */
+extern _Atomic(tp__pool *) tp__registry[1u << TP_REGISTRY_BITS];
 static inline tp__pool *tp__registry_find(uintptr_t addr) {
   uint64_t g = (uint64_t)addr >> TP_REGISTRY_SHIFT;
-  if (g >> (TP_REGISTRY_L1_BITS + TP_REGISTRY_L2_BITS))
+  if (g >> TP_REGISTRY_BITS)
     return NULL;
-  tp__registry_leaf *l = atomic_load_explicit(
-      &tp__registry_root[g >> TP_REGISTRY_L2_BITS], memory_order_acquire);
-  return l ? atomic_load_explicit(
-                 &l->slot[g & ((1u << TP_REGISTRY_L2_BITS) - 1)],
-                 memory_order_acquire)
-           : NULL;
+  return atomic_load_explicit(&tp__registry[g], memory_order_acquire);
 }
 
 /* ---- alloc.c: allocation and free -----------------------------------------

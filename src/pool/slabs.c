@@ -12,7 +12,6 @@ static const uint32_t class_sizes[TP_NCLASSES] = {
     512,  1024, 1536,  2048,  2560,  3072,  3584,  4096,  5120,  6144,
     7168, 8192, 10240, 12288, 14336, 16384, 20480, 24576, 28672, 32768};
 
-#define SLAB_MAX_BLOCKS 128u
 #define SLAB_TARGET (64u * 1024u)
 
 uint32_t tp__class_size(unsigned cls) {
@@ -29,7 +28,7 @@ const uint8_t tp__class_of_steps[TP_SMALL_MAX / TP_GRANULE + 1] = {
 
 static uint32_t blocks_per_slab(uint32_t bsize) {
   uint32_t n = SLAB_TARGET / bsize;
-  return n < 8 ? 8 : n > SLAB_MAX_BLOCKS ? SLAB_MAX_BLOCKS : n;
+  return n < 8 ? 8 : n > TP_SLAB_MAX_BLOCKS ? TP_SLAB_MAX_BLOCKS : n;
 }
 
 size_t tp__slab_bytes(unsigned cls) {
@@ -120,16 +119,12 @@ tp_error_t tp__slabs_make(tp__slabs *ss, unsigned cls, tp__block *b) {
   if (s) {
     ss->spare = s->next;
   } else if ((s = aligned_alloc(_Alignof(tp__slab), sizeof *s)) != NULL) {
-    s->req = calloc(SLAB_MAX_BLOCKS, sizeof *s->req);
-    if (!s->req) {
-      free(s);
-      s = NULL;
-    }
+    memset(s, 0, sizeof *s);
   }
   TP_RETURN_IF(!s, TP_ERROR_OUT_OF_MEMORY);
-  _Atomic uint32_t *req = s->req;
-  memset(s, 0, sizeof *s);
-  s->req = req;
+  /* The bytes-asked words stay as they are, all 0 in a spare slab (it
+   * went empty): a racing bad free may still read them. */
+  memset(s, 0, offsetof(tp__slab, req));
   s->block = b;
   s->base = b->addr;
   s->cls = cls;
@@ -146,7 +141,7 @@ tp_error_t tp__slabs_make(tp__slabs *ss, unsigned cls, tp__block *b) {
       return TP_ERROR_OUT_OF_MEMORY;
     }
     atomic_store_explicit(&s->req[i], 0, memory_order_relaxed);
-    atomic_store_explicit(e, (uintptr_t)s | 1u, memory_order_release);
+    atomic_store_explicit(e, tp__slab_entry(s, i), memory_order_release);
   }
   /* Carved from a free still pending for other streams, the blocks wait
    * with the block's tag; else they are free for all at once. */
@@ -261,7 +256,6 @@ void tp__slabs_fini(tp__slabs *ss) {
   while (ss->spare) {
     tp__slab *s = ss->spare;
     ss->spare = s->next;
-    free((void *)s->req);
     free(s);
   }
 }

@@ -133,7 +133,8 @@ tp_error_t tp__space_init(tp__space *sp, const tp__mem_kind *kind, size_t gran,
   va = tp__align_up(va, TP_VA_MIN);
   /* Chunk sizes are powers of two (CUDA's granularities are), which the
    * granule lookup's shifts rely on. */
-  TP_RETURN_IF(gran == 0 || (gran & (gran - 1)) || gran < TP_GRANULE,
+  TP_RETURN_IF(gran == 0 || (gran & (gran - 1)) || gran < TP_GRANULE ||
+                   (gran >> TP_GRANULE_SHIFT) - 1 > UINT32_MAX,
                TP_ERROR_NOT_SUPPORTED);
   /* A limit in whole chunks keeps every size up to it clear of overflow
    * when rounded to granules, which the allocation fast path relies on. */
@@ -141,6 +142,7 @@ tp_error_t tp__space_init(tp__space *sp, const tp__mem_kind *kind, size_t gran,
   sp->kind = *kind;
   sp->gran = gran;
   sp->gran_shift = (unsigned)__builtin_ctzll(gran);
+  sp->gmask = (uint32_t)((gran >> TP_GRANULE_SHIFT) - 1);
   sp->limit = limit;
   sp->va_size = va;
   sp->nchunks = va / gran;

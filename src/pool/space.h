@@ -31,6 +31,9 @@ typedef struct tp__space {
   _Atomic(_Atomic uintptr_t *) *gtab;
   uint64_t limit;      /* physical bytes the space may hold */
   unsigned gran_shift; /* gran is 1 << gran_shift */
+  /* Granules per chunk less one: a granule's place in its chunk's table
+   * from the first line, where every free reads the rest. */
+  uint32_t gmask;
   tp__pres *res;
   tp__mem_kind kind;
   size_t va_size, gran, nchunks;
@@ -73,7 +76,7 @@ static inline _Atomic uintptr_t *tp__space_entry(tp__space *sp, uintptr_t addr,
                                               memory_order_acquire);
   if (TP_UNLIKELY(!t))
     return create ? tp__space_entry_make(sp, addr) : NULL;
-  return &t[(off & (sp->gran - 1)) >> TP_GRANULE_SHIFT];
+  return &t[(off >> TP_GRANULE_SHIFT) & sp->gmask];
 }
 
 static inline size_t tp__space_chunk(const tp__space *sp, uintptr_t addr) {

@@ -51,10 +51,10 @@ static int walk_slab(tp__space *sp, const tp__block *b, uint64_t *used,
     *used += req;
     _Atomic uintptr_t *e =
         tp__space_entry(sp, s->base + (uintptr_t)i * s->bsize, false);
-    CHECK_OR_FAIL(e && atomic_load(e) == ((uintptr_t)s | 1u),
+    CHECK_OR_FAIL(e && atomic_load(e) == tp__slab_entry(s, i),
                   "slab block %u lacks its granule entry", i);
   }
-  for (uint32_t i = s->nblocks; i < 128; i++)
+  for (uint32_t i = s->nblocks; i < TP_SLAB_MAX_BLOCKS; i++)
     CHECK_OR_FAIL(!((s->free[i / 64] >> (i % 64)) & 1),
                   "slab free bit %u beyond its blocks", i);
   CHECK_OR_FAIL(bits == s->nfree, "slab counts %u free, bits say %u", s->nfree,
