@@ -762,8 +762,9 @@ TP_API tp_error_t tp_stream_is_capturing(tp_stream_t stream,
  * TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH. A graph with allocations has at
  * most one exec at a time, as in CUDA; on host its memory is mapped here.
  * Errors: INVALID_VALUE (exec NULL, unknown or destroyed graph, unknown
- * flags, a second exec of a graph with allocations), OUT_OF_MEMORY (the
- * graph's memory cannot be mapped), PLATFORM. Thread-safe, also against
+ * flags), NOT_SUPPORTED (a second exec of a graph with allocations, as the
+ * driver answers), OUT_OF_MEMORY (the graph's memory cannot be mapped),
+ * PLATFORM. Thread-safe, also against
  * tp_graph_destroy of the same graph: the exec is made whole, or the call
  * answers INVALID_VALUE. */
 TP_API tp_error_t tp_graph_instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
@@ -811,8 +812,9 @@ TP_API tp_error_t tp_graph_destroy(tp_graph_t graph);
  * tp_graph_forget before destroying the platform's graph. tidepool-run
  * adopts every exec the application instantiates. Errors: INVALID_VALUE (exec
  * or a handle NULL, a graph in whose capture tidepool allocated and freed
- * nothing, or whose graph memory already has an exec), NOT_SUPPORTED (host,
- * where tidepool makes every exec). Thread-safe. */
+ * nothing), NOT_SUPPORTED (a graph whose graph memory already has an exec,
+ * as the driver answers for a second exec of a graph with memory nodes;
+ * host, where tidepool makes every exec). Thread-safe. */
 TP_API tp_error_t tp_graph_exec_adopt(tp_graph_exec_t *exec,
                                       void *platform_exec, void *platform_graph,
                                       unsigned long long flags);

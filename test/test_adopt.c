@@ -82,7 +82,7 @@ static void test_rules(void) {
   tp__pexec *second = NULL;
   tp_graph_exec_t e2 = NULL;
   REQUIRE_OK(tp__platform->graph_instantiate(pg, 0, NULL, NULL, &second));
-  CHECK_EQ_INT(tp_graph_exec_adopt(&e2, second, pg, 0), TP_ERROR_INVALID_VALUE);
+  CHECK_EQ_INT(tp_graph_exec_adopt(&e2, second, pg, 0), TP_ERROR_NOT_SUPPORTED);
   CHECK(e2 == NULL);
   /* ... a refusal an interposer passes on, since the graph is tidepool's. */
   CHECK_OK(tp_graph_adoptable(pg, &adoptable));

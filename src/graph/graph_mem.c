@@ -373,8 +373,10 @@ tp_error_t tp__gmem_instantiate(tp__gmem *gm, void (**release)(void *),
   *arg = NULL;
   pthread_mutex_lock(&lock);
   collect(true);
+  /* NOT_SUPPORTED, as the driver answers a second exec of a graph with
+   * memory nodes (H100, driver 580, bench/RESULTS.md). */
   tp_error_t err = (gm->nallocs || gm->nforeign) && gm->execs
-                       ? TP_ERROR_INVALID_VALUE
+                       ? TP_ERROR_NOT_SUPPORTED
                        : TP_SUCCESS;
   token *t = NULL;
   if (err == TP_SUCCESS && !tp__platform->graph_maps_at_capture()) {

@@ -90,8 +90,8 @@ bool tp__gmem_has_allocations(const tp__gmem *gm);
  * where its address may serve another once it is freed. */
 uint64_t tp__gmem_capture_id(const tp__gmem *gm);
 
-/* Before instantiating a graph with memory: refuses a second exec (INVALID_
- * VALUE), and where the platform maps at instantiation, maps the plan
+/* Before instantiating a graph with memory: refuses a second exec
+ * (NOT_SUPPORTED), and where the platform maps at instantiation, maps the plan
  * (OUT_OF_MEMORY, PLATFORM). *release and *arg receive what the platform
  * calls once the exec is gone (NULL where nothing is held per exec); an
  * instantiation that fails afterwards calls tp__gmem_instantiate_undo. */
