@@ -5,8 +5,10 @@
  * live allocations to catch overlaps. Host platform only. */
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 
 #include "check.h"
+#include "common/guard.h"
 #include "common/slots.h"
 #include "pool/handle.h"
 #include "pool/pool.h"
@@ -124,6 +126,70 @@ static tp_pool_t make_pool(size_t max_size) {
   tp_pool_t pool = NULL;
   CHECK_OK(tp_pool_create(&pool, &props));
   return pool;
+}
+
+/* The slab descriptor behind a small allocation, from its granule entry. */
+static tp__slab *slab_at(tp_pool_t pool, void *ptr) {
+  tp__pool *core = NULL;
+  if (tp__pool_get(pool, &core) != TP_SUCCESS)
+    return NULL;
+  _Atomic uintptr_t *e = tp__space_entry(&core->space, (uintptr_t)ptr, false);
+  uintptr_t v = e ? atomic_load(e) : 0;
+  return v & 1u ? tp__slab_of_entry(v) : NULL;
+}
+
+static atomic_int held_in, held_out;
+static void *hold_guard(void *arg) {
+  (void)arg;
+  tp__guard_enter();
+  atomic_store(&held_in, 1);
+  while (!atomic_load(&held_out))
+    sched_yield();
+  tp__guard_exit();
+  return NULL;
+}
+
+/* A free decodes a small block's granule entry into its slab and index,
+ * then takes the block's bytes-asked word in the slab. A slab unmade
+ * meanwhile (its blocks all freed, the pool trimmed) keeps its descriptor
+ * for reuse, which must wait until no thread inside the library entered
+ * before the unmaking: reused at once for another slab, a double free that
+ * raced the trim took a block of that other slab (a review reproduced it
+ * with a pause injected in the free). A thread held inside the library
+ * stands for that free. */
+static void test_slab_descriptor_reuse_waits(void) {
+  tp_pool_t pool = make_pool(0);
+  REQUIRE(pool != NULL);
+  uint64_t zero = 0;
+  REQUIRE_OK(
+      tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &zero));
+  void *x = NULL, *y = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&x, 1024, pool, NULL));
+  tp__slab *first = slab_at(pool, x);
+  REQUIRE(first != NULL);
+  atomic_store(&held_in, 0);
+  atomic_store(&held_out, 0);
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, hold_guard, NULL) == 0);
+  while (!atomic_load(&held_in))
+    sched_yield();
+  CHECK_OK(tp_free_async(x, NULL));
+  CHECK_OK(tp_device_synchronize());
+  CHECK_OK(tp_pool_trim_to(pool, 0));
+  CHECK_OK(tp_malloc_from_pool_async(&y, 4096, pool, NULL));
+  tp__slab *second = slab_at(pool, y);
+  CHECK(second != NULL && second != first);
+  atomic_store(&held_out, 1);
+  pthread_join(t, NULL);
+  /* Nobody holds the first one now: it serves the next slab. */
+  CHECK_OK(tp_free_async(y, NULL));
+  CHECK_OK(tp_device_synchronize());
+  CHECK_OK(tp_pool_trim_to(pool, 0));
+  CHECK_OK(tp_malloc_from_pool_async(&y, 2048, pool, NULL));
+  CHECK(slab_at(pool, y) == first);
+  CHECK_OK(tp_free_async(y, NULL));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_device_synchronize());
 }
 
 static void test_registry(void) {
@@ -623,6 +689,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_climbing_segment_tables);
   RUN_TEST(test_join_segments);
   RUN_TEST(test_pool_handles_oldest_first);
+  RUN_TEST(test_slab_descriptor_reuse_waits);
   printf("   seed %llu\n", (unsigned long long)seed);
   test_random_walk(seed);
   return check_done();

@@ -140,6 +140,15 @@ void tp__guard_collect(void) {
   }
 }
 
+uint64_t tp__guard_stamp(void) {
+  return atomic_fetch_add(&tp__hot.guard_epoch, 1) + 1;
+}
+
+bool tp__guard_quiet_since(uint64_t stamp) {
+  pthread_once(&once, init_once);
+  return oldest_inside() >= stamp;
+}
+
 void tp__guard_retire(void *obj, void (*fn)(void *)) {
   pthread_once(&once, init_once);
   retired *t = malloc(sizeof *t);

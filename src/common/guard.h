@@ -107,6 +107,13 @@ static inline void tp__guard_exit_quick(void) {
  * called has left it. The caller has already made `obj` unreachable. */
 void tp__guard_retire(void *obj, void (*fn)(void *));
 
+/* For an object its owner made unreachable and keeps for reuse rather than
+ * retiring it: the epoch to remember, and whether every thread inside the
+ * library now entered at or after it (no thread still holds the object
+ * from before). The second asks every thread (a heavy fence). */
+uint64_t tp__guard_stamp(void);
+bool tp__guard_quiet_since(uint64_t stamp);
+
 /* Frees what no thread can reach any more. Never waits for a thread. */
 void tp__guard_collect(void);
 

@@ -223,54 +223,48 @@ tp_error_t tp__pool_live_size(tp__pool *p, void *ptr, size_t *size) {
   return TP_SUCCESS;
 }
 
-/* The record nearest below `addr` (a block's, or a slab's block's),
- * looking back granule by granule within the mapped chunks, since a
- * live allocation lies in mapped chunks only, and a chunk without a granule
- * table at once; 0 where there is none. Pool lock held. */
-static uintptr_t record_below(tp__space *sp, uintptr_t *addr) {
-  uintptr_t g = *addr & ~(uintptr_t)(TP_GRANULE - 1);
-  for (;;) {
-    size_t c = tp__space_chunk(sp, g);
-    if (!tp__space_mapped(sp, c))
-      return 0;
-    _Atomic uintptr_t *e = tp__space_entry(sp, g, false);
-    uintptr_t v = e ? atomic_load_explicit(e, memory_order_acquire) : 0;
-    if (v) {
-      *addr = g;
-      return v;
-    }
-    uintptr_t chunk_start = tp__space_addr(sp, c);
-    if (!e)
-      g = chunk_start;
-    if (g == sp->base)
-      return 0;
-    g -= TP_GRANULE;
-  }
+/* The block that covers `addr` (free, cached, in use, or a slab), or NULL
+ * outside the mapped chunks: from the first block of the segment of mapped
+ * chunks that holds it, along the segment's blocks, so that the time goes
+ * with the blocks before it rather than with its bytes. Pool lock held. */
+static tp__block *block_covering(tp__heap *h, uintptr_t addr) {
+  const tp__space *sp = h->space;
+  size_t c = tp__space_chunk(sp, addr);
+  if (!tp__space_mapped(sp, c))
+    return NULL;
+  while (c > 0 && tp__space_mapped(sp, c - 1))
+    c--;
+  for (tp__block *b = h->segs[c].first; b && b->addr <= addr; b = b->next)
+    if (addr - b->addr < b->size)
+      return b;
+  return NULL;
 }
 
 tp_error_t tp__pool_live_range(tp__pool *p, uintptr_t addr, uintptr_t *start,
                                size_t *size) {
   tp_error_t err = TP_ERROR_INVALID_VALUE;
   tp__mutex_lock(&p->lock);
-  uintptr_t at = addr;
-  uintptr_t v = !p->torn_down && addr >= p->space.base &&
-                        addr - p->space.base < p->space.va_size
-                    ? record_below(&p->space, &at)
-                    : 0;
-  if (v & 1u) {
-    tp__slab *s = tp__slab_of_entry(v);
-    uint32_t i = tp__slab_index_of_entry(v);
-    *start = s->base + (uintptr_t)i * s->bsize;
-    *size = atomic_load_explicit(&s->req[i], memory_order_acquire);
-    if (*start == at && addr - *start < *size)
-      err = TP_SUCCESS;
-  } else if (v) {
-    tp__block *b = (tp__block *)v;
+  tp__block *b = !p->torn_down && addr >= p->space.base &&
+                         addr - p->space.base < p->space.va_size
+                     ? block_covering(&p->heap, addr)
+                     : NULL;
+  tp__slab *s = b ? b->slab : NULL;
+  if (s) {
+    uint64_t i = (addr - s->base) / s->bsize;
+    *start = s->base + i * s->bsize;
+    *size = i < s->nblocks
+                ? atomic_load_explicit(&s->req[i], memory_order_acquire)
+                : 0;
+  } else if (b) {
+    /* A large block is live while its entry names it (claim.h). */
+    _Atomic uintptr_t *e = tp__space_entry(&p->space, b->addr, false);
+    bool live =
+        e && atomic_load_explicit(e, memory_order_acquire) == (uintptr_t)b;
     *start = b->addr;
-    *size = atomic_load_explicit(&b->req, memory_order_acquire);
-    if (*start == at && addr - *start < *size)
-      err = TP_SUCCESS;
+    *size = live ? atomic_load_explicit(&b->req, memory_order_acquire) : 0;
   }
+  if (b && addr - *start < *size)
+    err = TP_SUCCESS;
   tp__mutex_unlock(&p->lock);
   return err;
 }

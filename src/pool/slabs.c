@@ -3,6 +3,8 @@
  * free had not completed when they left a stream cache. */
 #include "pool/slabs.h"
 
+#include "common/guard.h"
+
 #include <string.h>
 
 /* 512-byte steps to 4 KiB (the driver's step), then four classes per
@@ -113,14 +115,40 @@ bool tp__slabs_take_pending(tp__slabs *ss, unsigned cls, const tp__taker *t,
  * ------------------------------------------------------
  */
 
+/* Keeps an unmade descriptor for reuse, stamped: a free that read one of
+ * its granule entries before they were cleared may still be on its way to
+ * a bytes-asked word. */
+static void spare_put(tp__slabs *ss, tp__slab *s) {
+  s->spare_since = tp__guard_stamp();
+  s->next = NULL;
+  if (ss->spare_last)
+    ss->spare_last->next = s;
+  else
+    ss->spare = s;
+  ss->spare_last = s;
+}
+
+/* The oldest spare descriptor, where no thread inside the library still
+ * holds it from before it went spare: reused sooner, a free that decoded
+ * an old entry would take another slab's block (a double free racing the
+ * unmaking, a review found). Else a new one. */
+static tp__slab *spare_take(tp__slabs *ss) {
+  tp__slab *s = ss->spare;
+  if (s && tp__guard_quiet_since(s->spare_since)) {
+    ss->spare = s->next;
+    if (!ss->spare)
+      ss->spare_last = NULL;
+    return s;
+  }
+  s = aligned_alloc(_Alignof(tp__slab), sizeof *s);
+  if (s)
+    memset(s, 0, sizeof *s);
+  return s;
+}
+
 tp_error_t tp__slabs_make(tp__slabs *ss, unsigned cls, tp__block *b) {
   tp__space *sp = ss->heap->space;
-  tp__slab *s = ss->spare;
-  if (s) {
-    ss->spare = s->next;
-  } else if ((s = aligned_alloc(_Alignof(tp__slab), sizeof *s)) != NULL) {
-    memset(s, 0, sizeof *s);
-  }
+  tp__slab *s = spare_take(ss);
   TP_RETURN_IF(!s, TP_ERROR_OUT_OF_MEMORY);
   /* The bytes-asked words stay as they are, all 0 in a spare slab (it
    * went empty): a racing bad free may still read them. */
@@ -136,8 +164,7 @@ tp_error_t tp__slabs_make(tp__slabs *ss, unsigned cls, tp__block *b) {
     if (!e) {
       while (i-- > 0)
         atomic_store(tp__space_entry(sp, s->base + i * s->bsize, false), 0);
-      s->next = ss->spare;
-      ss->spare = s;
+      spare_put(ss, s);
       return TP_ERROR_OUT_OF_MEMORY;
     }
     atomic_store_explicit(&s->req[i], 0, memory_order_relaxed);
@@ -163,7 +190,7 @@ tp_error_t tp__slabs_make(tp__slabs *ss, unsigned cls, tp__block *b) {
 }
 
 /* Returns an empty slab's memory to the large blocks. Its descriptor stays
- * in the pool for reuse: a racing bad free may still read it. */
+ * in the pool for reuse (spare_take): a racing bad free may still read it. */
 static void slab_unmake(tp__slabs *ss, tp__slab *s) {
   list_del(ss, s);
   for (uint32_t i = 0; i < s->nblocks; i++)
@@ -175,8 +202,7 @@ static void slab_unmake(tp__slabs *ss, tp__slab *s) {
   b->tag = (tp__tag){0};
   tp__block_release(ss->heap, b);
   s->block = NULL;
-  s->next = ss->spare;
-  ss->spare = s;
+  spare_put(ss, s);
 }
 
 /* ---- giving back and settling

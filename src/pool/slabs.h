@@ -23,6 +23,7 @@ struct tp__slab {
   uint64_t free[2];      /* bit set: free and completed */
   tp__slab *next, *prev; /* the class's list of slabs with free bits */
   bool listed;
+  uint64_t spare_since; /* the guard's stamp when it went spare */
   /* Bytes asked for per block; 0 when not used. In the descriptor itself,
    * so that a free reaches its word straight from the granule entry, one
    * dependent load fewer on the way to its exchange. */
@@ -42,7 +43,7 @@ typedef struct tp__pending {
 typedef struct tp__slabs {
   tp__heap *heap;
   tp__slab *partial[TP_NCLASSES]; /* slabs with free bits */
-  tp__slab *spare;
+  tp__slab *spare, *spare_last;   /* oldest first */
   tp__pending *pending[TP_NCLASSES];
   uint32_t npending[TP_NCLASSES], cappending[TP_NCLASSES];
 } tp__slabs;
