@@ -49,21 +49,23 @@ typedef PFN_cuMemAllocFromPoolAsync_v11020 from_pool_fn;
 /* A call on an object that may be tidepool's (a pool, a pointer) goes to
  * tidepool in any context where it is (`ours`): where tp__pl_drv_enter
  * sends it to the driver for the context (OTHER), tidepool answers in a
- * primary context (tp__pl_drv_own), borrowed until leave_on. */
+ * primary context (tp__pl_drv_own), borrowed until leave_on. A pointer is
+ * only maybe tidepool's (tidepool tells by answering): where no primary
+ * context can be borrowed, it goes to the driver rather than fail. */
 typedef struct borrowed {
   bool on;
   CUcontext saved;
 } borrowed;
 
-static int enter_on(bool decide, bool ours, bool has_stream, CUstream stream,
-                    borrowed *b, CUresult *err) {
+static int enter_on(bool decide, bool ours, bool maybe, bool has_stream,
+                    CUstream stream, borrowed *b, CUresult *err) {
   b->on = false;
   int where = tp__pl_drv_enter(decide, err);
   if (where != TP_PL_DRV_OTHER || !ours)
     return where;
   where = tp__pl_drv_own(has_stream, stream, &b->saved, err);
   b->on = where == TP_PL_DRV_OURS;
-  return where;
+  return where == TP_PL_DRV_FAILED && maybe ? TP_PL_DRV_OTHER : where;
 }
 
 static void leave_on(const borrowed *b) {
@@ -79,7 +81,7 @@ static void leave_on(const borrowed *b) {
     borrowed b_;                                                               \
     CUresult e_ = CUDA_SUCCESS;                                                \
     bool ours_ = tp__pl_pool_known((tp_pool_t)(pool));                         \
-    switch (enter_on(true, ours_, has_stream, stream, &b_, &e_)) {             \
+    switch (enter_on(true, ours_, false, has_stream, stream, &b_, &e_)) {      \
     case TP_PL_DRV_PASS: PASS(slot, type, args);                               \
     case TP_PL_DRV_OTHER: FORWARD(slot, type, args);                           \
     case TP_PL_DRV_FAILED: tp__pl_count(TP_PL_COUNT_FAILED); return e_;        \
@@ -162,7 +164,7 @@ static CUresult free_async(_Atomic(tp__pl_fn) *slot, CUdeviceptr ptr,
     PASS(*slot, free_fn, (ptr, stream));
   borrowed b;
   CUresult enter_err = CUDA_SUCCESS;
-  switch (enter_on(false, true, true, stream, &b, &enter_err)) {
+  switch (enter_on(false, true, true, true, stream, &b, &enter_err)) {
   case TP_PL_DRV_PASS: PASS(*slot, free_fn, (ptr, stream));
   case TP_PL_DRV_OTHER: FORWARD(*slot, free_fn, (ptr, stream));
   case TP_PL_DRV_FAILED: tp__pl_count(TP_PL_COUNT_FAILED); return enter_err;
@@ -193,7 +195,7 @@ static CUresult mem_free(CUdeviceptr ptr) {
     PASS(r_mem_free, PFN_cuMemFree_v3020, (ptr));
   borrowed b;
   CUresult enter_err = CUDA_SUCCESS;
-  int where = enter_on(false, true, false, NULL, &b, &enter_err);
+  int where = enter_on(false, true, true, false, NULL, &b, &enter_err);
   if (where == TP_PL_DRV_FAILED)
     return enter_err;
   if (where != TP_PL_DRV_OURS)
@@ -377,7 +379,7 @@ static CUresult pool_import(CUmemoryPool *pool, void *handle,
 static CUresult ptr_export(CUmemPoolPtrExportData *data, CUdeviceptr ptr) {
   borrowed b;
   CUresult enter_err = CUDA_SUCCESS;
-  switch (enter_on(true, true, false, NULL, &b, &enter_err)) {
+  switch (enter_on(true, true, true, false, NULL, &b, &enter_err)) {
   case TP_PL_DRV_PASS:
     PASS(r_ptr_export, PFN_cuMemPoolExportPointer_v11020, (data, ptr));
   case TP_PL_DRV_OTHER:
