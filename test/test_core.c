@@ -192,6 +192,45 @@ static void test_slab_descriptor_reuse_waits(void) {
   CHECK_OK(tp_device_synchronize());
 }
 
+/* A call from another library's thread-exit destructor that runs after
+ * tidepool's gave the thread's guard record back: it must take a record
+ * anew, not publish into the one given back, which another thread may
+ * have taken meanwhile (a review, reading). */
+static pthread_key_t late_key;
+static atomic_int late_ok, late_ran;
+static void late_destructor(void *arg) {
+  void *p = NULL;
+  bool ok = tp_malloc_async(&p, 256, NULL) == TP_SUCCESS &&
+            tp_free_async(p, NULL) == TP_SUCCESS;
+  /* The record the calls used, if the thread still has one, is its own. */
+  tp__guard_rec *r = tp__guard_me.rec;
+  ok = ok && (!r || atomic_load(&r->taken));
+  atomic_store(&late_ok, ok);
+  atomic_store(&late_ran, 1);
+  (void)arg;
+}
+
+static void *late_thread(void *arg) {
+  (void)arg;
+  void *p = NULL;
+  if (tp_malloc_async(&p, 256, NULL) == TP_SUCCESS)
+    (void)tp_free_async(p, NULL);
+  /* Made after tidepool's key: glibc runs its destructor after tidepool's. */
+  (void)pthread_setspecific(late_key, (void *)1);
+  return NULL;
+}
+
+static void test_late_thread_exit_call(void) {
+  REQUIRE(pthread_key_create(&late_key, late_destructor) == 0);
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, late_thread, NULL) == 0);
+  pthread_join(t, NULL);
+  CHECK(atomic_load(&late_ran));
+  CHECK(atomic_load(&late_ok));
+  CHECK_OK(tp_device_synchronize());
+  (void)pthread_key_delete(late_key);
+}
+
 static void test_registry(void) {
   tp_pool_t pool = make_pool(0);
   void *p = NULL;
@@ -690,6 +729,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_join_segments);
   RUN_TEST(test_pool_handles_oldest_first);
   RUN_TEST(test_slab_descriptor_reuse_waits);
+  RUN_TEST(test_late_thread_exit_call);
   printf("   seed %llu\n", (unsigned long long)seed);
   test_random_walk(seed);
   return check_done();

@@ -12,9 +12,9 @@
 extern TP_TLS bool tp__api_ready;
 /* Ready, the light fence a compiler barrier (fence.h), and the thread's
  * guard record made (guard.h): the allocator's quick entries, which take
- * it as their one condition, then fence with compiler barriers alone and
- * use the record without asking again. The light fence never stops being
- * free once it is, and a thread keeps its record. */
+ * it as their condition, then fence with compiler barriers alone. The
+ * light fence never stops being free once it is; the record goes as the
+ * thread ends, which the guard's quick entry checks. */
 extern TP_TLS bool tp__api_quick;
 tp_error_t tp__api_init_slow(void);
 static inline tp_error_t tp__api_init(void) {

@@ -34,7 +34,13 @@ static pthread_key_t key;
 
 TP_TLS tp__guard_tls tp__guard_me;
 
+/* As the thread ends. The thread forgets the record first: a call from
+ * another library's thread-exit destructor that runs after this one takes
+ * a record anew (which this destructor then gives back in its next round)
+ * rather than publish into one another thread may have taken meanwhile. */
 static void release_rec(void *r) {
+  if (tp__guard_me.rec == r)
+    tp__guard_me.rec = NULL;
   atomic_store_explicit(&((rec *)r)->taken, false, memory_order_release);
 }
 

@@ -52,13 +52,15 @@ static inline void tp__guard_enter(void) {
 /* Enters where that is the common case, a thread outside the library;
  * false, with nothing changed, otherwise (the caller then enters with
  * tp__guard_enter). The allocator's fast entry points use it so that they
- * hold no call they must come back from. Only for a thread known to have
- * its record, where the light fence is known free
- * (tp__hot.fence_expedited, which stays so once set): the fence is then
- * the compiler barrier alone, with no load to ask (api.h, tp__api_quick). */
+ * hold no call they must come back from. Only where the light fence is
+ * known free (tp__hot.fence_expedited, which stays so once set): the fence
+ * is then the compiler barrier alone, with no load to ask (api.h,
+ * tp__api_quick). */
 static inline bool tp__guard_try_enter(void) {
   tp__guard_tls *g = &tp__guard_me;
-  if (TP_UNLIKELY(g->depth != 0))
+  /* No record: the thread gave it back as it ended (guard.c), and a call
+   * from a later thread-exit destructor must take one anew. */
+  if (TP_UNLIKELY(g->depth != 0 || !g->rec))
     return false;
   g->depth = 1;
   atomic_store_explicit(
