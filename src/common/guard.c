@@ -160,7 +160,7 @@ void tp__guard_retire(void *obj, void (*fn)(void *)) {
   retired *t = malloc(sizeof *t);
   /* A thread entering from now on sees the object unpublished; those that
    * entered at an epoch before this one may still hold it. */
-  uint64_t e = atomic_fetch_add(&tp__hot.guard_epoch, 1) + 1;
+  uint64_t e = tp__guard_stamp();
   if (!t) {
     /* No memory to remember the object: it stays allocated, a small leak
      * rather than a use after free. */

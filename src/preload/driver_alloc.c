@@ -33,19 +33,6 @@ typedef PFN_cuMemAllocFromPoolAsync_v11020 from_pool_fn;
     PASS(slot, type, args);                                                    \
   } while (0)
 
-/* Goes on only where tidepool answers (see tp__pl_drv_enter). */
-#define ENTER(decide, slot, type, args)                                        \
-  do {                                                                         \
-    CUresult enter_err_ = CUDA_SUCCESS;                                        \
-    switch (tp__pl_drv_enter(decide, &enter_err_)) {                           \
-    case TP_PL_DRV_PASS: PASS(slot, type, args);                               \
-    case TP_PL_DRV_OTHER: FORWARD(slot, type, args);                           \
-    case TP_PL_DRV_FAILED: tp__pl_count(TP_PL_COUNT_FAILED);                   \
-        return enter_err_;                                                     \
-    default: break;                                                            \
-    }                                                                          \
-  } while (0)
-
 /* A call on an object that may be tidepool's (a pool, a pointer) goes to
  * tidepool in any context where it is (`ours`): where tp__pl_drv_enter
  * sends it to the driver for the context (OTHER), tidepool answers in a
@@ -73,20 +60,37 @@ static void leave_on(const borrowed *b) {
     tp__pl_drv_ctx_restore(b->saved);
 }
 
+/* Goes on only where tidepool answers (enter_on, with *b to leave_on
+ * after); else passes the call to the driver, or returns the failure. */
+#define ENTER_ON(b, decide, ours, maybe, has_stream, stream, slot, type, args) \
+  do {                                                                         \
+    CUresult enter_err_ = CUDA_SUCCESS;                                        \
+    switch (                                                                   \
+        enter_on(decide, ours, maybe, has_stream, stream, b, &enter_err_)) {   \
+    case TP_PL_DRV_PASS: PASS(slot, type, args);                               \
+    case TP_PL_DRV_OTHER: FORWARD(slot, type, args);                           \
+    case TP_PL_DRV_FAILED: tp__pl_count(TP_PL_COUNT_FAILED);                   \
+        return enter_err_;                                                     \
+    default: break;                                                            \
+    }                                                                          \
+  } while (0)
+
+/* ENTER_ON for a call that names no object tidepool may own (an
+ * allocation, a pool made or looked up): tp__pl_drv_enter alone decides. */
+#define ENTER(decide, slot, type, args)                                        \
+  do {                                                                         \
+    borrowed none_;                                                            \
+    ENTER_ON(&none_, decide, false, false, false, NULL, slot, type, args);     \
+  } while (0)
+
 /* ENTER for a call on `pool` (and `stream` where `has_stream`): the
  * driver's pools go to the driver, tidepool's are answered by `answer` (a
  * CUresult expression). */
 #define POOL_CALL_ON(slot, type, pool, has_stream, stream, args, answer)       \
   do {                                                                         \
     borrowed b_;                                                               \
-    CUresult e_ = CUDA_SUCCESS;                                                \
     bool ours_ = tp__pl_pool_known((tp_pool_t)(pool));                         \
-    switch (enter_on(true, ours_, false, has_stream, stream, &b_, &e_)) {      \
-    case TP_PL_DRV_PASS: PASS(slot, type, args);                               \
-    case TP_PL_DRV_OTHER: FORWARD(slot, type, args);                           \
-    case TP_PL_DRV_FAILED: tp__pl_count(TP_PL_COUNT_FAILED); return e_;        \
-    default: break;                                                            \
-    }                                                                          \
+    ENTER_ON(&b_, true, ours_, false, has_stream, stream, slot, type, args);   \
     if (!ours_)                                                                \
       FORWARD(slot, type, args);                                               \
     CUresult r_ = (answer);                                                    \
@@ -163,13 +167,7 @@ static CUresult free_async(_Atomic(tp__pl_fn) *slot, CUdeviceptr ptr,
   if (!ptr)
     PASS(*slot, free_fn, (ptr, stream));
   borrowed b;
-  CUresult enter_err = CUDA_SUCCESS;
-  switch (enter_on(false, true, true, true, stream, &b, &enter_err)) {
-  case TP_PL_DRV_PASS: PASS(*slot, free_fn, (ptr, stream));
-  case TP_PL_DRV_OTHER: FORWARD(*slot, free_fn, (ptr, stream));
-  case TP_PL_DRV_FAILED: tp__pl_count(TP_PL_COUNT_FAILED); return enter_err;
-  default: break;
-  }
+  ENTER_ON(&b, false, true, true, true, stream, *slot, free_fn, (ptr, stream));
   tp_error_t err =
       tp_free_async(ptr_of(ptr), tp__pl_stream(stream, per_thread));
   leave_on(&b);
@@ -378,15 +376,8 @@ static CUresult pool_import(CUmemoryPool *pool, void *handle,
 
 static CUresult ptr_export(CUmemPoolPtrExportData *data, CUdeviceptr ptr) {
   borrowed b;
-  CUresult enter_err = CUDA_SUCCESS;
-  switch (enter_on(true, true, true, false, NULL, &b, &enter_err)) {
-  case TP_PL_DRV_PASS:
-    PASS(r_ptr_export, PFN_cuMemPoolExportPointer_v11020, (data, ptr));
-  case TP_PL_DRV_OTHER:
-    FORWARD(r_ptr_export, PFN_cuMemPoolExportPointer_v11020, (data, ptr));
-  case TP_PL_DRV_FAILED: tp__pl_count(TP_PL_COUNT_FAILED); return enter_err;
-  default: break;
-  }
+  ENTER_ON(&b, true, true, true, false, NULL, r_ptr_export,
+           PFN_cuMemPoolExportPointer_v11020, (data, ptr));
   tp_pool_ptr_export_data_t record;
   tp_error_t err = data ? tp_pool_export_pointer(&record, ptr_of(ptr))
                         : TP_ERROR_INVALID_VALUE;
@@ -568,11 +559,10 @@ static CUresult ptr_get_attributes(unsigned n, CUpointer_attribute *attrs,
                                    void **data, CUdeviceptr ptr) {
   CUresult r = TP_PL_DRV_CALL(r_ptr_attrs, PFN_cuPointerGetAttributes_v7000,
                               (n, attrs, data, ptr));
+  tp_pointer_attr_t a;
   for (unsigned i = 0; r == CUDA_SUCCESS && attrs && data && i < n; i++)
-    if (!pointer_attr_ours(data[i], attrs[i], ptr) &&
-        (attrs[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ||
-         attrs[i] == CU_POINTER_ATTRIBUTE_RANGE_SIZE ||
-         attrs[i] == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE))
+    if (pointer_attr_in(attrs[i], &a) &&
+        !pointer_attr_ours(data[i], attrs[i], ptr))
       break; /* not tidepool's: the driver's answers stand */
   return r;
 }
@@ -581,8 +571,16 @@ static CUresult mem_get_address_range(CUdeviceptr *base, size_t *size,
                                       CUdeviceptr ptr) {
   CUdeviceptr b = 0;
   size_t n = 0;
-  if (pointer_attr_ours(&b, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr) &&
-      pointer_attr_ours(&n, CU_POINTER_ATTRIBUTE_RANGE_SIZE, ptr)) {
+  bool ours = false;
+  if (ptr && tp__pl_on()) {
+    CUcontext saved = tp__pl_drv_ctx_save();
+    ours = tp_pointer_get_attribute(&b, TP_POINTER_ATTR_RANGE_START_ADDR,
+                                    ptr_of(ptr)) == TP_SUCCESS &&
+           tp_pointer_get_attribute(&n, TP_POINTER_ATTR_RANGE_SIZE,
+                                    ptr_of(ptr)) == TP_SUCCESS;
+    tp__pl_drv_ctx_restore(saved);
+  }
+  if (ours) {
     if (base)
       *base = b;
     if (size)
