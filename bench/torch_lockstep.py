@@ -16,7 +16,14 @@ ratio to a reference allocator with a 95% interval (a bootstrap over runs
 of 20 steps), its memory and whether the losses are identical step by step.
 The allocator "null" (--null-lib, bench/null_alloc/null_alloc.c) is PyTorch's
 pluggable-allocator path with almost nothing behind it: what that path
-costs whatever the allocator.
+costs whatever the allocator. "null/vmm" and "null/vmm1" are the same with
+blocks of 1 MiB and more made of the driver's virtual memory instead of
+cuMemAlloc (2 MiB physical chunks each made on its own, as tidepool and
+expandable_segments make them; or one physical allocation a block): what
+the GPU's work costs on such memory, without any allocator's host time.
+Each allocator's "host ms" is the median time its steps took to queue their
+work (before the loss is waited for): near the step's time, the step is
+bound by the host.
 
     python3 bench/torch_lockstep.py --allocators expandable,tidepool,tidepool/25000 \\
         --steps 300 --pin 2-5 [--lib build/libtidepool.so] [--reference expandable]
@@ -53,7 +60,7 @@ def child(args):
         import tidepool_torch
         tidepool_torch.install()
     import torch
-    if args.child == "null":
+    if ttb.base(args.child) == "null":
         torch.cuda.memory.change_current_allocator(
             torch.cuda.memory.CUDAPluggableAllocator(
                 os.environ["TORCH_NULL_ALLOC"], "null_alloc", "null_free"))
@@ -68,11 +75,13 @@ def child(args):
         b, t, idx = next_batch()
         t0 = time.perf_counter()
         loss = ttb.train_step(torch, model, opt, idx, device, True, cfg["vocab"])
+        queued = time.perf_counter() - t0
         value = loss.item()
         torch.cuda.synchronize()
-        print(f"T {time.perf_counter() - t0:.9f} {value!r} {b} {t}", flush=True)
+        print(f"T {time.perf_counter() - t0:.9f} {value!r} {b} {t} {queued:.9f}",
+              flush=True)
     out = {"backend": torch.cuda.get_allocator_backend()}
-    if args.child == "null":
+    if ttb.base(args.child) == "null":
         out.update(reserved=0, allocated=0)
     elif tidepool:
         st = tidepool_torch.stats()
@@ -107,11 +116,14 @@ def parent(args):
         sys.exit(f"the reference {ref!r} is not among the allocators")
     procs = {}
     for n in names:
-        if n == "null":
+        if ttb.base(n) == "null":
             if not args.null_lib:
                 sys.exit("the null allocator needs --null-lib")
+            if n not in ("null", "null/vmm", "null/vmm1"):
+                sys.exit(f"unknown allocator {n!r}")
             env, why = ttb.child_env("caching", args)
             env["TORCH_NULL_ALLOC"] = os.path.abspath(args.null_lib)
+            env["TORCH_NULL_FRESH"] = n.partition("/")[2] or "alloc"
         elif ttb.base(n) not in ttb.ALLOCATORS:
             sys.exit(f"unknown allocator {n!r}")
         else:
@@ -134,6 +146,7 @@ def parent(args):
           flush=True)
 
     times = {n: [] for n in names}
+    queued = {n: [] for n in names}
     losses = {n: [] for n in names}
     shapes = []
     for i in range(args.steps):
@@ -147,8 +160,9 @@ def parent(args):
                 line = p.stdout.readline()
             if not line:
                 sys.exit(f"{n}: step {i}: the child ended without an answer")
-            _, sec, loss, b, t = line.split()
+            _, sec, loss, b, t, q = line.split()
             times[n].append(float(sec))
+            queued[n].append(float(q))
             losses[n].append(loss)
             if n == ref:
                 shapes.append((int(b), int(t)))
@@ -163,7 +177,7 @@ def parent(args):
 
     w = args.warmup
     print(f"\n{'allocator':<16} {'backend':<16} {'median ms':>9} {'vs ' + ref:>14} "
-          f"{'95% interval':>16} {'res/alloc':>9}  losses")
+          f"{'95% interval':>16} {'res/alloc':>9} {'host ms':>8}  losses")
     report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": facts,
               "steps": args.steps, "warmup": w, "reference": ref, "pin": args.pin,
               "allocators": {}}
@@ -175,9 +189,11 @@ def parent(args):
         r = results.get(n, {})
         mem = r["reserved"] / r["allocated"] if r.get("allocated") else 0.0
         same = "identical" if losses[n] == losses[ref] else "DIFFER"
+        host = 1e3 * statistics.median(queued[n][w:])
         print(f"{n:<16} {r.get('backend', '?'):<16} {1e3 * statistics.median(ts):>9.2f} "
-              f"{med:>13.4f}x {lo:>7.4f}-{hi:.4f}x {mem:>9.4f}  {same}")
-        entry = {"median_ms": 1e3 * statistics.median(ts), "ratio_median": med,
+              f"{med:>13.4f}x {lo:>7.4f}-{hi:.4f}x {mem:>9.4f} {host:>8.2f}  {same}")
+        entry = {"median_ms": 1e3 * statistics.median(ts), "host_ms": host,
+                 "ratio_median": med,
                  "ratio_ci95": [lo, hi], "reserved": r.get("reserved"),
                  "allocated": r.get("allocated"), "losses_identical": same == "identical"}
         if "maps" in r:
@@ -192,7 +208,7 @@ def parent(args):
     print("JSON " + json.dumps(report, separators=(",", ":")))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(report, times=times, shapes=shapes), f)
+            json.dump(dict(report, times=times, queued=queued, shapes=shapes), f)
     return 0 if all(losses[n] == losses[ref] for n in names) else 1
 
 

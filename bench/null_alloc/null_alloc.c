@@ -5,6 +5,12 @@
  * streams are ignored, which is safe only for a program that allocates and
  * frees on one stream, as the GPT benchmark does. Not part of tidepool.
  *
+ * TORCH_NULL_FRESH chooses how a block of 1 MiB or more is first made:
+ * "alloc" (the default) cuMemAlloc, "vmm" the driver's virtual memory with
+ * one 2 MiB physical chunk made and mapped at a time (as tidepool and
+ * expandable_segments make theirs), "vmm1" one physical allocation for the
+ * whole block. Smaller blocks always come from cuMemAlloc.
+ *
  *   cc -O2 -shared -fPIC -o null_alloc.so bench/null_alloc/null_alloc.c \
  *      -I/usr/local/cuda/include -L/usr/local/cuda/lib64/stubs -lcuda */
 #include <cuda.h>
@@ -12,6 +18,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/types.h>
 
 #define SLOTS 8192 /* distinct sizes; a training loop uses a few hundred */
@@ -37,6 +44,34 @@ static bin *bin_of(size_t size) {
   return NULL;
 }
 
+#define CHUNK ((size_t)2 << 20)
+
+/* A block of `size` bytes (a multiple of CHUNK) from the driver's virtual
+ * memory: `pieces` physical allocations of size / pieces bytes each. */
+static CUdeviceptr vmm_block(size_t size, size_t pieces, int device) {
+  CUmemAllocationProp prop = {0};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, device},
+                            CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  CUdeviceptr base = 0;
+  if (cuMemAddressReserve(&base, size, CHUNK, 0, 0) != CUDA_SUCCESS)
+    return 0;
+  size_t piece = size / pieces;
+  for (size_t i = 0; i < pieces; i++) {
+    CUmemGenericAllocationHandle h = 0;
+    if (cuMemCreate(&h, piece, &prop, 0) != CUDA_SUCCESS ||
+        cuMemMap(base + i * piece, piece, 0, h, 0) != CUDA_SUCCESS ||
+        cuMemSetAccess(base + i * piece, piece, &access, 1) != CUDA_SUCCESS) {
+      fprintf(stderr, "null_alloc: VMM block of %zu bytes failed\n", size);
+      return 0; /* a benchmark's allocator: what was made stays */
+    }
+    (void)cuMemRelease(h); /* the mapping keeps the memory */
+  }
+  return base;
+}
+
 static void *fresh(size_t size, int device) {
   CUcontext ctx = NULL;
   if (cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) {
@@ -45,6 +80,13 @@ static void *fresh(size_t size, int device) {
         cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
         cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
       return NULL;
+  }
+  const char *mode = getenv("TORCH_NULL_FRESH");
+  if (mode && size >= (CHUNK >> 1) &&
+      (!strcmp(mode, "vmm") || !strcmp(mode, "vmm1"))) {
+    size_t whole = (size + CHUNK - 1) / CHUNK * CHUNK;
+    size_t pieces = !strcmp(mode, "vmm") ? whole / CHUNK : 1;
+    return (void *)(uintptr_t)vmm_block(whole, pieces, device);
   }
   CUdeviceptr p = 0;
   if (cuMemAlloc(&p, size) != CUDA_SUCCESS) {
