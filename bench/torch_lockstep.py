@@ -23,7 +23,10 @@ expandable_segments make them; or one physical allocation a block): what
 the GPU's work costs on such memory, without any allocator's host time.
 Each allocator's "host ms" is the median time its steps took to queue their
 work (before the loss is waited for): near the step's time, the step is
-bound by the host.
+bound by the host. "cpu ms" is the median CPU time the stepping thread used
+while it queued the step: the allocator's own calls and what they cost
+PyTorch's work around them (cache misses), and any time a full queue made
+the driver spin.
 
     python3 bench/torch_lockstep.py --allocators expandable,tidepool,tidepool/25000 \\
         --steps 300 --pin 2-5 [--lib build/libtidepool.so] [--reference expandable]
@@ -73,12 +76,14 @@ def child(args):
         if line.strip() == "END":
             break
         b, t, idx = next_batch()
+        c0 = time.thread_time()
         t0 = time.perf_counter()
         loss = ttb.train_step(torch, model, opt, idx, device, True, cfg["vocab"])
         queued = time.perf_counter() - t0
+        cpu = time.thread_time() - c0
         value = loss.item()
         torch.cuda.synchronize()
-        print(f"T {time.perf_counter() - t0:.9f} {value!r} {b} {t} {queued:.9f}",
+        print(f"T {time.perf_counter() - t0:.9f} {value!r} {b} {t} {queued:.9f} {cpu:.9f}",
               flush=True)
     out = {"backend": torch.cuda.get_allocator_backend()}
     if ttb.base(args.child) == "null":
@@ -147,6 +152,7 @@ def parent(args):
 
     times = {n: [] for n in names}
     queued = {n: [] for n in names}
+    cpus = {n: [] for n in names}
     losses = {n: [] for n in names}
     shapes = []
     for i in range(args.steps):
@@ -160,9 +166,10 @@ def parent(args):
                 line = p.stdout.readline()
             if not line:
                 sys.exit(f"{n}: step {i}: the child ended without an answer")
-            _, sec, loss, b, t, q = line.split()
+            _, sec, loss, b, t, q, c = line.split()
             times[n].append(float(sec))
             queued[n].append(float(q))
+            cpus[n].append(float(c))
             losses[n].append(loss)
             if n == ref:
                 shapes.append((int(b), int(t)))
@@ -177,7 +184,7 @@ def parent(args):
 
     w = args.warmup
     print(f"\n{'allocator':<16} {'backend':<16} {'median ms':>9} {'vs ' + ref:>14} "
-          f"{'95% interval':>16} {'res/alloc':>9} {'host ms':>8}  losses")
+          f"{'95% interval':>16} {'res/alloc':>9} {'host ms':>8} {'cpu ms':>7}  losses")
     report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": facts,
               "steps": args.steps, "warmup": w, "reference": ref, "pin": args.pin,
               "allocators": {}}
@@ -190,9 +197,10 @@ def parent(args):
         mem = r["reserved"] / r["allocated"] if r.get("allocated") else 0.0
         same = "identical" if losses[n] == losses[ref] else "DIFFER"
         host = 1e3 * statistics.median(queued[n][w:])
+        cpu = 1e3 * statistics.median(cpus[n][w:])
         print(f"{n:<16} {r.get('backend', '?'):<16} {1e3 * statistics.median(ts):>9.2f} "
-              f"{med:>13.4f}x {lo:>7.4f}-{hi:.4f}x {mem:>9.4f} {host:>8.2f}  {same}")
-        entry = {"median_ms": 1e3 * statistics.median(ts), "host_ms": host,
+              f"{med:>13.4f}x {lo:>7.4f}-{hi:.4f}x {mem:>9.4f} {host:>8.2f} {cpu:>7.2f}  {same}")
+        entry = {"median_ms": 1e3 * statistics.median(ts), "host_ms": host, "cpu_ms": cpu,
                  "ratio_median": med,
                  "ratio_ci95": [lo, hi], "reserved": r.get("reserved"),
                  "allocated": r.get("allocated"), "losses_identical": same == "identical"}
@@ -208,7 +216,7 @@ def parent(args):
     print("JSON " + json.dumps(report, separators=(",", ":")))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(report, times=times, queued=queued, shapes=shapes), f)
+            json.dump(dict(report, times=times, queued=queued, cpu=cpus, shapes=shapes), f)
     return 0 if all(losses[n] == losses[ref] for n in names) else 1
 
 
