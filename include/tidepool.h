@@ -28,7 +28,12 @@
  *    (events), and every one at a device synchronize. A free on another
  *    stream that happens to have completed waits for one of those (the
  *    driver may release it at any synchronize), and so does a blocking
- *    stream's free that a synchronize of the legacy stream covered. */
+ *    stream's free that a synchronize of the legacy stream covered;
+ *  - a stream's own allocations and frees may join its free ranges: a
+ *    free joined with a later free of its stream (or a completed range
+ *    with a pending free of the one stream using the pool) counts, for
+ *    other streams, event waiters, trims and releases, as the later free.
+ *    Nothing is reused early; such memory is reused or released later. */
 #ifndef TIDEPOOL_H
 #define TIDEPOOL_H
 

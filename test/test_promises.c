@@ -584,6 +584,85 @@ static void test_threshold_with_pending_frees(void) {
   CHECK_OK(tp_pool_destroy(pool));
 }
 
+/* A free stays usable as its own promises say when a later free of its
+ * stream lands next to it: an event recorded between the two, a wait on
+ * it or its synchronize covers the earlier free (tp_stream_wait_event,
+ * tp_event_synchronize), and a free a synchronize showed complete counts
+ * as free for a trim or a release (tp_pool_trim_to) while the later free
+ * is pending. The pool holds three chunks, so a block not given back or
+ * handed out shows as OUT_OF_MEMORY. Four ways: 0 a waiter following the
+ * event, 1 the event synchronized at threshold 0, 2 a trim, 3 a release at
+ * another stream's synchronize. */
+static void test_later_free_keeps_earlier_usable(void) {
+  for (int way = 0; way < 4; way++) {
+    char what[64];
+    snprintf(what, sizeof what, "way %d", way);
+    check_context(what);
+    tp_stream_t d = new_stream(), b = new_stream();
+    tp_pool_t probe = new_pool(0, 0);
+    REQUIRE(d && b && probe);
+    uint64_t chunk = attr64(probe, TP_POOL_ATTR_CHUNK_SIZE);
+    CHECK_OK(tp_pool_destroy(probe));
+    tp_pool_t pool = new_pool(0, (size_t)(3 * chunk));
+    REQUIRE(pool);
+    set_int(pool, TP_POOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, way == 0);
+    set_int(pool, TP_POOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, 0);
+    set_int(pool, TP_POOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, 0);
+    set_int(pool, TP_POOL_ATTR_OOM_WAIT, 0);
+    uint64_t threshold = way == 0 ? UINT64_MAX : way == 1 ? 0 : 3 * chunk;
+    set64(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, threshold);
+    void *v[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++)
+      REQUIRE_OK(tp_malloc_from_pool_async(&v[i], chunk, pool, d));
+    CHECK_OK(tp_stream_synchronize(d));
+    /* x1 and x2: two blocks next to each other. */
+    void *x1 = NULL, *x2 = NULL;
+    for (int i = 0; i < 3; i++)
+      for (int j = 0; j < 3; j++)
+        if ((uintptr_t)v[j] == (uintptr_t)v[i] + chunk)
+          x1 = v[i], x2 = v[j];
+    REQUIRE(x1 && x2);
+    tp_event_t e = NULL;
+    CHECK_OK(tp_event_create(&e));
+    CHECK_OK(tp_free_async(x1, d));
+    if (way <= 1)
+      CHECK_OK(tp_event_record(e, d));
+    else
+      CHECK_OK(tp_stream_synchronize(d));
+    gate_t g;
+    REQUIRE_OK(hold_stream(d, &g));
+    CHECK_OK(tp_free_async(x2, d));
+    uint64_t before = reserved_of(pool);
+    CHECK_EQ_U64(before, 3 * chunk);
+    switch (way) {
+    case 0: CHECK_OK(tp_stream_wait_event(b, e, 0)); break;
+    case 1: CHECK_OK(tp_event_synchronize(e)); break;
+    case 2: CHECK_OK(tp_pool_trim_to(pool, 0)); break;
+    default:
+      set64(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, 0);
+      CHECK_OK(tp_stream_synchronize(b));
+    }
+    /* x1's chunk is given back, except where the waiter may take it. */
+    CHECK_EQ_U64(reserved_of(pool), way == 0 ? 3 * chunk : 2 * chunk);
+    void *y = NULL;
+    CHECK_OK(tp_malloc_from_pool_async(&y, chunk, pool, b));
+    if (way == 0)
+      CHECK(y == x1);
+    release(&g);
+    CHECK_OK(tp_stream_synchronize(d));
+    if (y)
+      CHECK_OK(tp_free_async(y, b));
+    for (int i = 0; i < 3; i++)
+      if (v[i] != x1 && v[i] != x2)
+        CHECK_OK(tp_free_async(v[i], d));
+    stream_done(b);
+    stream_done(d);
+    CHECK_OK(tp_event_destroy(e));
+    CHECK_OK(tp_pool_destroy(pool));
+  }
+  check_context(NULL);
+}
+
 /* tp_pool_trim_to: "whatever the release threshold"; each stream's cached
  * blocks given back first; frees known complete through an event or a
  * device synchronize count; the figures it leaves: unmapped chunks equal
@@ -2304,6 +2383,7 @@ int main(int argc, char **argv) {
       T(test_watermark_resets),
       T(test_threshold_with_pending_frees),
       T(test_trim_figures),
+      T(test_later_free_keeps_earlier_usable),
       T(test_malloc_edges),
       T(test_free_rejections),
       T(test_dead_and_foreign_streams),

@@ -311,7 +311,12 @@ static void test_deterministic(void) {
 }
 
 /* On the bundled multi-stream trace the GPU's replay (the conservative
- * model) gives the figures of the host's, which CI keeps. */
+ * model) gives the figures of the host's, which CI keeps, at the default
+ * lag and below. At lag 64 the two schedules complete frees at different
+ * points, and since a range pending on a stream joins a later free of that
+ * stream only during that stream's own calls (src/pool/blocks.c,
+ * tags_join), the pools end up laid out differently: the same peak in use,
+ * a peak reserved within 2% (636 against 630 MiB when this was written). */
 static void test_bundled_multistream(void) {
   const char *path = TP_TEST_DATA "/../../traces/multistream_train.csv.gz";
   if (access(path, R_OK) != 0) {
@@ -325,8 +330,15 @@ static void test_bundled_multistream(void) {
     check_context(label);
     replay_result r[MODELS];
     replay_models(path, lags[li], r);
-    same_figures(&r[CONSERVATIVE], &r[PRECISE]);
-    same_figures(&r[CONSERVATIVE_MEMOPS], &r[PRECISE]);
+    same_figures(&r[CONSERVATIVE_MEMOPS], &r[CONSERVATIVE]);
+    if (lags[li] <= 16) {
+      same_figures(&r[CONSERVATIVE], &r[PRECISE]);
+      continue;
+    }
+    CHECK_EQ_U64(r[CONSERVATIVE].peak_used, r[PRECISE].peak_used);
+    double a = (double)r[CONSERVATIVE].peak_reserved,
+           b = (double)r[PRECISE].peak_reserved;
+    CHECK(a <= 1.02 * b && b <= 1.02 * a);
   }
   check_context(NULL);
 }

@@ -46,6 +46,7 @@ static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
   uint32_t n = 0;
   bool rose = false;
   tp__mutex_lock(&p->lock);
+  p->heap.joiner = s;
   tp__cache *c = p->torn_down ? NULL : tp__cache_ensure(&p->caches, s);
   if (c) {
     tp__reuse r = reuse_of(p);
@@ -73,6 +74,7 @@ static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
     }
   }
   TP_DEBUG_WALK(p);
+  p->heap.joiner = NULL;
   tp__mutex_unlock(&p->lock);
   TP_RETURN_IF(n == 0, err);
   *ptr = tp__finish_small(&got[0], size);
@@ -87,6 +89,7 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
   bool rose = false;
   tp__cache *c = NULL;
   tp__mutex_lock(&p->lock);
+  p->heap.joiner = s;
   if (!p->torn_down) {
     /* The stream's own cached blocks go back first, so that they merge
      * with their neighbours before the search. The small ones too: kept
@@ -125,6 +128,7 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
     tp__blspin_unlock(&s->lock);
   }
   TP_DEBUG_WALK(p);
+  p->heap.joiner = NULL;
   tp__mutex_unlock(&p->lock);
   if (err == TP_SUCCESS)
     tp__peak_note(p, (int64_t)size, rose);
@@ -160,6 +164,7 @@ static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
   tp__centry out[TP_SMALL_CACHE / 2 + 1];
   uint32_t nout = 0;
   tp__mutex_lock(&p->lock);
+  p->heap.joiner = s;
   tp__cache *c = p->torn_down ? NULL : tp__cache_ensure(&p->caches, s);
   tp__blspin_lock(&s->lock);
   if (c)
@@ -172,6 +177,7 @@ static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
   }
   tp__cache_give_back(&p->caches, s, cls, large, out, nout);
   TP_DEBUG_WALK(p);
+  p->heap.joiner = NULL;
   tp__mutex_unlock(&p->lock);
 }
 
@@ -273,9 +279,11 @@ tp_error_t tp__pool_live_range(tp__pool *p, uintptr_t addr, uintptr_t *start,
 static void free_to_pool(tp__pool *p, tp__stream *s, unsigned cls, bool large,
                          const tp__centry *e, int64_t req) {
   tp__mutex_lock(&p->lock);
+  p->heap.joiner = s;
   tp__cache_give_back(&p->caches, s, cls, large, e, 1);
   atomic_fetch_add_explicit(&p->caches.base, -req, memory_order_relaxed);
   TP_DEBUG_WALK(p);
+  p->heap.joiner = NULL;
   tp__mutex_unlock(&p->lock);
 }
 

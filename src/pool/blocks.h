@@ -67,6 +67,11 @@ typedef struct tp__heap {
    * a completed free range may join a range pending on that stream, which
    * costs it nothing and no other stream anything. */
   const tp__stream *sole;
+  /* The stream whose own allocation or free works on the heap now, or NULL
+   * (a trim, a release at a synchronize): set and cleared under the pool
+   * lock by the pool layer. Joins that date a range later than its own free
+   * are made only for it (tags_join). */
+  const tp__stream *joiner;
   tp__twin *twins;
   uint32_t ntwins, captwins;
   bool share; /* whether chunks may be shared (not in exported pools) */

@@ -42,6 +42,9 @@ static void wait_pending(const tp__reuse *r) {
   tp__heap_pending_tags(r->heap, &tags, &n, &cap);
   tp__slabs_pending_tags(r->slabs, &tags, &n, &cap);
   (*r->waiters)++;
+  /* Whoever takes the lock meanwhile must not join for this stream. */
+  const tp__stream *joiner = r->heap->joiner;
+  r->heap->joiner = NULL;
   tp__mutex_unlock(r->lock);
   for (uint32_t i = 0; i < n; i++) {
     (void)tp__stream_wait_host(&tags[i]);
@@ -49,6 +52,7 @@ static void wait_pending(const tp__reuse *r) {
   }
   free(tags);
   tp__mutex_lock(r->lock);
+  r->heap->joiner = joiner;
   (*r->waiters)--;
   if (*r->gone)
     return;
