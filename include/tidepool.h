@@ -504,7 +504,11 @@ TP_API tp_error_t tp_pool_import_from_shareable_handle(tp_pool_t *pool,
  * good until the allocation is freed; every export of one allocation gives
  * the same bytes.
  * Errors: INVALID_VALUE (pointer not the start of a live allocation of an
- * exportable pool, NULL), OUT_OF_MEMORY. */
+ * exportable pool, NULL), OUT_OF_MEMORY.
+ * Thread-safety: any thread, but not racing the allocation's free (a race
+ * of the program's): an export that races it may describe the freed
+ * allocation, and its bytes then stay good for the next allocation of the
+ * same size at the same address until that one is freed. */
 TP_API tp_error_t tp_pool_export_pointer(tp_pool_ptr_export_data_t *data,
                                          void *ptr);
 

@@ -52,9 +52,19 @@ static void test_same_process(void) {
 
   /* The exporter frees first: the block stays out of reuse (and counted as
    * used) until the importer's free has completed. */
+  void *start = NULL;
+  CHECK_OK(tp_pointer_get_attribute(&start, TP_POINTER_ATTR_RANGE_START_ADDR,
+                                    (char *)a + 5));
+  CHECK(start == a);
   CHECK_OK(tp_free_async(a, s));
   CHECK_ERR(tp_free_async(a, s), TP_ERROR_INVALID_VALUE);
   CHECK_EQ_U64(attr_u64(pool, TP_POOL_ATTR_USED_MEM_CURRENT), 3 * MiB);
+  /* Freed here: no live allocation of this process's, though the importer
+   * still holds it (tp_pointer_get_attribute). */
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_ERR(
+      tp_pointer_get_attribute(&start, TP_POINTER_ATTR_RANGE_START_ADDR, a),
+      TP_ERROR_INVALID_VALUE);
   void *c = NULL;
   CHECK_OK(tp_malloc_from_pool_async(&c, 3 * MiB, pool, s));
   CHECK(c != a);

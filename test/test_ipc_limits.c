@@ -7,6 +7,7 @@
  * descriptor is taken by value, as the driver takes it. Children as in
  * test_ipc (ipc_child.h). */
 #include "ipc_child.h"
+#include <pthread.h>
 
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -477,6 +478,90 @@ static void test_releases_wait_for_stopped_exporter(void) {
   CHECK_EQ_INT(child_finish(&ex), 0);
 }
 
+/* A thread whose import waits for a stopped exporter (for room to send,
+ * then for the answer) holds no lock that a free needs: a free of an
+ * imported pointer answers at once, and a stream whose only work is such a
+ * free's release completes at once ("a release never waits"); they once
+ * waited as long as the import, up to its bound. */
+typedef struct waiting_import {
+  tp_pool_t pool;
+  tp_pool_ptr_export_data_t rec;
+  tp_error_t err;
+  double took;
+} waiting_import;
+
+static void *import_thread(void *arg) {
+  waiting_import *w = arg;
+  void *p = NULL;
+  double t0 = check_now_s();
+  w->err = tp_pool_import_pointer(&p, w->pool, &w->rec);
+  w->took = check_now_s() - t0;
+  if (w->err == TP_SUCCESS)
+    (void)tp_free_async(p, NULL);
+  return NULL;
+}
+
+static void test_frees_do_not_wait_for_an_import(void) {
+  enum { NB = 16, NI = 256 };
+  child ex;
+  REQUIRE(spawn(&ex, "exporter", NULL) == 0);
+  ctl r[NB];
+  int fd = -1;
+  for (int i = 0; i < NB; i++) {
+    ctl q = {.op = CMD_MAKE, .size = 64 * KiB, .seed = 120 + (uint64_t)i};
+    int f = -1;
+    CHECK_OK(ask_reply(&ex, &q, -1, &r[i], &f));
+    if (fd < 0)
+      fd = f;
+    else if (f >= 0)
+      close(f);
+  }
+  tp_stream_t s = NULL;
+  tp_pool_t pool = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_pool_import_from_shareable_handle(&pool, (void *)(uintptr_t)fd,
+                                                  TP_HANDLE_POSIX_FD, 0));
+  close(fd);
+  static void *p[NB][NI];
+  for (int i = 0; i < NB; i++)
+    for (int k = 0; k < NI; k++)
+      REQUIRE_OK(tp_pool_import_pointer(&p[i][k], pool, &r[i].rec));
+  for (int i = 2; i < NB; i++)
+    CHECK_OK(ask_slot(&ex, CMD_DROP, i));
+  stop(&ex);
+  /* All but two frees: their releases fill the stopped exporter's socket,
+   * so that the import below waits for room to send first. */
+  for (int i = 0; i < NB; i++)
+    for (int k = 0; k < NI - (i == 0 ? 2 : 0); k++)
+      CHECK_OK(tp_free_async(p[i][k], s));
+  CHECK_OK(tp_stream_synchronize(s));
+  waiting_import w = {.pool = pool, .rec = r[1].rec};
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, import_thread, &w) == 0);
+  usleep(300 * 1000); /* the import is waiting now */
+  double t0 = check_now_s();
+  CHECK_OK(tp_free_async(p[0][NI - 1], s));
+  CHECK_OK(tp_stream_synchronize(s));
+  double release_s = check_now_s() - t0;
+  t0 = check_now_s();
+  CHECK_OK(tp_free_async(p[0][NI - 2], NULL));
+  double free_s = check_now_s() - t0;
+  printf("   beside a waiting import: a free %.3f s, a stream's release "
+         "%.3f s\n",
+         free_s, release_s);
+  CHECK(free_s < 1.0);
+  CHECK(release_s < 1.0);
+  REQUIRE(kill(ex.pid, SIGCONT) == 0);
+  REQUIRE(pthread_join(t, NULL) == 0);
+  /* The exporter read again well within the import's bound. */
+  CHECK_OK(w.err);
+  CHECK_OK(tp_device_synchronize());
+  CHECK_EQ_U64(exporter_used(&ex, 2 * 64 * KiB), 2 * 64 * KiB);
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(s));
+  CHECK_EQ_INT(child_finish(&ex), 0);
+}
+
 int main(int argc, char **argv) {
   int rc = 0;
   if (ipc_child_main(argc, argv, &rc))
@@ -491,5 +576,6 @@ int main(int argc, char **argv) {
   RUN_TEST(test_slow_exporter_keeps_holds);
   RUN_TEST(test_timed_out_import_holds_nothing);
   RUN_TEST(test_releases_wait_for_stopped_exporter);
+  RUN_TEST(test_frees_do_not_wait_for_an_import);
   return check_done();
 }

@@ -7,6 +7,7 @@
 #include "api/capture.h"
 #include "api/pools.h"
 #include "common/guard.h"
+#include "ipc/ipc.h"
 
 /* ---- the quick entries -----------------------------------------------------
  * The common case, a thread that used the stream a moment ago and the
@@ -252,6 +253,9 @@ static tp_error_t pointer_attribute(void *data, tp_pointer_attr_t attr,
   uintptr_t start = 0;
   size_t size = 0;
   TP_FORWARD(tp__pool_live_range(p, (uintptr_t)ptr, &start, &size));
+  /* Freed here, and kept only for the importers that still hold it. */
+  TP_RETURN_IF(p->props.handle_types && tp__ipc_export_freed(p, start),
+               TP_ERROR_INVALID_VALUE);
   if (attr == TP_POINTER_ATTR_RANGE_START_ADDR)
     *(void **)data = (void *)start;
   else if (attr == TP_POINTER_ATTR_RANGE_SIZE)

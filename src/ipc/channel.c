@@ -2,6 +2,7 @@
  * the mender thread (see channel.h): everything the importing side sends
  * and receives goes through here. */
 #include <errno.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -110,21 +111,49 @@ void tp__chan_release(tp__ipc_import *m, uint64_t offset) {
   }
 }
 
-/* Sends a request, after the releases issued before it; rel_mu held. */
-tp_error_t tp__chan_request(tp__ipc_import *m, const tp__wire *q) {
-  TP_RETURN_IF(atomic_load(&m->muted), TP_ERROR_INVALID_VALUE);
-  tp__chan_flush(m);
-  tp_error_t err = tp__wire_send(m->fd, q, -1, false, tp__ipc_deadline());
-  if (err != TP_SUCCESS)
-    tp__chan_mute(m);
-  return err;
+/* Sends a request, after the releases issued before it. The wait for room
+ * happens with mu and rel_mu let go: a stream's host function that reports
+ * a release takes rel_mu, and a free of an imported pointer mu, and neither
+ * may wait for an exporter that stopped reading. */
+tp_error_t tp__chan_request(tp__ipc_import *m, const tp__wire *q,
+                            void (*with)(tp__ipc_import *m)) {
+  uint64_t deadline = tp__ipc_deadline();
+  for (;;) {
+    TP_RETURN_IF(atomic_load(&m->muted), TP_ERROR_INVALID_VALUE);
+    pthread_mutex_lock(&m->rel_mu);
+    if (with)
+      with(m);
+    tp__chan_flush(m);
+    errno = 0;
+    tp_error_t err = tp__wire_send(m->fd, q, -1, false, 0);
+    bool full = err == TP_ERROR_INVALID_VALUE &&
+                (errno == EAGAIN || errno == EWOULDBLOCK);
+    pthread_mutex_unlock(&m->rel_mu);
+    if (!full) {
+      if (err != TP_SUCCESS)
+        tp__chan_mute(m);
+      return err;
+    }
+    pthread_mutex_unlock(&m->mu);
+    int ready = tp__wire_wait(m->fd, POLLOUT, deadline);
+    pthread_mutex_lock(&m->mu);
+    if (ready <= 0) {
+      tp__chan_mute(m); /* no room in time */
+      return ready < 0 ? tp__platform_fail(errno, "poll")
+                       : TP_ERROR_INVALID_VALUE;
+    }
+  }
 }
 
-/* Waits for the reply to a request; mu held. */
+/* Waits for the reply to a request, mu let go meanwhile (talk_mu keeps the
+ * conversation this thread's). */
 tp_error_t tp__chan_reply(tp__ipc_import *m, uint16_t op, tp__wire *a,
                           int *fd) {
-  tp__recv_result r =
-      tp__wire_recv(m->fd, a, fd, NULL, NULL, tp__ipc_deadline());
+  uint64_t deadline = tp__ipc_deadline();
+  pthread_mutex_unlock(&m->mu);
+  (void)tp__wire_wait(m->fd, POLLIN, deadline);
+  pthread_mutex_lock(&m->mu);
+  tp__recv_result r = tp__wire_recv(m->fd, a, fd, NULL, NULL, deadline);
   if (r == TP_RECV_EOF || r == TP_RECV_ERROR) {
     tp__chan_break(m); /* gone */
   } else if (r != TP_RECV_OK) {

@@ -4,13 +4,16 @@
  * and the mender thread that sends what waited where no call comes.
  * import.c builds the imported pool on it.
  *
- * Locking: tp__ipc_import.mu serialises requests and replies on the
- * channel and guards the chunk table, the imported pointers and the
- * mappings; rel_mu guards the releases in flight (`done`, `pending`) and
- * orders every send on the channel; the list of importers has a lock of its
- * own, and the mender thread's state another. Order: importers, mu, rel_mu,
- * mender; mu before the pool's lock. Host functions on streams take rel_mu
- * only, for moments. */
+ * Locking: tp__ipc_import.talk_mu serialises requests and replies on the
+ * channel (and changes of access, which a mapping in a conversation reads);
+ * mu guards the chunk table, the imported pointers and the mappings, and is
+ * let go while a conversation waits for the exporter, so that a free of an
+ * imported pointer never waits for another thread's import; rel_mu guards
+ * the releases in flight (`done`, `pending`) and orders every send on the
+ * channel, and is never held across a wait; the list of importers has a
+ * lock of its own, and the mender thread's state another. Order: talk_mu,
+ * importers, mu, rel_mu, mender; mu before the pool's lock. Host functions
+ * on streams take rel_mu only, for moments. */
 #ifndef TP_IPC_CHANNEL_H
 #define TP_IPC_CHANNEL_H
 
@@ -51,8 +54,9 @@ struct tp__ipc_import {
    * reached the pool just before) refuses; under mu. The state itself goes
    * once no thread can reach the pool (import_fini). */
   bool dead;
-  /* Requests and replies, the tables below and the mappings. Taken before
-   * the pool lock. */
+  /* One conversation (a request and its reply) at a time. */
+  pthread_mutex_t talk_mu;
+  /* The tables below and the mappings. Taken before the pool lock. */
   pthread_mutex_t mu;
   slot **pages; /* nchunks / SLOT_PAGE of them, rounded up; NULL: none mapped */
   size_t npages;
@@ -96,9 +100,13 @@ void tp__chan_flush(tp__ipc_import *m);
 /* Gives the exporter back one hold, after those still waiting, without
  * waiting for room; rel_mu held. */
 void tp__chan_release(tp__ipc_import *m, uint64_t offset);
-/* Sends a request after the releases issued before it; rel_mu held. */
-tp_error_t tp__chan_request(tp__ipc_import *m, const tp__wire *q);
-/* Waits for the reply `op` to a request; mu held. */
+/* Sends a request after the releases issued before it, calling `with`
+ * (if any) in the same stretch of rel_mu as the send. talk_mu and mu held;
+ * waits for room with neither mu nor rel_mu held. */
+tp_error_t tp__chan_request(tp__ipc_import *m, const tp__wire *q,
+                            void (*with)(tp__ipc_import *m));
+/* Waits for the reply `op` to a request; talk_mu and mu held, mu let go
+ * while it waits. */
 tp_error_t tp__chan_reply(tp__ipc_import *m, uint16_t op, tp__wire *a, int *fd);
 /* Reads a reply that did not come in time, if it has come now; mu held. */
 void tp__chan_drain_late(tp__ipc_import *m);

@@ -624,6 +624,17 @@ tp_error_t tp__ipc_export_pointer(tp__pool *p, void *ptr,
   return TP_SUCCESS;
 }
 
+bool tp__ipc_export_freed(tp__pool *p, uintptr_t addr) {
+  tp__ipc_export *x = p->exp;
+  if (!x || !atomic_load_explicit(&p->watched, memory_order_acquire))
+    return false;
+  pthread_mutex_lock(&x->lock);
+  const entry *e = entry_find(x, (uint64_t)(addr - p->space.base));
+  bool freed = e && e->freed;
+  pthread_mutex_unlock(&x->lock);
+  return freed;
+}
+
 static tp_error_t export_free(tp__pool *p, uintptr_t addr, tp__stream *s,
                               bool *kept) {
   tp__ipc_export *x = p->exp;

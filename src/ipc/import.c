@@ -23,6 +23,7 @@ static void import_free_state(tp__ipc_import *m) {
   free(m->ptrs);
   free(m->done);
   free(m->unsent);
+  pthread_mutex_destroy(&m->talk_mu);
   pthread_mutex_destroy(&m->mu);
   pthread_mutex_destroy(&m->rel_mu);
   pthread_cond_destroy(&m->rel_cv);
@@ -200,16 +201,13 @@ static tp_error_t map_one(tp__pool *p, size_t c) {
     TP_FORWARD(chunk_drop(p, c));
   tp__wire q = tp__wire_make(TP_OP_CHUNK), a;
   q.offset = c;
-  pthread_mutex_lock(&m->rel_mu);
-  tp_error_t err = tp__chan_request(m, &q);
-  pthread_mutex_unlock(&m->rel_mu);
-  TP_FORWARD(err);
+  TP_FORWARD(tp__chan_request(m, &q, NULL));
   int fd = -1;
   TP_FORWARD(tp__chan_reply(m, TP_OP_CHUNK_INFO, &a, &fd));
   /* Where the chunk lies in the exporter's backing: a chunk's place, and
    * the exporter holds no more chunks than a quarter of its range (its
    * size limit), so a place past the range is a lie. */
-  err = tp__wire_status(a.status, false);
+  tp_error_t err = tp__wire_status(a.status, false);
   if (err == TP_SUCCESS && (a.offset % m->gran || a.offset >= m->va_size))
     err = TP_ERROR_INVALID_VALUE;
   if (err != TP_SUCCESS && fd >= 0)
@@ -279,9 +277,11 @@ tp_error_t tp__ipc_import_pointer(tp__pool *p,
                TP_ERROR_INVALID_VALUE);
   tp__wire q = tp__wire_make(TP_OP_IMPORT), a;
   memcpy(q.data, &r, sizeof r);
+  pthread_mutex_lock(&m->talk_mu);
   pthread_mutex_lock(&m->mu);
   if (m->dead) {
     pthread_mutex_unlock(&m->mu);
+    pthread_mutex_unlock(&m->talk_mu);
     return TP_ERROR_INVALID_VALUE;
   }
   /* The releases reported so far are taken, and the request sent, in one
@@ -292,10 +292,7 @@ tp_error_t tp__ipc_import_pointer(tp__pool *p,
    * chunk whose count falls to zero is unmapped before the reply is read,
    * and mapped afresh if this import needs it. */
   tp__chan_drain_late(m);
-  pthread_mutex_lock(&m->rel_mu);
-  count_released(m);
-  tp_error_t err = tp__chan_request(m, &q);
-  pthread_mutex_unlock(&m->rel_mu);
+  tp_error_t err = tp__chan_request(m, &q, count_released);
   drop_stale(p);
   int fd = -1;
   if (err == TP_SUCCESS)
@@ -307,13 +304,14 @@ tp_error_t tp__ipc_import_pointer(tp__pool *p,
   if (err == TP_SUCCESS && (a.offset != r.offset || a.size != r.size))
     err = TP_ERROR_INVALID_VALUE;
   bool held = err == TP_SUCCESS;
-  uint32_t i = ptr_index(m, r.offset);
-  bool known = i < m->nptrs && m->ptrs[i].offset == r.offset;
-  if (err == TP_SUCCESS && !known &&
-      !TP_ARRAY_ROOM(m->ptrs, m->nptrs, m->capptrs))
+  if (err == TP_SUCCESS && !TP_ARRAY_ROOM(m->ptrs, m->nptrs, m->capptrs))
     err = TP_ERROR_OUT_OF_MEMORY;
   if (err == TP_SUCCESS)
     err = map_range(p, r.offset, r.size);
+  /* Looked up after the mapping, which lets mu go while it waits: a free
+   * of this pointer may have changed the table meanwhile. */
+  uint32_t i = ptr_index(m, r.offset);
+  bool known = i < m->nptrs && m->ptrs[i].offset == r.offset;
   if (err == TP_SUCCESS && known) {
     m->ptrs[i].count++;
   } else if (err == TP_SUCCESS) {
@@ -334,6 +332,7 @@ tp_error_t tp__ipc_import_pointer(tp__pool *p,
     tp__atomic_max(&p->used_high, (uint64_t)used);
   }
   pthread_mutex_unlock(&m->mu);
+  pthread_mutex_unlock(&m->talk_mu);
   TP_FORWARD(err);
   *ptr = (void *)(p->space.base + r.offset);
   return TP_SUCCESS;
@@ -424,6 +423,8 @@ void tp__ipc_settle(void) {
 static tp_error_t import_set_access(tp__pool *p, const tp_access_desc_t *list,
                                     size_t n) {
   tp__ipc_import *m = p->imp;
+  /* A conversation's mapping reads the access set here: not meanwhile. */
+  pthread_mutex_lock(&m->talk_mu);
   pthread_mutex_lock(&m->mu);
   tp_error_t err = m->dead ? TP_ERROR_INVALID_VALUE : TP_SUCCESS;
   for (size_t c = 0; c < m->nchunks && err == TP_SUCCESS; c++) {
@@ -438,6 +439,7 @@ static tp_error_t import_set_access(tp__pool *p, const tp_access_desc_t *list,
     p->space.access[list[i].location.id] = list[i].flags;
   tp__mutex_unlock(&p->lock);
   pthread_mutex_unlock(&m->mu);
+  pthread_mutex_unlock(&m->talk_mu);
   return err;
 }
 
@@ -446,6 +448,7 @@ static void import_destroy(tp__pool *p) {
   if (!m)
     return;
   tp__importers_remove(p);
+  pthread_mutex_lock(&m->talk_mu);
   pthread_mutex_lock(&m->mu);
   m->dead = true;
   /* Frees still queued on streams report to this state: wait for them. */
@@ -476,6 +479,7 @@ static void import_destroy(tp__pool *p) {
     (void)tp__platform->unreserve(m->res);
   m->res = NULL;
   pthread_mutex_unlock(&m->mu);
+  pthread_mutex_unlock(&m->talk_mu);
 }
 
 static void import_fini(tp__pool *p) {
@@ -591,6 +595,7 @@ static tp_error_t import_state(const tp__wire *h, int chan, int backing,
     return err;
   }
   m->fd = chan;
+  pthread_mutex_init(&m->talk_mu, NULL);
   pthread_mutex_init(&m->mu, NULL);
   pthread_mutex_init(&m->rel_mu, NULL);
   pthread_cond_init(&m->rel_cv, NULL);

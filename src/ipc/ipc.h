@@ -30,6 +30,9 @@ tp_error_t tp__ipc_export_init(tp__pool *p);
 tp_error_t tp__ipc_export_handle(tp__pool *p, int *fd);
 tp_error_t tp__ipc_export_pointer(tp__pool *p, void *ptr,
                                   tp_pool_ptr_export_data_t *data);
+/* Whether the allocation at `addr` was freed by this process and stays
+ * mapped only for the importers that still hold it. */
+bool tp__ipc_export_freed(tp__pool *p, uintptr_t addr);
 
 /* ---- the importing side (import.c) -------------------------------------- */
 

@@ -63,9 +63,12 @@ static void timeout_read(void) {
   if (!s || !*s)
     return;
   char *end = NULL;
+  errno = 0;
   long v = strtol(s, &end, 10);
-  if (end && *end == '\0' && v > 0 && v <= 24L * 3600 * 1000)
-    timeout_ms = (int)v;
+  /* Longer than a day is taken as a day: the wait is still bounded. */
+  const long day = 24L * 3600 * 1000;
+  if (end && *end == '\0' && v > 0)
+    timeout_ms = (int)(v > day || errno == ERANGE ? day : v);
 }
 
 static uint64_t now_ms(void) {
@@ -81,7 +84,7 @@ uint64_t tp__ipc_deadline(void) {
 
 /* Waits for `events` on sock until the deadline. 1: ready, 0: the deadline
  * passed, -1: poll failed (errno). */
-static int wait_for(int sock, short events, uint64_t deadline) {
+int tp__wire_wait(int sock, short events, uint64_t deadline) {
   for (;;) {
     uint64_t now = now_ms();
     if (now >= deadline)
@@ -142,7 +145,7 @@ tp_error_t tp__wire_send(int sock, const tp__wire *w, int fd, bool creds,
       continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK)
       break;
-    int ready = deadline ? wait_for(sock, POLLOUT, deadline) : 0;
+    int ready = deadline ? tp__wire_wait(sock, POLLOUT, deadline) : 0;
     TP_RETURN_IF(ready < 0, tp__platform_fail(errno, "poll"));
     TP_RETURN_IF(ready == 0, TP_ERROR_INVALID_VALUE); /* no room in time */
   }
@@ -182,7 +185,7 @@ tp__recv_result tp__wire_recv(int sock, tp__wire *w, int *fd,
       continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK)
       return TP_RECV_ERROR;
-    int ready = deadline ? wait_for(sock, POLLIN, deadline) : 0;
+    int ready = deadline ? tp__wire_wait(sock, POLLIN, deadline) : 0;
     if (ready < 0)
       return TP_RECV_ERROR;
     if (ready == 0)

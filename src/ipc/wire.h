@@ -148,6 +148,10 @@ uint64_t tp__ipc_deadline(void);
  * the caller's) and this process's credentials. Waits for room until
  * `deadline`, or not at all when it is 0. A peer that is gone, or does not
  * make room in time, is INVALID_VALUE: the pool it stood for is gone too. */
+/* Waits for `events` (POLLIN, POLLOUT) on sock until the deadline (ms of
+ * CLOCK_MONOTONIC, tp__ipc_deadline). 1: ready, 0: the deadline passed, -1:
+ * poll failed (errno). */
+int tp__wire_wait(int sock, short events, uint64_t deadline);
 tp_error_t tp__wire_send(int sock, const tp__wire *w, int fd, bool creds,
                          uint64_t deadline);
 
