@@ -1396,7 +1396,7 @@ static void test_event_semantics(void) {
     CHECK_FAIL("tp_event_destroy waited %.2f s for the recorded work", took);
   check_sleep_ms(30);
   CHECK_EQ_INT(atomic_load(&obs2.ran), 0);
-  release(&o.gate);
+  release(&g); /* the opener's copy is its own to write */
   pthread_join(o.thread, NULL);
   CHECK_OK(tp_stream_synchronize(c));
   CHECK_EQ_INT(atomic_load(&obs2.ran), 1);
@@ -1678,7 +1678,7 @@ static void test_device_synchronize_scope(void) {
   CHECK_ERR(tp_stream_query(s1), TP_ERROR_NOT_READY);
   /* The legacy stream of device 0 does not wait for device 1 either. */
   CHECK_OK(tp_stream_synchronize(NULL));
-  release(&o.gate);
+  release(&g); /* the opener's copy is its own to write */
   pthread_join(o.thread, NULL);
   REQUIRE_OK(tp_set_device(1));
   CHECK_OK(tp_device_synchronize());
