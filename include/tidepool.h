@@ -977,7 +977,9 @@ TP_API tp_error_t tp_torch_timing(uint64_t out[4]);
  * current pool's free memory as tp_pool_trim_to does: a pool that held more
  * than `keep` keeps at least `keep`, in whole chunks (tidepool_torch.trim();
  * torch.cuda.empty_cache() reaches it with keep 0 through
- * tp_torch_empty_cache). Errors: INVALID_DEVICE, ILLEGAL_ADDRESS, PLATFORM. */
+ * tp_torch_empty_cache). Errors: INVALID_DEVICE, ILLEGAL_ADDRESS, PLATFORM,
+ * STREAM_CAPTURE_UNSUPPORTED (a capture in global mode is under way, which
+ * the call invalidates, as cudaDeviceSynchronize does). */
 TP_API tp_error_t tp_torch_trim(int device, size_t keep);
 
 /* The hooks that integrations/pytorch installs on its CUDAPluggableAllocator
@@ -1012,7 +1014,13 @@ TP_API void tp_torch_empty_cache(void);
  * driver call each) only while a pair is open, as PyTorch's own allocator
  * does: a capture begun by other code, on a stream where PyTorch then
  * allocates, is not seen (with PyTorch's allocator neither). An end with no
- * open pair is ignored. */
+ * open pair is ignored. While a pair is open, every free on the legacy
+ * stream is deferred to its end (asking the legacy stream could cost a
+ * capture its validity): a pair with no capture behind it (use_mem_pool),
+ * or a begin whose end never comes, holds that memory until then, and the
+ * legacy stream's allocations meanwhile grow the pool.
+ * tp_torch_record_stream's first call on a thread makes the context of
+ * the tensor's device current (see tp_torch_alloc). */
 TP_API void tp_torch_capture_begin(void);
 TP_API void tp_torch_capture_end(void);
 TP_API void tp_torch_announce_captures(void);

@@ -10,6 +10,7 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -79,6 +80,16 @@ static void test_config(void) {
   setenv(slack, "7000", 1);
   tp__torch_read_config(&g);
   CHECK_EQ_U64(g.growth_slack, 7000);
+  /* One that does not parse is reported (by the pool layer) and ignored:
+   * the PyTorch default stands. */
+  unsetenv(slack);
+  setenv("TIDEPOOL_GROWTH_SLACK", "abc", 1);
+  tp__torch_read_config(&g);
+  CHECK_EQ_U64(g.growth_slack, 25000);
+  setenv("TIDEPOOL_GROWTH_SLACK", "2000000", 1);
+  tp__torch_read_config(&g);
+  CHECK_EQ_U64(g.growth_slack, 25000);
+  setenv(slack, "7000", 1);
   unsetenv("TIDEPOOL_GROWTH_SLACK");
 
   for (int i = 0; i < 3; i++) {
@@ -879,6 +890,105 @@ static void test_record_stream_other_device_context(void) {
   CHECK_OK(tp_stream_destroy(a0));
 }
 
+/* A recorded stream of another device than the tensor's, destroyed with
+ * work still queued before the tensor's free: the free waits for that
+ * work (that device's synchronize), not for the freeing device's, and the
+ * memory is not reused under it. The host platform only, as in
+ * test_record_stream. */
+typedef struct late_gate {
+  gate_t gate;
+  long ms;
+} late_gate;
+
+static void *open_late(void *arg) {
+  late_gate *l = arg;
+  check_sleep_ms(l->ms);
+  release(&l->gate);
+  return NULL;
+}
+
+static void set_flag(void *arg) {
+  atomic_store((atomic_int *)arg, 1);
+}
+
+static void test_record_stream_destroyed_other_device(void) {
+  int count = 0;
+  REQUIRE_OK(tp_get_device_count(&count));
+  if (strcmp(tp_platform_name(), "host") != 0 || count < 2) {
+    printf("   (needs two devices of the host platform)\n");
+    return;
+  }
+  tp_stream_t a, b;
+  REQUIRE_OK(tp_set_device(0));
+  REQUIRE_OK(tp_stream_create(&a, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_set_device(1));
+  REQUIRE_OK(tp_stream_create(&b, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_set_device(0));
+  const size_t n = 4 * MiB;
+  void *t = tp_torch_alloc((ssize_t)n, 0, a);
+  REQUIRE(t != NULL);
+  tp_torch_record_stream(t, b);
+  late_gate l = {.ms = 300};
+  atomic_int read_done = 0;
+  REQUIRE_OK(hold_stream(b, &l.gate));
+  CHECK_OK(tp_launch_host_func(b, set_flag, &read_done));
+  CHECK_OK(tp_stream_destroy(b));
+  pthread_t opener;
+  REQUIRE(pthread_create(&opener, NULL, open_late, &l) == 0);
+  tp_torch_free(t, (ssize_t)n, 0, a);
+  /* b's work, queued before the free, has run. */
+  CHECK_EQ_INT(atomic_load(&read_done), 1);
+  pthread_join(opener, NULL);
+  CHECK_OK(tp_stream_synchronize(a));
+  CHECK_OK(tp_stream_destroy(a));
+}
+
+/* A thread whose CUDA context is device 1's and whose first call into
+ * tidepool records a stream for a tensor of device 1 keeps that context
+ * (the first call made device 0's current). */
+static void *record_first(void *arg) {
+  void **v = arg; /* tensor, stream, device 1's context; out: context */
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  void *sym = lib ? dlsym(lib, "cuCtxSetCurrent") : NULL;
+  int (*ctx_set)(void *) = NULL;
+  memcpy(&ctx_set, &sym, sizeof sym);
+  if (ctx_set && ctx_set(v[2]) == 0) {
+    tp_torch_record_stream(v[0], v[1]);
+    v[3] = driver_context();
+  }
+  if (lib)
+    dlclose(lib);
+  return NULL;
+}
+
+static void test_record_stream_first_call_context(void) {
+  const char *platform = tp_platform_name();
+  int count = 0;
+  REQUIRE_OK(tp_get_device_count(&count));
+  if (!platform || strcmp(platform, "cuda") != 0 || count < 2) {
+    printf("   (needs two cuda devices)\n");
+    return;
+  }
+  REQUIRE_OK(tp_set_device(1));
+  void *ctx1 = driver_context();
+  tp_stream_t s1;
+  REQUIRE_OK(tp_stream_create(&s1, TP_STREAM_NON_BLOCKING));
+  REQUIRE_OK(tp_set_device(0));
+  void *t = tp_torch_alloc((ssize_t)MiB, 1, NULL);
+  REQUIRE(ctx1 != NULL && t != NULL);
+  void *v[4] = {t, s1, ctx1, NULL};
+  pthread_t th;
+  REQUIRE(pthread_create(&th, NULL, record_first, v) == 0);
+  pthread_join(th, NULL);
+  CHECK(v[3] == ctx1);
+  tp_torch_free(t, (ssize_t)MiB, 1, NULL);
+  CHECK_OK(tp_device_synchronize());
+  REQUIRE_OK(tp_set_device(1));
+  CHECK_OK(tp_stream_synchronize(s1));
+  CHECK_OK(tp_stream_destroy(s1));
+  REQUIRE_OK(tp_set_device(0));
+}
+
 /* Whether the platform has cuda's per-thread default stream (handle 2);
  * says so where it has not. */
 static bool has_per_thread_stream(void) {
@@ -1533,6 +1643,8 @@ int main(int argc, char **argv) {
   RUN_TEST(test_capture_deferred_free_legacy);
   RUN_TEST(test_record_stream_per_thread);
   RUN_TEST(test_record_stream_other_device_context);
+  RUN_TEST(test_record_stream_destroyed_other_device);
+  RUN_TEST(test_record_stream_first_call_context);
   RUN_TEST(test_ended_threads_streams);
   RUN_TEST(test_call_after_thread_gave_up_its_stream);
   RUN_TEST(test_record_stream_stale);

@@ -50,12 +50,17 @@ void tp__torch_read_config(tp__torch_config *cfg) {
    * moves almost none, for about half a percent more memory
    * (bench/RESULTS.md, "Step times in lockstep").
    * TIDEPOOL_GROWTH_SLACK, every pool's starting slack, is left to rule
-   * where the user set it. */
-  name = "TIDEPOOL_TORCH_GROWTH_SLACK";
+   * where the user set it to a valid value (the pool layer reports one that
+   * is not, and ignores it: so does this default). */
+  name = "TIDEPOOL_GROWTH_SLACK";
   bool bad = false;
-  const char *all = getenv("TIDEPOOL_GROWTH_SLACK");
+  bool all_set = tp__env_count(name, UINT64_MAX, TP_GROWTH_SLACK_MAX, &bad) !=
+                     UINT64_MAX &&
+                 !bad;
+  name = "TIDEPOOL_TORCH_GROWTH_SLACK";
+  bad = false;
   cfg->growth_slack =
-      tp__env_count(name, all && *all ? UINT64_MAX : TP_TORCH_GROWTH_SLACK,
+      tp__env_count(name, all_set ? UINT64_MAX : TP_TORCH_GROWTH_SLACK,
                     TP_GROWTH_SLACK_MAX, &bad);
   if (bad)
     tp__env_warn(name, "parts per million from 0 to 1000000");
@@ -196,8 +201,8 @@ static void report(const char *what, tp_error_t err, ssize_t size, int device) {
  * has installed them (tp_torch_announce_captures), an allocation or free
  * while no such pair is open asks the driver nothing about capture, as
  * PyTorch's own allocator, which looks for captures only inside its pairs.
- * A pair left open (a capture that failed to begin) only keeps the question
- * asked. */
+ * A pair left open (a capture that failed to begin) keeps the question
+ * asked, and keeps the legacy stream's frees deferred (torch_free). */
 static atomic_bool announced;
 static _Atomic uint32_t torch_captures;
 
@@ -246,14 +251,19 @@ static recorded *records_find(void *ptr) {
 
 /* What `ptr` is to the pools: 1 a live allocation, -1 pool memory that is
  * no allocation now (freed, or inside one), 0 memory no pool holds (a
- * graph's, another allocator's) or of an imported pool. */
-static int pool_live(void *ptr) {
+ * graph's, another allocator's) or of an imported pool. `device`, where
+ * not NULL: the device whose memory a live allocation is, or -1. */
+static int pool_live(void *ptr, int *device) {
   tp__guard_enter();
   tp__pool *p = tp__registry_find((uintptr_t)ptr);
   size_t live = 0;
   int r = !p || p->imported                                 ? 0
           : tp__pool_live_size(p, ptr, &live) == TP_SUCCESS ? 1
                                                             : -1;
+  if (device)
+    *device = r == 1 && p->props.location.type == TP_LOCATION_DEVICE
+                  ? p->props.location.id
+                  : -1;
   tp__guard_exit();
   return r;
 }
@@ -404,8 +414,11 @@ static tp_error_t wait_recorded(const rec *streams, uint32_t n, void *stream) {
       err = tp_stream_synchronize((tp_stream_t)other_stream);
       tp__set_current_device(here);
     }
-    if (err != TP_SUCCESS && side == 0)
+    if (err != TP_SUCCESS && side == 0) {
+      tp__set_current_device(there);
       err = tp_device_synchronize();
+      tp__set_current_device(here);
+    }
   }
   return err;
 }
@@ -571,17 +584,26 @@ TP_API void tp_torch_record_stream(void *ptr, void *stream) {
   /* A record of pool memory that is no live allocation (freed already)
    * would wait in the list and attach to the next tensor given that
    * address. */
-  if (!ptr || pool_live(ptr) < 0)
+  int tensor_device = -1;
+  if (!ptr || pool_live(ptr, &tensor_device) < 0)
     return;
+  /* A thread's first call makes a device's context current: here the
+   * tensor's, as an allocation or a free makes the device PyTorch names
+   * current, rather than device 0's. */
+  int saved = 0;
+  bool entered =
+      tensor_device >= 0 && enter(tensor_device, &saved) == TP_SUCCESS;
   /* A handle that names the calling thread's own stream (cuda's per-thread
    * default stream) would name the freeing thread's at the free. Such a
    * stream is a blocking one, so the legacy stream, which waits for every
-   * blocking stream's work, stands for it. */
+   * blocking stream's work, stands for it. The stream's device is kept:
+   * the free must find it even where the stream is destroyed by then. */
   int device = -1;
   bool bound = false;
-  if (stream && stream_facts(stream, &device, &bound) && bound)
+  bool found = stream && stream_facts(stream, &device, &bound);
+  if (found && bound)
     stream = NULL;
-  rec want = {stream, bound ? device : -1};
+  rec want = {stream, found ? device : -1};
   pthread_mutex_lock(&record_lock);
   recorded *r = records_find(ptr);
   bool ok = true;
@@ -602,6 +624,8 @@ TP_API void tp_torch_record_stream(void *ptr, void *stream) {
    * every free waits for the whole device instead. */
   if (!ok && !atomic_exchange(&records_lost, true))
     report("record_stream", TP_ERROR_OUT_OF_MEMORY, 0, tp__current_device());
+  if (entered)
+    leave(saved);
 }
 
 TP_API void tp_torch_empty_cache(void) {
@@ -638,7 +662,7 @@ static uint32_t ndeferred, capdeferred;
  * never left for a pair that may not come. */
 static bool defer_free(void *ptr, ssize_t size, int device, void *stream,
                        rec *streams, uint32_t nstreams) {
-  if (!announced_capture() || pool_live(ptr) != 1)
+  if (!announced_capture() || pool_live(ptr, NULL) != 1)
     return false;
   pthread_mutex_lock(&deferred_lock);
   bool kept = announced_capture();
