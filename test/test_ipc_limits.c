@@ -433,31 +433,41 @@ static void test_timed_out_import_holds_nothing(void) {
  * further call of this process: the frees never waited on the exporter,
  * and none is lost (they were, all of them after the first that could not
  * go out in time). */
-static void test_releases_wait_for_stopped_exporter(void) {
-  enum { NB = 16, NI = 256 };
-  child ex;
-  REQUIRE(spawn(&ex, "exporter", NULL) == 0);
-  ctl r[NB];
+enum { NB = 16, NI = 256 };
+
+/* An exporter child with NB blocks of 64 KiB (patterns from `seed`), their
+ * records in r[], and this process importing each block NI times into
+ * p[][] through `*pool`: more imports than the exporter's socket queues
+ * releases for. */
+static void import_many(child *ex, uint64_t seed, ctl r[NB], tp_pool_t *pool,
+                        void *p[NB][NI]) {
+  REQUIRE(spawn(ex, "exporter", NULL) == 0);
   int fd = -1;
   for (int i = 0; i < NB; i++) {
-    ctl q = {.op = CMD_MAKE, .size = 64 * KiB, .seed = 90 + (uint64_t)i};
+    ctl q = {.op = CMD_MAKE, .size = 64 * KiB, .seed = seed + (uint64_t)i};
     int f = -1;
-    CHECK_OK(ask_reply(&ex, &q, -1, &r[i], &f));
+    CHECK_OK(ask_reply(ex, &q, -1, &r[i], &f));
     if (fd < 0)
       fd = f;
     else if (f >= 0)
       close(f);
   }
-  tp_stream_t s = NULL;
-  tp_pool_t pool = NULL;
-  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
-  REQUIRE_OK(tp_pool_import_from_shareable_handle(&pool, (void *)(uintptr_t)fd,
+  REQUIRE_OK(tp_pool_import_from_shareable_handle(pool, (void *)(uintptr_t)fd,
                                                   TP_HANDLE_POSIX_FD, 0));
   close(fd);
-  static void *p[NB][NI];
   for (int i = 0; i < NB; i++)
     for (int k = 0; k < NI; k++)
-      REQUIRE_OK(tp_pool_import_pointer(&p[i][k], pool, &r[i].rec));
+      REQUIRE_OK(tp_pool_import_pointer(&p[i][k], *pool, &r[i].rec));
+}
+
+static void test_releases_wait_for_stopped_exporter(void) {
+  child ex;
+  ctl r[NB];
+  tp_stream_t s = NULL;
+  tp_pool_t pool = NULL;
+  static void *p[NB][NI];
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  import_many(&ex, 90, r, &pool, p);
   for (int i = 0; i < NB; i++)
     CHECK_OK(ask_slot(&ex, CMD_DROP, i));
   CHECK_EQ_U64(exporter_used(&ex, NB * 64 * KiB), NB * 64 * KiB);
@@ -502,30 +512,13 @@ static void *import_thread(void *arg) {
 }
 
 static void test_frees_do_not_wait_for_an_import(void) {
-  enum { NB = 16, NI = 256 };
   child ex;
-  REQUIRE(spawn(&ex, "exporter", NULL) == 0);
   ctl r[NB];
-  int fd = -1;
-  for (int i = 0; i < NB; i++) {
-    ctl q = {.op = CMD_MAKE, .size = 64 * KiB, .seed = 120 + (uint64_t)i};
-    int f = -1;
-    CHECK_OK(ask_reply(&ex, &q, -1, &r[i], &f));
-    if (fd < 0)
-      fd = f;
-    else if (f >= 0)
-      close(f);
-  }
   tp_stream_t s = NULL;
   tp_pool_t pool = NULL;
-  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
-  REQUIRE_OK(tp_pool_import_from_shareable_handle(&pool, (void *)(uintptr_t)fd,
-                                                  TP_HANDLE_POSIX_FD, 0));
-  close(fd);
   static void *p[NB][NI];
-  for (int i = 0; i < NB; i++)
-    for (int k = 0; k < NI; k++)
-      REQUIRE_OK(tp_pool_import_pointer(&p[i][k], pool, &r[i].rec));
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  import_many(&ex, 120, r, &pool, p);
   for (int i = 2; i < NB; i++)
     CHECK_OK(ask_slot(&ex, CMD_DROP, i));
   stop(&ex);

@@ -858,19 +858,26 @@ static void *driver_context(void) {
   return ctx;
 }
 
+/* Whether the platform is cuda with two devices; says so where it is not. */
+static bool two_cuda_devices(void) {
+  const char *platform = tp_platform_name();
+  int count = 0;
+  if (tp_get_device_count(&count) != TP_SUCCESS || !platform ||
+      strcmp(platform, "cuda") != 0 || count < 2) {
+    printf("   (needs two cuda devices)\n");
+    return false;
+  }
+  return true;
+}
+
 /* A free that waits for a recorded stream of another device leaves the
  * thread's context as it found it: the wait's event is made with the
  * recorded stream's device, but the call once switched the context there
  * and back through tp_set_device, which left device 1's context current
  * where PyTorch had device 0's. */
 static void test_record_stream_other_device_context(void) {
-  const char *platform = tp_platform_name();
-  int count = 0;
-  REQUIRE_OK(tp_get_device_count(&count));
-  if (!platform || strcmp(platform, "cuda") != 0 || count < 2) {
-    printf("   (needs two cuda devices)\n");
+  if (!two_cuda_devices())
     return;
-  }
   REQUIRE_OK(tp_set_device(0));
   void *ctx0 = driver_context();
   REQUIRE(ctx0 != NULL);
@@ -962,13 +969,8 @@ static void *record_first(void *arg) {
 }
 
 static void test_record_stream_first_call_context(void) {
-  const char *platform = tp_platform_name();
-  int count = 0;
-  REQUIRE_OK(tp_get_device_count(&count));
-  if (!platform || strcmp(platform, "cuda") != 0 || count < 2) {
-    printf("   (needs two cuda devices)\n");
+  if (!two_cuda_devices())
     return;
-  }
   REQUIRE_OK(tp_set_device(1));
   void *ctx1 = driver_context();
   tp_stream_t s1;
