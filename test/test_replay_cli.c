@@ -73,6 +73,13 @@ static void test_bad_options(void) {
   expect_in(out, "'--lag' needs a value");
   CHECK_EQ_INT(run(NULL, "small.csv --lag=-1", out, sizeof out), 2);
   expect_in(out, "--lag takes a count");
+  /* strtoull would take the space and the sign: 2^64 - 1 bytes. */
+  CHECK_EQ_INT(run(NULL, "small.csv --threshold ' -1'", out, sizeof out), 2);
+  expect_in(out, "bad --threshold");
+  /* Nothing is replayed to draw (both were once dropped without a word). */
+  CHECK_EQ_INT(
+      run(NULL, "small.csv --measure-lag --plot=m.svg", out, sizeof out), 2);
+  expect_in(out, "--measure-lag replays nothing");
   CHECK_EQ_INT(run(NULL, "--json", out, sizeof out), 2);
   expect_in(out, "no trace given");
   CHECK_EQ_INT(run(NULL, "--help", out, sizeof out), 0);
@@ -128,7 +135,7 @@ static void test_notes(void) {
                           "alloc,1,2000,0\n"
                           "free_requested,1,2000,0\n");
   CHECK_EQ_INT(run(NULL, "notes.csv", out, sizeof out), 0);
-  expect_in(out, "note: 1 free of allocations the trace never made");
+  expect_in(out, "note: 1 free of no live allocation");
   expect_in(out, "1 allocation at an address still live");
 
   /* An allocation of 0 bytes gives no pointer, and its free is no free of
@@ -189,6 +196,15 @@ static void test_plots(void) {
   for (const char *c = q; *c; c++)
     if ((unsigned char)*c < 0x20 && *c != '\n' && *c != '\t' && *c != '\r')
       CHECK_FAIL("the SVG holds the control byte 0x%02x", (unsigned char)*c);
+  /* A byte that is no UTF-8 (a name of another encoding, or one cut inside
+   * a character) is drawn as U+FFFD, not copied. */
+  write_file("c\377d.csv", small);
+  CHECK_EQ_INT(run(NULL, "c?d.csv --plot=r.svg", out, sizeof out), 0);
+  const char *r = slurp("r.svg");
+  REQUIRE(r != NULL);
+  expect_in(r, ">c&#xfffd;d: peak reserved");
+  if (strchr(r, '\377'))
+    CHECK_FAIL("the SVG holds the byte 0xff");
 }
 
 static void test_measure_lag(void) {

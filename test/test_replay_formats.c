@@ -109,6 +109,7 @@ static void test_pickle_damaged(void) {
       {"\x80\x04}K\x01u.", 6, "no mark"},
       {"\x80\x04}(K\x01u.", 7, "odd count"},
       {"\x80\x04K\x01K\x02.", 7, "STOP with 2 values"},
+      {"\x80\x04K\x01.junk", 9, "4 bytes after the pickle's end"},
       {"\x80\x04X\xff\xff\xff\x7f"
        "ab.",
        10, "runs past the end"},

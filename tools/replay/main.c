@@ -1,6 +1,7 @@
 /* tidepool-replay's command line: options (anywhere, --opt=value too),
  * loading the traces, the summary table with its notes, JSON lines, the lag
  * measurement of recorded traces, and the plot and Perfetto files. */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -56,7 +57,8 @@ static void usage(FILE *f) {
       "its operations or pickled values take), so that a small gzip'd file\n"
       "that decompresses to far more is refused, unless\n"
       "TIDEPOOL_REPLAY_MEMORY_LIMIT (bytes, K/M/G/T) says otherwise.\n"
-      "A trace may use at most %d streams (each is a stream of the replay).\n",
+      "A trace may use at most %d streams, the default one counted (each is\n"
+      "a stream of the replay).\n",
       REPLAY_DEFAULT_LAG, TRACE_MAX_STREAMS);
 }
 
@@ -68,7 +70,8 @@ static int parse_bytes(const char *s, uint64_t *out) {
   char *end;
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
-  if (end == s || *s == '-' || errno)
+  /* strtoull skips white space and takes a sign: neither is a size. */
+  if (end == s || !isdigit((unsigned char)*s) || errno)
     return -1;
   unsigned shift = 0;
   switch (*end) {
@@ -142,8 +145,8 @@ static void notes(const trace *t, const replay_result *r) {
   if (r->skipped_frees || t->double_allocs) {
     printf("  note:");
     if (r->skipped_frees)
-      printf(" %zu free%s of allocations the trace never made (or made "
-             "before it began) skipped%s",
+      printf(" %zu free%s of no live allocation (never made, made before "
+             "the trace began, or freed already) skipped%s",
              r->skipped_frees, r->skipped_frees == 1 ? "" : "s",
              t->double_allocs ? ";" : "");
     if (t->double_allocs)
@@ -347,6 +350,11 @@ int main(int argc, char **argv) {
   int ntraces = argc - optind;
   char **paths = argv + optind;
   int failures = 0;
+  if (measure_lag && (plot || perfetto)) {
+    fprintf(stderr, "tidepool-replay: --measure-lag replays nothing: no "
+                    "--plot or --perfetto to draw\n");
+    return 2;
+  }
   if (measure_lag) {
     if (!json)
       printf("%-20s %9s %9s %7s %7s %7s %7s %8s\n", "trace", "ops", "known",

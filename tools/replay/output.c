@@ -31,21 +31,29 @@ static double tick_step(double range, int n) {
   return p * (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10);
 }
 
+static size_t utf8_len(const unsigned char *s);
+
 /* XML 1.0 allows no control character but tab, line feed and carriage
- * return, not even as a reference: a file name holding one shows '?'. */
-static void xml_text(FILE *f, const char *s) {
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
+ * return, not even as a reference: a file name holding one shows '?'.
+ * Bytes that are no UTF-8 (a name cut inside a character, a name of
+ * another encoding) show U+FFFD, as in the JSON. */
+static void xml_text(FILE *f, const char *str) {
+  for (const unsigned char *s = (const unsigned char *)str; *s;) {
+    unsigned char c = *s;
+    size_t n = c < 0x80 ? 1 : utf8_len(s);
     if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f)
       fputc('?', f);
-    else if (*s == '<')
+    else if (c == '<')
       fputs("&lt;", f);
-    else if (*s == '>')
+    else if (c == '>')
       fputs("&gt;", f);
-    else if (*s == '&')
+    else if (c == '&')
       fputs("&amp;", f);
+    else if (n == 0)
+      fputs("&#xfffd;", f);
     else
-      fputc(*s, f);
+      fwrite(s, 1, n, f);
+    s += n ? n : 1;
   }
 }
 

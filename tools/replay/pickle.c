@@ -539,6 +539,9 @@ int pk_parse(const unsigned char *buf, size_t len, size_t limit, pk_doc **doc,
   if (rc == 0 && (p.n != 1 || p.nmarks))
     rc = fail(&p, "STOP with %zu values and %zu marks on the stack", p.n,
               p.nmarks);
+  /* A snapshot is one pickle: what follows it would be dropped unseen. */
+  if (rc == 0 && p.at != p.len)
+    rc = fail(&p, "%zu bytes after the pickle's end", p.len - p.at);
   if (rc == 0) {
     p.op_at = p.len;
     rc = index_dicts(&p);
