@@ -304,6 +304,8 @@ static void test_damaged(void) {
       {"bad_snapshot_list.pickle", "holds a list, not the dict"},
       {"bad_snapshot_set.pickle", "opcode 0x8f"},
       {"bad_snapshot_flipped.pickle", "opcode 0xff"},
+      {"bad_snapshot_segments_wrap.pickle",
+       "device_traces[0][3]: its segments add up past 2^64 bytes"},
       {"bad_rmm_pointer.csv", "bad_rmm_pointer.csv:5: the pointer '0xZZ'"},
       {"bad_rmm_fields.csv", "bad_rmm_fields.csv:3: 5 fields"},
   };

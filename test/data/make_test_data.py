@@ -184,6 +184,12 @@ def main():
     at = whole.index(b"free_completed")
     flipped[at - 2] = 0xFF
     write("bad_snapshot_flipped.pickle", bytes(flipped))
+    # Segments that add up past 2^64 bytes (the sum once wrapped).
+    events = [{"action": "segment_alloc", "addr": i, "size": 1 << 62,
+               "stream": 0} for i in range(5)]
+    events.append({"action": "alloc", "addr": 1, "size": 100, "stream": 0})
+    write("bad_snapshot_segments_wrap.pickle",
+          pickle.dumps({"device_traces": [events]}, protocol=4))
     rows = rmm_log().splitlines()
     rows[4] = "2342727,15:47:02.841980,free,0xZZ,1048576,0"
     write("bad_rmm_pointer.csv", ("\n".join(rows) + "\n").encode())

@@ -40,6 +40,10 @@ static int user_alloc(user_reserved *u, trace_limit *l, uint64_t addr,
                       uint64_t size, char *why, size_t len) {
   if (!u->at && !(u->at = trace_map_new()))
     return trace_failf(why, len, "out of memory");
+  /* No device holds 2^64 bytes: a sum past it is a damaged snapshot, and
+   * would wrap the figure printed beside the replay's. */
+  if (size > UINT64_MAX - u->now)
+    return trace_failf(why, len, "its segments add up past 2^64 bytes");
   int room = trace_map_room(&u->at, l);
   if (room != 0)
     return room == -2 ? trace_limit_fail(l, "its segments need", why, len)
