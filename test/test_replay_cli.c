@@ -104,6 +104,11 @@ static void test_output_and_line_ends(void) {
   write_file("crcr.csv", "action,addr,size,stream\nalloc,1,10,0\r\r\n");
   CHECK_EQ_INT(run(NULL, "crcr.csv", out, sizeof out), 1);
   expect_in(out, "crcr.csv:2: stream has a stray byte 0x0d");
+  /* In an RMM log, in the fields that are never parsed too. */
+  write_file("rmm_cr.csv", "Thread,Time,Action,Pointer,Size,Stream\n"
+                           "1,0\r,allocate,0x10,100,0\n");
+  CHECK_EQ_INT(run(NULL, "rmm_cr.csv", out, sizeof out), 1);
+  expect_in(out, "rmm_cr.csv:2: a carriage return without a line feed");
   CHECK_EQ_INT(run(NULL, "small.csv --json=1", out, sizeof out), 2);
   expect_in(out, "option '--json=1' takes no value");
 }

@@ -215,6 +215,20 @@ static int slurp(const char *path, trace_limit *l, char **out, size_t *outlen,
   return 0;
 }
 
+/* The line (from 1) of the first carriage return that a line feed does not
+ * follow, or 0: RMM's first fields are never parsed, so such a byte there
+ * would pass unseen. */
+static size_t lone_cr_line(const char *data, size_t n) {
+  size_t line = 1;
+  for (size_t i = 0; i + 1 < n; i++) {
+    if (data[i] == '\n')
+      line++;
+    else if (data[i] == '\r' && data[i + 1] != '\n')
+      return line;
+  }
+  return 0;
+}
+
 /* The two headers of tidepool's CSV, which tell that format; the one with
  * the fifth column also tells its reader that the column is there. */
 static const char csv_header[] = TRACE_CSV_HEADER;
@@ -258,7 +272,12 @@ int trace_load(trace *t, const char *path, char *err, size_t len) {
   } else if (first == sizeof rmm_header - 1 &&
              strncmp(data, rmm_header, first) == 0) {
     t->format = TRACE_FORMAT_RMM;
-    rc = trace_read_rmm(t, data, n, &limit, err, len);
+    size_t cr = lone_cr_line(data, n);
+    rc = cr ? trace_failf(err, len,
+                          "%s:%zu: a carriage return without a line feed "
+                          "ends the line; lines must end with a line feed",
+                          path, cr)
+            : trace_read_rmm(t, data, n, &limit, err, len);
   } else {
     rc = trace_failf(err, len,
                      "%s:1: expected the header '%s' (tidepool), '%s' (RMM's "
