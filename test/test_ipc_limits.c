@@ -497,15 +497,12 @@ typedef struct waiting_import {
   tp_pool_t pool;
   tp_pool_ptr_export_data_t rec;
   tp_error_t err;
-  double took;
 } waiting_import;
 
 static void *import_thread(void *arg) {
   waiting_import *w = arg;
   void *p = NULL;
-  double t0 = check_now_s();
   w->err = tp_pool_import_pointer(&p, w->pool, &w->rec);
-  w->took = check_now_s() - t0;
   if (w->err == TP_SUCCESS)
     (void)tp_free_async(p, NULL);
   return NULL;

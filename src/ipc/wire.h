@@ -144,14 +144,15 @@ static inline tp__wire tp__wire_make(uint16_t op) {
 /* A point in time (CLOCK_MONOTONIC, milliseconds) the timeout from now. */
 uint64_t tp__ipc_deadline(void);
 
-/* Sends one message with, optionally, one descriptor (fd >= 0, which stays
- * the caller's) and this process's credentials. Waits for room until
- * `deadline`, or not at all when it is 0. A peer that is gone, or does not
- * make room in time, is INVALID_VALUE: the pool it stood for is gone too. */
 /* Waits for `events` (POLLIN, POLLOUT) on sock until the deadline (ms of
  * CLOCK_MONOTONIC, tp__ipc_deadline). 1: ready, 0: the deadline passed, -1:
  * poll failed (errno). */
 int tp__wire_wait(int sock, short events, uint64_t deadline);
+/* Sends one message with, optionally, one descriptor (fd >= 0, which stays
+ * the caller's) and this process's credentials. Waits for room until
+ * `deadline`, or not at all when it is 0. A peer that is gone, or does not
+ * make room in time, is INVALID_VALUE: the pool it stood for is gone too;
+ * with `deadline` 0, a full socket leaves errno EAGAIN (or EWOULDBLOCK). */
 tp_error_t tp__wire_send(int sock, const tp__wire *w, int fd, bool creds,
                          uint64_t deadline);
 

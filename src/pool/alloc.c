@@ -39,14 +39,26 @@ static tp__reuse reuse_of(tp__pool *p) {
           atomic_load_explicit(&p->growth_slack, memory_order_relaxed)};
 }
 
+/* The pool lock, taken for stream `s`'s own allocation or free: the heap
+ * may make the joins that serve that stream alone (blocks.c, tags_join)
+ * until unlock_for. */
+static void lock_for(tp__pool *p, tp__stream *s) {
+  tp__mutex_lock(&p->lock);
+  p->heap.joiner = s;
+}
+
+static void unlock_for(tp__pool *p) {
+  p->heap.joiner = NULL;
+  tp__mutex_unlock(&p->lock);
+}
+
 static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
                              size_t size, void **ptr) {
   tp__centry got[16];
   tp_error_t err = TP_ERROR_INVALID_VALUE;
   uint32_t n = 0;
   bool rose = false;
-  tp__mutex_lock(&p->lock);
-  p->heap.joiner = s;
+  lock_for(p, s);
   tp__cache *c = p->torn_down ? NULL : tp__cache_ensure(&p->caches, s);
   if (c) {
     tp__reuse r = reuse_of(p);
@@ -74,8 +86,7 @@ static tp_error_t small_slow(tp__pool *p, tp__stream *s, unsigned cls,
     }
   }
   TP_DEBUG_WALK(p);
-  p->heap.joiner = NULL;
-  tp__mutex_unlock(&p->lock);
+  unlock_for(p);
   TP_RETURN_IF(n == 0, err);
   *ptr = tp__finish_small(&got[0], size);
   tp__peak_note(p, (int64_t)size, rose);
@@ -88,8 +99,7 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
   tp_error_t err = TP_ERROR_INVALID_VALUE;
   bool rose = false;
   tp__cache *c = NULL;
-  tp__mutex_lock(&p->lock);
-  p->heap.joiner = s;
+  lock_for(p, s);
   if (!p->torn_down) {
     /* The stream's own cached blocks go back first, so that they merge
      * with their neighbours before the search. The small ones too: kept
@@ -128,8 +138,7 @@ static tp_error_t large_slow(tp__pool *p, tp__stream *s, size_t r, size_t size,
     tp__blspin_unlock(&s->lock);
   }
   TP_DEBUG_WALK(p);
-  p->heap.joiner = NULL;
-  tp__mutex_unlock(&p->lock);
+  unlock_for(p);
   if (err == TP_SUCCESS)
     tp__peak_note(p, (int64_t)size, rose);
   return err;
@@ -163,8 +172,7 @@ static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
                       const tp__centry *e, int64_t req) {
   tp__centry out[TP_SMALL_CACHE / 2 + 1];
   uint32_t nout = 0;
-  tp__mutex_lock(&p->lock);
-  p->heap.joiner = s;
+  lock_for(p, s);
   tp__cache *c = p->torn_down ? NULL : tp__cache_ensure(&p->caches, s);
   tp__blspin_lock(&s->lock);
   if (c)
@@ -177,8 +185,7 @@ static void free_slow(tp__pool *p, tp__stream *s, unsigned cls, bool large,
   }
   tp__cache_give_back(&p->caches, s, cls, large, out, nout);
   TP_DEBUG_WALK(p);
-  p->heap.joiner = NULL;
-  tp__mutex_unlock(&p->lock);
+  unlock_for(p);
 }
 
 /* The free's second half where alloc.h's quick case did not apply: the
@@ -278,13 +285,11 @@ tp_error_t tp__pool_live_range(tp__pool *p, uintptr_t addr, uintptr_t *start,
 /* The block goes to the pool, counted in the same step. */
 static void free_to_pool(tp__pool *p, tp__stream *s, unsigned cls, bool large,
                          const tp__centry *e, int64_t req) {
-  tp__mutex_lock(&p->lock);
-  p->heap.joiner = s;
+  lock_for(p, s);
   tp__cache_give_back(&p->caches, s, cls, large, e, 1);
   atomic_fetch_add_explicit(&p->caches.base, -req, memory_order_relaxed);
   TP_DEBUG_WALK(p);
-  p->heap.joiner = NULL;
-  tp__mutex_unlock(&p->lock);
+  unlock_for(p);
 }
 
 tp_error_t tp__pool_free_tagged(tp__pool *p, void *ptr, tp__tag tag) {

@@ -31,7 +31,27 @@ static double tick_step(double range, int n) {
   return p * (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10);
 }
 
-static size_t utf8_len(const unsigned char *s);
+/* The length of the UTF-8 sequence at s, or 0 when it is not one. */
+static size_t utf8_len(const unsigned char *s) {
+  size_t n;
+  if (s[0] >= 0xc2 && s[0] <= 0xdf)
+    n = 2;
+  else if (s[0] >= 0xe0 && s[0] <= 0xef)
+    n = 3;
+  else if (s[0] >= 0xf0 && s[0] <= 0xf4)
+    n = 4;
+  else
+    return 0;
+  /* Stops at a NUL, which is no continuation byte. */
+  for (size_t i = 1; i < n; i++)
+    if ((s[i] & 0xc0) != 0x80)
+      return 0;
+  /* Overlong three- and four-byte forms, surrogates, beyond U+10FFFF. */
+  if ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0) ||
+      (s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))
+    return 0;
+  return n;
+}
 
 /* XML 1.0 allows no control character but tab, line feed and carriage
  * return, not even as a reference: a file name holding one shows '?'.
@@ -148,28 +168,6 @@ int replay_write_svg(FILE *f, const replay_chart *charts, size_t n) {
     chart(f, H * (double)i, charts[i].title, charts[i].tl);
   fputs("</svg>\n", f);
   return ferror(f) ? -1 : 0;
-}
-
-/* The length of the UTF-8 sequence at s, or 0 when it is not one. */
-static size_t utf8_len(const unsigned char *s) {
-  size_t n;
-  if (s[0] >= 0xc2 && s[0] <= 0xdf)
-    n = 2;
-  else if (s[0] >= 0xe0 && s[0] <= 0xef)
-    n = 3;
-  else if (s[0] >= 0xf0 && s[0] <= 0xf4)
-    n = 4;
-  else
-    return 0;
-  /* Stops at a NUL, which is no continuation byte. */
-  for (size_t i = 1; i < n; i++)
-    if ((s[i] & 0xc0) != 0x80)
-      return 0;
-  /* Overlong three- and four-byte forms, surrogates, beyond U+10FFFF. */
-  if ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0) ||
-      (s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))
-    return 0;
-  return n;
 }
 
 void replay_json_string(FILE *f, const char *str) {
