@@ -214,6 +214,41 @@ static inline int gate_entered(const gate_t *gate) {
   return gate->slot >= 0 && atomic_load(&check_gate_slots_[gate->slot].entered);
 }
 
+/* A gate opened from a thread of its own after `ms` milliseconds, so that
+ * a call that should return at once while the stream is held cannot hang
+ * the test if it blocks instead: the test measures how long the call took.
+ * The opener releases its own copy of the gate; the test may release its
+ * copy as well (releasing twice is harmless). */
+typedef struct gate_opener {
+  pthread_t thread;
+  gate_t gate;
+  long ms;
+} gate_opener_t;
+
+static inline void *gate_opener_main_(void *arg) {
+  gate_opener_t *o = (gate_opener_t *)arg;
+  check_sleep_ms(o->ms);
+  release(&o->gate);
+  return NULL;
+}
+
+/* Starts the opener; 0 where no thread could be made (nothing held is
+ * then opened by it). */
+static inline int gate_open_after(gate_opener_t *o, gate_t gate, long ms) {
+  o->gate = gate;
+  o->ms = ms;
+  return pthread_create(&o->thread, NULL, gate_opener_main_, o) == 0;
+}
+
+static inline void gate_opener_join(gate_opener_t *o) {
+  pthread_join(o->thread, NULL);
+}
+
+/* A host function that raises the atomic_int flag it is given. */
+static inline void check_set_flag(void *arg) {
+  atomic_store((atomic_int *)arg, 1);
+}
+
 /* Opens every gate, for tests that give up early: a stream left held would
  * block every later synchronize until the gate timeout. */
 static inline void release_all_gates(void) {

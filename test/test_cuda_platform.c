@@ -95,10 +95,6 @@ static void unhold_all(void) {
     atomic_store(&holds[i].open, 1);
 }
 
-static void set_flag(void *arg) {
-  atomic_store((atomic_int *)arg, 1);
-}
-
 /* ---- tests --------------------------------------------------------------- */
 
 static void test_devices(void) {
@@ -183,7 +179,7 @@ static void test_hold_and_events(void) {
   static atomic_int s2_ran;
   atomic_store(&s2_ran, 0);
   CHECK_OK(P->stream_wait_event(s2, ev));
-  CHECK_OK(P->launch_host_func(s2, set_flag, &s2_ran));
+  CHECK_OK(P->launch_host_func(s2, check_set_flag, &s2_ran));
   check_sleep_ms(20);
   CHECK_ERR(P->stream_query(s2), TP_ERROR_NOT_READY);
   CHECK_EQ_INT(atomic_load(&s2_ran), 0);
@@ -262,7 +258,7 @@ static void test_legacy_and_per_thread(void) {
 
   static atomic_int ran;
   atomic_store(&ran, 0);
-  CHECK_OK(P->launch_host_func(leg.ps, set_flag, &ran));
+  CHECK_OK(P->launch_host_func(leg.ps, check_set_flag, &ran));
   CHECK_OK(P->stream_synchronize(leg.ps));
   CHECK_EQ_INT(atomic_load(&ran), 1);
   tp__pevent *ev;
@@ -277,7 +273,7 @@ static void test_legacy_and_per_thread(void) {
   CHECK(pt.uid != leg.uid);
   atomic_store(&ran, 0);
   CHECK_OK(P->stream_wait_event(pt.ps, ev));
-  CHECK_OK(P->launch_host_func(pt.ps, set_flag, &ran));
+  CHECK_OK(P->launch_host_func(pt.ps, check_set_flag, &ran));
   CHECK_OK(P->stream_synchronize(pt.ps));
   CHECK_EQ_INT(atomic_load(&ran), 1);
   CHECK_OK(P->event_destroy(ev));
@@ -307,7 +303,7 @@ static void test_raw_stream(void) {
   CHECK(d.uid != 0);
   static atomic_int ran;
   atomic_store(&ran, 0);
-  CHECK_OK(P->launch_host_func(d.ps, set_flag, &ran));
+  CHECK_OK(P->launch_host_func(d.ps, check_set_flag, &ran));
   CHECK_OK(P->stream_synchronize(d.ps));
   CHECK_EQ_INT(atomic_load(&ran), 1);
   tp__stream_desc again;

@@ -56,10 +56,6 @@ static void expect_bytes(const void *p, size_t size, unsigned char value,
   free(host);
 }
 
-static void set_flag(void *arg) {
-  atomic_store((atomic_int *)arg, 1);
-}
-
 /* Device 1 reads `src` (device 0's pool) into its own pool, with each device
  * current in turn: the copy must not depend on the thread's device. A host
  * function queued after each copy on the same stream runs after it. */
@@ -73,7 +69,7 @@ static void peer_reads(const void *src, size_t size, unsigned char value) {
     CHECK_OK(tp_memset_async(dst, 0, size, s1));
     CHECK_OK(tp_memcpy_async(dst, src, size, s1));
     atomic_int ran = 0;
-    CHECK_OK(tp_launch_host_func(s1, set_flag, &ran));
+    CHECK_OK(tp_launch_host_func(s1, check_set_flag, &ran));
     CHECK_OK(tp_stream_synchronize(s1));
     CHECK_EQ_INT(atomic_load(&ran), 1);
     expect_bytes(dst, size, value, s1);
@@ -102,7 +98,7 @@ static void test_peer_access(void) {
   CHECK_OK(tp_memset_async(before, 0x22, size, s1));
   CHECK_OK(tp_memset_async(after, 0x33, size, s1));
   atomic_int ran = 0;
-  CHECK_OK(tp_launch_host_func(s1, set_flag, &ran));
+  CHECK_OK(tp_launch_host_func(s1, check_set_flag, &ran));
   CHECK_OK(tp_stream_synchronize(s1));
   CHECK_EQ_INT(atomic_load(&ran), 1);
   expect_bytes(before, size, 0x22, s0);

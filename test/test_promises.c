@@ -91,37 +91,11 @@ static void stream_done(tp_stream_t s) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
-static void raise_flag(void *arg) {
-  atomic_store((atomic_int *)arg, 1);
-}
-
 static int all_bytes(const unsigned char *p, size_t n, unsigned char v) {
   for (size_t i = 0; i < n; i++)
     if (p[i] != v)
       return 0;
   return 1;
-}
-
-/* Opens a gate after `ms` milliseconds from a thread of its own, so that a
- * call the header lets return at once cannot hang the test if it blocks
- * instead: the test measures how long the call took. */
-typedef struct opener {
-  pthread_t thread;
-  gate_t gate;
-  long ms;
-} opener_t;
-
-static void *opener_main(void *arg) {
-  opener_t *o = arg;
-  check_sleep_ms(o->ms);
-  release(&o->gate);
-  return NULL;
-}
-
-static int opener_start(opener_t *o, gate_t gate, long ms) {
-  o->gate = gate;
-  o->ms = ms;
-  return pthread_create(&o->thread, NULL, opener_main, o) == 0;
 }
 
 /* ========================================================================
@@ -935,7 +909,7 @@ static void stream_calls_refuse(tp_stream_t bad, tp_pool_t pool, void *live,
   CHECK_ERR(tp_free_async(live, bad), TP_ERROR_INVALID_VALUE);
   CHECK_ERR(tp_memset_async(live, 0, 16, bad), TP_ERROR_INVALID_VALUE);
   CHECK_ERR(tp_memcpy_async(buf, live, 16, bad), TP_ERROR_INVALID_VALUE);
-  CHECK_ERR(tp_launch_host_func(bad, raise_flag, &flag),
+  CHECK_ERR(tp_launch_host_func(bad, check_set_flag, &flag),
             TP_ERROR_INVALID_VALUE);
   CHECK_ERR(tp_event_record(ev, bad), TP_ERROR_INVALID_VALUE);
   CHECK_ERR(tp_stream_wait_event(bad, ev, 0), TP_ERROR_INVALID_VALUE);
@@ -1163,13 +1137,13 @@ static void test_stream_destroyed_with_pending_free(void) {
   atomic_int ran = 0;
   CHECK_OK(tp_memset_async(x, 0x33, 2 * MiB, s));
   CHECK_OK(tp_free_async(x, s));
-  CHECK_OK(tp_launch_host_func(s, raise_flag, &ran));
+  CHECK_OK(tp_launch_host_func(s, check_set_flag, &ran));
   /* The destroy may wait for the work or return at once (CUDA's does);
    * either way the gate opens within the test's time. */
-  opener_t o;
-  REQUIRE(opener_start(&o, g, 200));
+  gate_opener_t o;
+  REQUIRE(gate_open_after(&o, g, 200));
   CHECK_OK(tp_stream_destroy(s));
-  pthread_join(o.thread, NULL);
+  gate_opener_join(&o);
   CHECK_OK(tp_device_synchronize());
   CHECK_EQ_INT(atomic_load(&ran), 1);
   CHECK_EQ_U64(used_of(pool), 0);
@@ -1364,7 +1338,7 @@ static void test_event_semantics(void) {
   check_context("a wait takes the record current at the call");
   atomic_int a_done = 0;
   seen_t obs = {&a_done, 0, 0};
-  CHECK_OK(tp_launch_host_func(a, raise_flag, &a_done));
+  CHECK_OK(tp_launch_host_func(a, check_set_flag, &a_done));
   CHECK_OK(tp_event_record(ev, a));
   CHECK_OK(tp_stream_wait_event(c, ev, 0));
   CHECK_OK(tp_event_record(ev, b)); /* later: must not shorten c's wait */
@@ -1383,12 +1357,12 @@ static void test_event_semantics(void) {
   REQUIRE_OK(hold_stream(a, &g));
   atomic_int a_done2 = 0;
   seen_t obs2 = {&a_done2, 0, 0};
-  CHECK_OK(tp_launch_host_func(a, raise_flag, &a_done2));
+  CHECK_OK(tp_launch_host_func(a, check_set_flag, &a_done2));
   CHECK_OK(tp_event_record(pend, a));
   CHECK_OK(tp_stream_wait_event(c, pend, 0));
   CHECK_OK(tp_launch_host_func(c, look, &obs2));
-  opener_t o;
-  REQUIRE(opener_start(&o, g, 3000));
+  gate_opener_t o;
+  REQUIRE(gate_open_after(&o, g, 3000));
   double t0 = check_now_s();
   CHECK_OK(tp_event_destroy(pend));
   double took = check_now_s() - t0;
@@ -1397,7 +1371,7 @@ static void test_event_semantics(void) {
   check_sleep_ms(30);
   CHECK_EQ_INT(atomic_load(&obs2.ran), 0);
   release(&g); /* the opener's copy is its own to write */
-  pthread_join(o.thread, NULL);
+  gate_opener_join(&o);
   CHECK_OK(tp_stream_synchronize(c));
   CHECK_EQ_INT(atomic_load(&obs2.ran), 1);
   CHECK_EQ_INT(atomic_load(&obs2.value), 1);
@@ -1439,7 +1413,7 @@ static void test_event_semantics(void) {
   check_context("an event recorded on a stream destroyed since");
   tp_stream_t gone = new_stream();
   REQUIRE(gone != NULL);
-  CHECK_OK(tp_launch_host_func(gone, raise_flag, &a_done));
+  CHECK_OK(tp_launch_host_func(gone, check_set_flag, &a_done));
   CHECK_OK(tp_event_record(ev, gone));
   CHECK_OK(tp_stream_destroy(gone));
   CHECK_OK(tp_stream_wait_event(b, ev, 0));
@@ -1668,8 +1642,8 @@ static void test_device_synchronize_scope(void) {
   REQUIRE(s1 != NULL);
   gate_t g;
   REQUIRE_OK(hold_stream(s1, &g));
-  opener_t o;
-  REQUIRE(opener_start(&o, g, 3000));
+  gate_opener_t o;
+  REQUIRE(gate_open_after(&o, g, 3000));
   double t0 = check_now_s();
   CHECK_OK(tp_device_synchronize());
   double took = check_now_s() - t0;
@@ -1679,7 +1653,7 @@ static void test_device_synchronize_scope(void) {
   /* The legacy stream of device 0 does not wait for device 1 either. */
   CHECK_OK(tp_stream_synchronize(NULL));
   release(&g); /* the opener's copy is its own to write */
-  pthread_join(o.thread, NULL);
+  gate_opener_join(&o);
   REQUIRE_OK(tp_set_device(1));
   CHECK_OK(tp_device_synchronize());
   CHECK_OK(tp_stream_query(s1));

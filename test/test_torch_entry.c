@@ -902,22 +902,6 @@ static void test_record_stream_other_device_context(void) {
  * work (that device's synchronize), not for the freeing device's, and the
  * memory is not reused under it. The host platform only, as in
  * test_record_stream. */
-typedef struct late_gate {
-  gate_t gate;
-  long ms;
-} late_gate;
-
-static void *open_late(void *arg) {
-  late_gate *l = arg;
-  check_sleep_ms(l->ms);
-  release(&l->gate);
-  return NULL;
-}
-
-static void set_flag(void *arg) {
-  atomic_store((atomic_int *)arg, 1);
-}
-
 static void test_record_stream_destroyed_other_device(void) {
   int count = 0;
   REQUIRE_OK(tp_get_device_count(&count));
@@ -935,17 +919,17 @@ static void test_record_stream_destroyed_other_device(void) {
   void *t = tp_torch_alloc((ssize_t)n, 0, a);
   REQUIRE(t != NULL);
   tp_torch_record_stream(t, b);
-  late_gate l = {.ms = 300};
+  gate_t g;
   atomic_int read_done = 0;
-  REQUIRE_OK(hold_stream(b, &l.gate));
-  CHECK_OK(tp_launch_host_func(b, set_flag, &read_done));
+  REQUIRE_OK(hold_stream(b, &g));
+  CHECK_OK(tp_launch_host_func(b, check_set_flag, &read_done));
   CHECK_OK(tp_stream_destroy(b));
-  pthread_t opener;
-  REQUIRE(pthread_create(&opener, NULL, open_late, &l) == 0);
+  gate_opener_t o;
+  REQUIRE(gate_open_after(&o, g, 300));
   tp_torch_free(t, (ssize_t)n, 0, a);
   /* b's work, queued before the free, has run. */
   CHECK_EQ_INT(atomic_load(&read_done), 1);
-  pthread_join(opener, NULL);
+  gate_opener_join(&o);
   CHECK_OK(tp_stream_synchronize(a));
   CHECK_OK(tp_stream_destroy(a));
 }
