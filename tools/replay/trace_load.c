@@ -246,20 +246,28 @@ int trace_load(trace *t, const char *path, char *err, size_t len) {
   int rc = t->path ? 0 : trace_failf(err, len, "%s: out of memory", path);
   static const char rmm_header[] = "Thread,Time,Action,Pointer,Size,Stream";
   size_t first = strcspn(data, "\r\n");
+  bool snapshot = n > 0 && (unsigned char)data[0] == 0x80;
+  bool rmm =
+      first == sizeof rmm_header - 1 && strncmp(data, rmm_header, first) == 0;
   /* Lines end with a line feed (a carriage return before it is allowed):
-   * a carriage return alone would hide the rest of the file in line 1. */
-  bool cr_alone =
-      first + 1 < n && data[first] == '\r' && data[first + 1] != '\n';
+   * a carriage return alone would hide the rest of the file in line 1, and
+   * in an RMM log's first fields, which are never parsed, pass unseen. */
+  size_t cr = 0;
+  if (rmm)
+    cr = lone_cr_line(data, n);
+  else if (!snapshot && first + 1 < n && data[first] == '\r' &&
+           data[first + 1] != '\n')
+    cr = 1;
   if (rc != 0) {
     /* reported */
   } else if (n == 0) {
     rc = trace_failf(err, len, "%s: empty file", path);
-  } else if (cr_alone && (unsigned char)data[0] != 0x80) {
+  } else if (cr) {
     rc = trace_failf(err, len,
-                     "%s:1: a carriage return without a line feed ends the "
+                     "%s:%zu: a carriage return without a line feed ends the "
                      "line; lines must end with a line feed",
-                     path);
-  } else if ((unsigned char)data[0] == 0x80) {
+                     path, cr);
+  } else if (snapshot) {
     t->format = TRACE_FORMAT_SNAPSHOT;
     rc = trace_read_snapshot(t, (const unsigned char *)data, n, &limit, err,
                              len);
@@ -269,15 +277,9 @@ int trace_load(trace *t, const char *path, char *err, size_t len) {
               strncmp(data, csv_header_done, first) == 0)) {
     t->format = TRACE_FORMAT_CSV;
     rc = trace_read_csv(t, data, n, &limit, err, len);
-  } else if (first == sizeof rmm_header - 1 &&
-             strncmp(data, rmm_header, first) == 0) {
+  } else if (rmm) {
     t->format = TRACE_FORMAT_RMM;
-    size_t cr = lone_cr_line(data, n);
-    rc = cr ? trace_failf(err, len,
-                          "%s:%zu: a carriage return without a line feed "
-                          "ends the line; lines must end with a line feed",
-                          path, cr)
-            : trace_read_rmm(t, data, n, &limit, err, len);
+    rc = trace_read_rmm(t, data, n, &limit, err, len);
   } else {
     rc = trace_failf(err, len,
                      "%s:1: expected the header '%s' (tidepool), '%s' (RMM's "
