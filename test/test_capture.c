@@ -1148,6 +1148,47 @@ static void test_reinstantiated_exec_follows(void) {
   CHECK_OK(tp_stream_destroy(s2));
 }
 
+/* The stream of an exec's last launch begins a capture before the graph's
+ * next exec is launched on another stream, and cannot then be recorded on
+ * (nor can the legacy stream, way 1, while a blocking stream captures):
+ * the next launch still follows the last one. The launch answered
+ * PLATFORM and did not run. Way 0: the launch on a non-blocking stream,
+ * which then captures; way 1: on the legacy stream, and a blocking stream
+ * captures. */
+static void test_next_exec_follows_capturing_stream(void) {
+  for (int way = 0; way < 2; way++) {
+    tp_stream_t s1 = new_stream(TP_STREAM_NON_BLOCKING);
+    tp_stream_t s2 = way ? NULL : new_stream(TP_STREAM_NON_BLOCKING);
+    tp_stream_t cap = way ? new_stream(0) : s2;
+    atomic_int runs = 0;
+    tp_graph_t graph = scratch_graph(s1, &runs);
+    REQUIRE(graph);
+    tp_graph_exec_t x1 = NULL, x2 = NULL;
+    REQUIRE_OK(tp_graph_instantiate(&x1, graph, 0));
+    gate_t gate;
+    REQUIRE_OK(hold_stream(s2, &gate));
+    CHECK_OK(tp_graph_launch(x1, s2));
+    CHECK_OK(tp_stream_begin_capture(cap, TP_CAPTURE_MODE_RELAXED));
+    CHECK_OK(tp_graph_exec_destroy(x1));
+    REQUIRE_OK(tp_graph_instantiate(&x2, graph, 0));
+    CHECK_OK(tp_graph_launch(x2, s1));
+    check_sleep_ms(30);
+    CHECK_EQ_INT(atomic_load(&runs), 0); /* s1's launch waits for s2's */
+    release(&gate);
+    tp_graph_t side = NULL;
+    CHECK_OK(tp_stream_end_capture(cap, &side));
+    if (side)
+      CHECK_OK(tp_graph_destroy(side));
+    CHECK_OK(tp_stream_synchronize(s1));
+    CHECK_EQ_INT(atomic_load(&runs), 2);
+    CHECK_OK(tp_graph_exec_destroy(x2));
+    CHECK_OK(tp_graph_destroy(graph));
+    CHECK_OK(tp_device_synchronize());
+    CHECK_OK(tp_stream_destroy(s1));
+    CHECK_OK(tp_stream_destroy(cap));
+  }
+}
+
 /* An allocation node takes its pool's device and access list: memory of a
  * device-1 pool that grants device 0 access serves a graph on a device-0
  * stream, is counted on device 1, and without the grant device 0's work
@@ -2194,6 +2235,7 @@ int main(void) {
   RUN_TEST(test_replay);
   RUN_TEST(test_launch_order);
   RUN_TEST(test_reinstantiated_exec_follows);
+  RUN_TEST(test_next_exec_follows_capturing_stream);
   RUN_TEST(test_fork_join);
   RUN_TEST(test_alloc_free_reuse);
   RUN_TEST(test_free_refused);

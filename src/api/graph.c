@@ -370,13 +370,16 @@ static tp_error_t launch(exec_slot *exec, tp_stream_t stream) {
   if (err == TP_SUCCESS && exec->gm) {
     /* Work queued on s from now on follows the launch: the epoch moves
      * under the stream's lock, so no marker recorded before the launch can
-     * count as one after it. */
+     * count as one after it. A marker goes behind the launch at once: the
+     * next exec of the graph must follow it, and s may by then capture, when
+     * nothing can be recorded on it (nor on the legacy stream while a
+     * blocking stream captures). */
     if (exec->last.stream != s) {
       tp__stream_ref(s);
       tp__tag_clear(&exec->last);
       exec->last.stream = s;
     }
-    exec->last.epoch = tp__stream_advance(s);
+    exec->last.epoch = tp__stream_advance_marked(s);
   }
   if (err == TP_SUCCESS)
     tp__tag_clear(&exec->after);

@@ -239,6 +239,28 @@ uint64_t tp__stream_advance(tp__stream *s) {
   return e;
 }
 
+/* Markers kept before the oldest is asked whether it has completed. */
+#define TP_MARKED_KEEP 16
+
+uint64_t tp__stream_advance_marked(tp__stream *s) {
+  tp__blspin_lock(&s->lock);
+  /* Recorded at every such launch, a marker each: the oldest are let go as
+   * they complete, so that a loop of launches with nothing polling the
+   * stream keeps no more than the work still queued. */
+  while (s->nmarkers >= TP_MARKED_KEEP &&
+         tp__pevent_finished(tp__platform->event_query(s->markers[0]->ev))) {
+    tp__atomic_max(&s->seen_epoch, s->markers[0]->epoch);
+    markers_trim(s);
+  }
+  tp__marker *m =
+      tp__stream_still_named(s) ? tp__stream_marker_record(s) : NULL;
+  uint64_t e =
+      m ? m->epoch
+        : atomic_fetch_add_explicit(&s->epoch, 1, memory_order_relaxed);
+  tp__blspin_unlock(&s->lock);
+  return e;
+}
+
 bool tp__stream_done(const tp__tag *t) {
   return !t->stream || atomic_load_explicit(&t->stream->done_epoch,
                                             memory_order_acquire) >= t->epoch;
@@ -391,7 +413,11 @@ tp_error_t tp__stream_make_wait(tp__stream *waiter, const tp__tag *t) {
   tp__marker *m =
       s->legacy && !atomic_load_explicit(&s->released, memory_order_relaxed)
           ? tp__stream_marker_record(s)
-          : marker_covering(s, t->epoch);
+          : NULL;
+  /* Where none can be recorded now (the legacy stream while a blocking
+   * stream captures), one recorded before that covers the tag will do. */
+  if (!m)
+    m = marker_covering(s, t->epoch);
   tp_error_t err = m ? tp__platform->stream_wait_event(waiter->ps, m->ev)
                      : TP_ERROR_PLATFORM;
   uint64_t covered = m ? m->epoch : 0;

@@ -167,6 +167,10 @@ static inline bool tp__stream_may_use(tp__stream *a, const tp__tag *t,
 /* The stream's queued work has completed (after a synchronize). */
 void tp__stream_mark_done(tp__stream *s, uint64_t epoch);
 uint64_t tp__stream_advance(tp__stream *s);
+/* As tp__stream_advance, for work that another stream may later have to
+ * follow while this one captures (when no marker can be recorded on it):
+ * a marker is recorded behind the work now, where the platform allows. */
+uint64_t tp__stream_advance_marked(tp__stream *s);
 /* Device synchronize bookkeeping: tp_device_synchronize takes a ticket
  * before it waits and reports it once the device's work completed, so that
  * the frees of a stream destroyed before the ticket count as known complete
