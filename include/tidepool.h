@@ -241,7 +241,9 @@ typedef enum tp_pool_attr {
    * busy). More slack trades memory for fewer moves: a GPT training loop
    * that moves about 21 chunks a step at the default moves none at 25000
    * (2.5%), holding 1.022 times its peak instead of 1.012 (bench/RESULTS.md).
-   * Applies to growth from then on. Errors: INVALID_VALUE above 1000000. */
+   * Where no chunk can be made (the pool's max_size, a full device), growth
+   * moves wholly free chunks whatever the slack. Applies to growth from
+   * then on. Errors: INVALID_VALUE above 1000000. */
   TP_POOL_ATTR_GROWTH_SLACK = 104
 } tp_pool_attr_t;
 

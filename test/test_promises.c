@@ -637,6 +637,54 @@ static void test_later_free_keeps_earlier_usable(void) {
   check_context(NULL);
 }
 
+/* A pool that can make no more memory (its max_size reached) serves a
+ * request from its wholly free chunks whatever its growth slack, which
+ * only trades memory for fewer chunk moves where memory can be made: with
+ * the slack at a quarter, two free chunks that were no neighbours failed a
+ * two-chunk request with OUT_OF_MEMORY (and so did a default pool whose
+ * device was full, at the default slack from about 512 MiB used). The
+ * blocks that stay live keep their bytes. */
+static void test_full_pool_moves_free_chunks(void) {
+  const uint64_t slacks[] = {0, 250000, 1000000};
+  for (size_t k = 0; k < sizeof slacks / sizeof slacks[0]; k++) {
+    tp_pool_t probe = new_pool(0, 0);
+    REQUIRE(probe);
+    uint64_t chunk = attr64(probe, TP_POOL_ATTR_CHUNK_SIZE);
+    CHECK_OK(tp_pool_destroy(probe));
+    tp_pool_t pool = new_pool(0, 4 * chunk);
+    REQUIRE(pool);
+    set64(pool, TP_POOL_ATTR_GROWTH_SLACK, slacks[k]);
+    /* The free chunks stay mapped through the synchronize. */
+    set64(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, UINT64_MAX);
+    tp_stream_t s = NULL;
+    REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+    void *a[4] = {0}, *big = NULL;
+    for (int i = 0; i < 4; i++)
+      CHECK_OK(tp_malloc_from_pool_async(&a[i], chunk, pool, s));
+    CHECK_OK(tp_memset_async(a[1], 0x11, chunk, s));
+    CHECK_OK(tp_memset_async(a[3], 0x33, chunk, s));
+    CHECK_OK(tp_free_async(a[0], s));
+    CHECK_OK(tp_free_async(a[2], s));
+    CHECK_OK(tp_stream_synchronize(s));
+    if (!CHECK_OK(tp_malloc_from_pool_async(&big, 2 * chunk, pool, s)))
+      printf("   (growth slack %" PRIu64 ")\n", slacks[k]);
+    CHECK_EQ_U64(reserved_of(pool), 4 * chunk);
+    unsigned char *host = malloc(chunk);
+    REQUIRE(host);
+    for (int i = 1; i < 4; i += 2) {
+      CHECK_OK(tp_memcpy_async(host, a[i], chunk, s));
+      CHECK_OK(tp_stream_synchronize(s));
+      CHECK(all_bytes(host, chunk, i == 1 ? 0x11 : 0x33));
+      CHECK_OK(tp_free_async(a[i], s));
+    }
+    free(host);
+    if (big)
+      CHECK_OK(tp_free_async(big, s));
+    stream_done(s);
+    CHECK_OK(tp_pool_destroy(pool));
+  }
+}
+
 /* tp_pool_trim_to: "whatever the release threshold"; each stream's cached
  * blocks given back first; frees known complete through an event or a
  * device synchronize count; the figures it leaves: unmapped chunks equal
@@ -2357,6 +2405,7 @@ int main(int argc, char **argv) {
       T(test_watermark_resets),
       T(test_threshold_with_pending_frees),
       T(test_trim_figures),
+      T(test_full_pool_moves_free_chunks),
       T(test_later_free_keeps_earlier_usable),
       T(test_malloc_edges),
       T(test_free_rejections),

@@ -92,7 +92,12 @@ tp_error_t tp__reuse_large(const tp__reuse *r, tp__stream *a, size_t size,
   tp__taker now = taker(r, a, false);
   for (int attempt = 0; !b && grow && attempt < 2; attempt++) {
     tp__block *grown = NULL;
-    err = tp__heap_grow(r->heap, &now, size, growth_budget(r, size), &grown);
+    size_t budget = growth_budget(r, size);
+    err = tp__heap_grow(r->heap, &now, size, budget, &grown);
+    /* Making chunks failed (the pool's max_size or the device is full):
+     * moving wholly free chunks may still serve the request. */
+    if (err == TP_ERROR_OUT_OF_MEMORY && budget > 0)
+      err = tp__heap_grow(r->heap, &now, size, 0, &grown);
     if (err == TP_SUCCESS) {
       b = grown;
       break;
