@@ -342,9 +342,10 @@ TP_API tp_error_t tp_pointer_get_attribute(void *data, tp_pointer_attr_t attr,
 TP_API tp_error_t tp_pool_create(tp_pool_t *pool, const tp_pool_props_t *props);
 
 /* Destroys a pool. With allocations still live, succeeds and defers: the
- * pool's memory goes when the last of them is freed (and its free has
- * completed), and, for an exported pool, importers hold no block of it; it
- * accepts no new importers meanwhile. A pool that was current for its
+ * pool's free memory goes at once (its release threshold becomes 0), the
+ * rest as frees complete, and the pool itself when the last allocation is
+ * freed (and its free has completed) and, for an exported pool, importers
+ * hold no block of it; it accepts no new importers meanwhile. A pool that was current for its
  * location stops being so.
  * Errors: INVALID_VALUE (unknown or destroyed pool, a default pool). */
 TP_API tp_error_t tp_pool_destroy(tp_pool_t pool);

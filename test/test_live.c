@@ -375,6 +375,43 @@ static void test_full_device_finishes_destroyed_pool(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* A pool destroyed with a block live and more memory freed, its release
+ * threshold at the top, gives back that free memory at once: nothing can
+ * allocate from it again, and nothing could trim it (its handle is dead).
+ * The free memory stayed until the last block's free, and a device of
+ * 64 MiB had no room for another pool's 30 MiB. With two emulated devices
+ * of 64 MiB, as test_full_device_finishes_destroyed_pool. */
+static void test_destroyed_pool_gives_back_free_memory(void) {
+  const char *platform = tp_platform_name();
+  bool host = platform && strcmp(platform, "host") == 0;
+  const char *mem =
+      getenv(host ? "TIDEPOOL_HOST_DEVICE_MEMORY" : "FAKE_CUDA_DEVICE_MEMORY");
+  if (!mem || strcmp(mem, "64M") != 0) {
+    printf("   (needs emulated devices of 64 MiB)\n");
+    return;
+  }
+  tp_pool_t pool = pool_2mib();
+  if (!pool)
+    return;
+  uint64_t keep = UINT64_MAX;
+  CHECK_OK(tp_pool_set_attribute(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, &keep));
+  tp_stream_t s;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  void *x = NULL, *y = NULL, *z = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&x, 30 * MiB, pool, s));
+  REQUIRE_OK(tp_malloc_from_pool_async(&y, 20 * MiB, pool, s));
+  CHECK_OK(tp_free_async(y, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_malloc_async(&z, 30 * MiB, s));
+  if (z)
+    CHECK_OK(tp_free_async(z, s));
+  CHECK_OK(tp_free_async(x, s));
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_device_synchronize());
+  CHECK_OK(tp_stream_destroy(s));
+}
+
 /* A legacy-stream operation the platform refuses queues nothing, and so
  * orders no blocking stream after another. X's free on blocking stream A
  * stays pending behind a gate; the refused operation goes to the legacy
@@ -452,6 +489,7 @@ int main(void) {
   RUN_TEST(test_edge_chunk_shared_with_peer_access);
   RUN_TEST(test_edge_chunk_lends_its_free_end);
   RUN_TEST(test_full_device_finishes_destroyed_pool);
+  RUN_TEST(test_destroyed_pool_gives_back_free_memory);
   RUN_TEST(test_refused_legacy_op_orders_nothing);
   return check_done();
 }

@@ -570,6 +570,11 @@ tp_error_t tp__pool_destroy(tp__pool *p) {
     tp__guard_retire(p, pool_free);
     return TP_SUCCESS;
   }
+  /* Nothing can allocate from the pool any more: its free memory goes now,
+   * and what its pending frees give back goes at the synchronize that
+   * shows them complete, rather than waiting for its last allocation. */
+  atomic_store(&p->release_threshold, 0);
+  (void)tp__pool_trim(p, 0);
   atomic_store(&p->destroyed, true);
   (void)reap(true);
   return TP_SUCCESS;
