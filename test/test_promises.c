@@ -1084,6 +1084,97 @@ static void test_event_reports_fault(void) {
   CHECK_OK(tp_pool_destroy(pool));
 }
 
+/* A stream that faults and is destroyed before anything synchronizes it:
+ * the next device synchronize reports the fault (ILLEGAL_ADDRESS), once,
+ * and events recorded behind it answer SUCCESS after that, whether the
+ * faulting work was still held when the synchronize began (way 0) or had
+ * run before it (way 1). In way 1 the synchronize answered SUCCESS and the
+ * event ILLEGAL_ADDRESS for good: the drained stream had left the device's
+ * list with its fault. Host only, as test_event_reports_fault. */
+static void test_destroyed_stream_fault_reported(void) {
+  if (!check_on_host()) {
+    printf("   (host only: a fault on cuda ends the context)\n");
+    return;
+  }
+  static const char bytes[16] = "fault";
+  for (int way = 0; way < 2; way++) {
+    tp_stream_t s = new_stream();
+    tp_event_t e = NULL;
+    CHECK_OK(tp_event_create(&e));
+    REQUIRE(s && e);
+    gate_t g;
+    REQUIRE_OK(hold_stream(s, &g));
+    CHECK_OK(tp_memcpy_async((void *)(uintptr_t)4096, bytes, sizeof bytes, s));
+    CHECK_OK(tp_event_record(e, s));
+    CHECK_OK(tp_stream_destroy(s));
+    gate_opener_t o;
+    if (way == 0) {
+      REQUIRE(gate_open_after(&o, g, 100));
+    } else {
+      release(&g);
+      CHECK_ERR(tp_event_synchronize(e), TP_ERROR_ILLEGAL_ADDRESS);
+      check_sleep_ms(20); /* the destroyed stream drains meanwhile */
+    }
+    CHECK_ERR(tp_device_synchronize(), TP_ERROR_ILLEGAL_ADDRESS);
+    if (way == 0)
+      gate_opener_join(&o);
+    CHECK_OK(tp_device_synchronize()); /* reported once */
+    CHECK_OK(tp_event_query(e));
+    CHECK_OK(tp_event_synchronize(e));
+    CHECK_OK(tp_event_destroy(e));
+  }
+}
+
+/* Event handles: a stream's handle is no event (on the host platform the
+ * two were numbered alike, and a stream's handle named another event,
+ * which a destroy then took), and among thousands of events made and
+ * destroyed in random order each handle answers for its own event. */
+static void test_event_handles(void) {
+  tp_stream_t s = new_stream();
+  tp_event_t keep[4] = {0};
+  for (int i = 0; i < 4; i++)
+    CHECK_OK(tp_event_create(&keep[i]));
+  REQUIRE(s);
+  CHECK_ERR(tp_event_record((tp_event_t)s, s), TP_ERROR_INVALID_VALUE);
+  CHECK_ERR(tp_event_query((tp_event_t)s), TP_ERROR_INVALID_VALUE);
+  CHECK_ERR(tp_event_destroy((tp_event_t)s), TP_ERROR_INVALID_VALUE);
+  CHECK_ERR(tp_stream_query((tp_stream_t)keep[0]), TP_ERROR_INVALID_VALUE);
+  for (int i = 0; i < 4; i++) {
+    CHECK_OK(tp_event_record(keep[i], s));
+    CHECK_OK(tp_event_destroy(keep[i]));
+  }
+  enum { N = 3000 };
+  tp_event_t *ev = calloc(N, sizeof *ev);
+  bool *live = calloc(N, sizeof *live);
+  REQUIRE(ev && live);
+  check_rng r = {seed ^ 0x6576656e74ull};
+  for (int round = 0; round < 3; round++) {
+    for (int i = 0; i < N; i++)
+      if (!live[i])
+        live[i] = CHECK_OK(tp_event_create(&ev[i]));
+    for (int i = 0; i < N; i++) {
+      if (rng_chance(&r, 50)) {
+        CHECK_OK(tp_event_destroy(ev[i]));
+        live[i] = false;
+      }
+    }
+    for (int i = 0; i < N; i++)
+      if (live[i])
+        CHECK_OK(tp_event_record(ev[i], s));
+    for (int i = 0; i < N; i++)
+      if (ev[i])
+        CHECK_ERR(tp_event_query(ev[i]),
+                  live[i] ? TP_SUCCESS : TP_ERROR_INVALID_VALUE);
+    CHECK_OK(tp_stream_synchronize(s));
+  }
+  for (int i = 0; i < N; i++)
+    if (live[i])
+      CHECK_OK(tp_event_destroy(ev[i]));
+  free(ev);
+  free(live);
+  CHECK_OK(tp_stream_destroy(s));
+}
+
 static void test_dead_and_foreign_streams(void) {
   if (!check_on_host()) {
     printf("   (host only: on cuda a gone stream is the driver's to judge)\n");
@@ -2417,6 +2508,8 @@ int main(int argc, char **argv) {
       T(test_memory_work_rejections),
       T(test_event_semantics),
       T(test_event_reports_fault),
+      T(test_destroyed_stream_fault_reported),
+      T(test_event_handles),
       T(test_fork_child_refused),
       T(test_current_pool_rules),
       T(test_access_checked_before_applied),

@@ -30,11 +30,71 @@ struct tp__event {
 };
 
 static tp__mutex ev_lock = TP_MUTEX_INIT(TP_RANK_EVENT_TABLE);
-static tp__event **events;
-static uint32_t nevents, capevents;
+/* The live events by handle: an open-addressing table (linear probing,
+ * tombstones), so that resolving a handle costs the same with a hundred
+ * thousand live events as with ten. Under ev_lock. */
+#define EV_TOMB ((tp__event *)(uintptr_t)1)
+static tp__event **tab;
+static size_t tabcap, tabused, nlive; /* used: live events and tombstones */
+
+static size_t ev_slot(tp_event_t handle, size_t cap) {
+  return (size_t)(((uint64_t)(uintptr_t)handle >> 4) * 0x9E3779B97F4A7C15ull) &
+         (cap - 1);
+}
+
+/* Rebuilds the table with room for `need` live events at most half full;
+ * false (the table as it was) where memory runs out. */
+static bool ev_rehash(size_t need) {
+  size_t cap = 64;
+  while (cap < need * 2)
+    cap *= 2;
+  tp__event **t = calloc(cap, sizeof *t);
+  if (!t)
+    return false;
+  for (size_t i = 0; i < tabcap; i++) {
+    tp__event *e = tab[i];
+    if (!e || e == EV_TOMB)
+      continue;
+    size_t j = ev_slot(e->handle, cap);
+    while (t[j])
+      j = (j + 1) & (cap - 1);
+    t[j] = e;
+  }
+  free(tab);
+  tab = t;
+  tabcap = cap;
+  tabused = nlive;
+  return true;
+}
+
+static bool ev_insert(tp__event *e) {
+  if ((tabused + 1) * 2 > tabcap && !ev_rehash((nlive + 1) * 2))
+    return false;
+  size_t j = ev_slot(e->handle, tabcap);
+  while (tab[j] && tab[j] != EV_TOMB)
+    j = (j + 1) & (tabcap - 1);
+  if (!tab[j])
+    tabused++;
+  tab[j] = e;
+  nlive++;
+  return true;
+}
+
+static size_t ev_find(tp_event_t handle) {
+  if (!tabcap)
+    return SIZE_MAX;
+  for (size_t j = ev_slot(handle, tabcap);; j = (j + 1) & (tabcap - 1)) {
+    if (!tab[j])
+      return SIZE_MAX;
+    if (tab[j] != EV_TOMB && tab[j]->handle == handle)
+      return j;
+  }
+}
 /* An event's handle is a number never given out before, not its address:
  * the next event made after a destruction often gets that address, and the
- * destroyed event's handle must not name it. */
+ * destroyed event's handle must not name it. Its low bits (8) are none that
+ * the host platform's stream handles (a number times 16) have, so that a
+ * stream's handle passed for an event is refused, not taken for another. */
 static _Atomic uint64_t handles_made;
 
 tp_error_t tp__event_create(tp_event_t *out) {
@@ -45,7 +105,8 @@ tp_error_t tp__event_create(tp_event_t *out) {
   e->magic = TP_EVENT_MAGIC;
   e->device = tp__current_device();
   e->handle =
-      (tp_event_t)(uintptr_t)((atomic_fetch_add(&handles_made, 1) + 1) << 4);
+      (tp_event_t)(uintptr_t)(((atomic_fetch_add(&handles_made, 1) + 1) << 4) |
+                              8);
   tp_error_t err = tp__platform->event_create(e->device, &e->pe);
   if (err != TP_SUCCESS) {
     tp__mutex_destroy(&e->order);
@@ -53,9 +114,7 @@ tp_error_t tp__event_create(tp_event_t *out) {
     return err;
   }
   tp__mutex_lock(&ev_lock);
-  bool ok = TP_ARRAY_ROOM(events, nevents, capevents);
-  if (ok)
-    events[nevents++] = e;
+  bool ok = ev_insert(e);
   tp__mutex_unlock(&ev_lock);
   if (!ok) {
     (void)tp__platform->event_destroy(e->pe);
@@ -70,10 +129,8 @@ tp_error_t tp__event_create(tp_event_t *out) {
 tp_error_t tp__event_get(tp_event_t handle, tp__event **out) {
   TP_RETURN_IF(!handle, TP_ERROR_INVALID_VALUE);
   tp__mutex_lock(&ev_lock);
-  tp__event *e = NULL;
-  for (uint32_t i = 0; i < nevents && !e; i++)
-    if (events[i]->handle == handle)
-      e = events[i];
+  size_t j = ev_find(handle);
+  tp__event *e = j == SIZE_MAX ? NULL : tab[j];
   tp__mutex_unlock(&ev_lock);
   TP_RETURN_IF(!e, TP_ERROR_INVALID_VALUE);
   *out = e;
@@ -93,12 +150,12 @@ static void event_free(void *arg) {
  * no thread is inside a call that found it before (common/guard.h). */
 tp_error_t tp__event_destroy(tp__event *e) {
   tp__mutex_lock(&ev_lock);
-  uint32_t i = 0;
-  while (i < nevents && events[i] != e)
-    i++;
-  bool found = i < nevents;
-  if (found)
-    events[i] = events[--nevents];
+  size_t j = ev_find(e->handle);
+  bool found = j != SIZE_MAX && tab[j] == e;
+  if (found) {
+    tab[j] = EV_TOMB;
+    nlive--;
+  }
   tp__mutex_unlock(&ev_lock);
   TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);
   tp__guard_retire(e, event_free);

@@ -67,6 +67,9 @@ struct tp__pstream {
   unsigned flags;
   bool legacy;
   tp__pstream *prev, *next; /* the device's list, under its mu */
+  /* The device's list of destroyed, drained streams whose fault no
+   * synchronize has reported yet, under its mu. */
+  tp__pstream *orphan_next;
   /* The stream's membership of a capture, NULL when it captures nothing:
    * host_capture.c's, which changes it under its lock. The stream only asks
    * whether there is one, so it keeps it untyped. */
@@ -92,6 +95,9 @@ typedef struct host_device {
   size_t nstreams;
   size_t nblocking;
   tp__pstream legacy; /* holds one reference forever, so it is never freed */
+  /* Destroyed streams that drained with a fault unreported, each holding
+   * one reference: the next device synchronize reports and clears it. */
+  tp__pstream *orphans;
   bool ready;
   /* Blocking streams of the device that take part in a capture: while
    * there is one, legacy-stream work goes to the capture code. */
@@ -242,6 +248,15 @@ static bool implicit_busy(tp__pstream *s) {
 static void unlink_stream(tp__pstream *s) {
   host_device *dev = &devices[s->device];
   pthread_mutex_lock(&dev->mu);
+  /* A fault of a destroyed stream can no longer be reported by its own
+   * synchronize: keep the stream for the device's next synchronize, which
+   * reports the fault and clears it (its events answer ILLEGAL_ADDRESS
+   * until then, as they do for a live stream until its synchronize). */
+  if (atomic_load_explicit(&s->fault_pos, memory_order_acquire)) {
+    ref(s);
+    s->orphan_next = dev->orphans;
+    dev->orphans = s;
+  }
   if (s->prev)
     s->prev->next = s->next;
   else
@@ -519,6 +534,9 @@ tp_error_t tp__host_device_synchronize(int device) {
   if (o)
     add_dep(o, &dev->legacy,
             atomic_load_explicit(&dev->legacy.submitted, memory_order_acquire));
+  tp__pstream *orphans = o ? dev->orphans : NULL;
+  if (o)
+    dev->orphans = NULL;
   pthread_mutex_unlock(&dev->mu);
   TP_RETURN_IF(!o, TP_ERROR_OUT_OF_MEMORY);
   bool faulted = false;
@@ -527,6 +545,12 @@ tp_error_t tp__host_device_synchronize(int device) {
     faulted |= atomic_exchange(&o->deps[i].s->fault_pos, 0) != 0;
   }
   op_free(o);
+  while (orphans) {
+    tp__pstream *s = orphans;
+    orphans = s->orphan_next;
+    faulted |= atomic_exchange(&s->fault_pos, 0) != 0;
+    unref(s);
+  }
   return faulted ? TP_ERROR_ILLEGAL_ADDRESS : TP_SUCCESS;
 }
 
