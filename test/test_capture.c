@@ -1148,6 +1148,40 @@ static void test_reinstantiated_exec_follows(void) {
   CHECK_OK(tp_stream_destroy(s2));
 }
 
+/* A launch into an invalidated capture is refused as any other work there
+ * is, with STREAM_CAPTURE_INVALIDATED, for a graph with memory and for one
+ * without (the host platform answered NOT_SUPPORTED, as for a launch into
+ * a capture that is still valid). */
+static void test_launch_into_invalidated_capture(void) {
+  tp_stream_t s1 = new_stream(TP_STREAM_NON_BLOCKING);
+  tp_stream_t s2 = new_stream(TP_STREAM_NON_BLOCKING);
+  atomic_int runs = 0;
+  tp_graph_t with = scratch_graph(s1, &runs), without = NULL;
+  REQUIRE(with);
+  REQUIRE_OK(tp_stream_begin_capture(s1, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_OK(tp_launch_host_func(s1, bump, &runs));
+  REQUIRE_OK(tp_stream_end_capture(s1, &without));
+  tp_graph_exec_t xw = NULL, xo = NULL;
+  REQUIRE_OK(tp_graph_instantiate(&xw, with, 0));
+  REQUIRE_OK(tp_graph_instantiate(&xo, without, 0));
+  REQUIRE_OK(tp_stream_begin_capture(s2, TP_CAPTURE_MODE_RELAXED));
+  CHECK_EQ_INT(tp_stream_query(s2), TP_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CHECK_EQ_INT(status_of(s2), TP_CAPTURE_STATUS_INVALIDATED);
+  CHECK_ERR(tp_graph_launch(xw, s2), TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK_ERR(tp_graph_launch(xo, s2), TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  tp_graph_t none = NULL;
+  CHECK_ERR(tp_stream_end_capture(s2, &none),
+            TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK_OK(tp_stream_synchronize(s2));
+  CHECK_EQ_INT(atomic_load(&runs), 0);
+  CHECK_OK(tp_graph_exec_destroy(xw));
+  CHECK_OK(tp_graph_exec_destroy(xo));
+  CHECK_OK(tp_graph_destroy(with));
+  CHECK_OK(tp_graph_destroy(without));
+  CHECK_OK(tp_stream_destroy(s1));
+  CHECK_OK(tp_stream_destroy(s2));
+}
+
 /* The stream of an exec's last launch begins a capture before the graph's
  * next exec is launched on another stream, and cannot then be recorded on
  * (nor can the legacy stream, way 1, while a blocking stream captures):
@@ -2236,6 +2270,7 @@ int main(void) {
   RUN_TEST(test_launch_order);
   RUN_TEST(test_reinstantiated_exec_follows);
   RUN_TEST(test_next_exec_follows_capturing_stream);
+  RUN_TEST(test_launch_into_invalidated_capture);
   RUN_TEST(test_fork_join);
   RUN_TEST(test_alloc_free_reuse);
   RUN_TEST(test_free_refused);

@@ -354,6 +354,8 @@ static tp_error_t launch(exec_slot *exec, tp_stream_t stream) {
   if (tp__gmem_has_allocations(exec->gm)) {
     tp_capture_status_t status;
     TP_FORWARD(tp__capture_status_of(s, &status, NULL));
+    TP_RETURN_IF(status == TP_CAPTURE_STATUS_INVALIDATED,
+                 TP_ERROR_STREAM_CAPTURE_INVALIDATED);
     TP_RETURN_IF(status != TP_CAPTURE_STATUS_NONE, TP_ERROR_NOT_SUPPORTED);
   }
   /* Where the stream cannot be made to wait (the launch's stream is gone,
