@@ -252,8 +252,7 @@ uint64_t tp__stream_advance_marked(tp__stream *s) {
     tp__atomic_max(&s->seen_epoch, s->markers[0]->epoch);
     markers_trim(s);
   }
-  tp__marker *m =
-      tp__stream_still_named(s) ? tp__stream_marker_record(s) : NULL;
+  tp__marker *m = tp__stream_marker_record(s);
   uint64_t e =
       m ? m->epoch
         : atomic_fetch_add_explicit(&s->epoch, 1, memory_order_relaxed);
