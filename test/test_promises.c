@@ -1175,6 +1175,80 @@ static void test_event_handles(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* A stream handle answers for its own stream: a live one allocates from its
+ * device's current pool, and a destroyed one is refused (host only: on cuda
+ * a gone stream's handle is the driver's to judge). */
+static void stream_answers(tp_stream_t h, bool live, tp_pool_t pool) {
+  void *p = NULL;
+  if (!live) {
+    if (check_on_host()) {
+      CHECK_ERR(tp_stream_query(h), TP_ERROR_INVALID_VALUE);
+      CHECK_ERR(tp_malloc_async(&p, 256, h), TP_ERROR_INVALID_VALUE);
+    }
+    return;
+  }
+  CHECK_OK(tp_stream_query(h));
+  if (!CHECK_OK(tp_malloc_async(&p, 256, h)))
+    return;
+  tp_pool_t of = NULL;
+  CHECK_OK(tp_pointer_get_attribute(&of, TP_POINTER_ATTR_MEMPOOL_HANDLE, p));
+  CHECK_EQ_PTR(of, pool);
+  CHECK_OK(tp_free_async(p, h));
+}
+
+/* Thousands of streams over the devices, a random half destroyed: each
+ * handle still answers for its own stream when the thread's cache of
+ * handles misses, as it does on every call of a rotation over more than
+ * four, and the registry's index decides (a scan of every stream did). */
+static void test_stream_handles(void) {
+  enum { N = 3000, ROTATE = 8 };
+  int ndev = 1;
+  CHECK_OK(tp_get_device_count(&ndev));
+  ndev = ndev > 2 ? 2 : ndev < 1 ? 1 : ndev;
+  tp_pool_t pools[2] = {0};
+  for (int d = 0; d < ndev; d++)
+    CHECK_OK(tp_device_get_mem_pool(&pools[d], d));
+  tp_stream_t *h = calloc(N, sizeof *h);
+  bool *live = calloc(N, sizeof *live);
+  REQUIRE(h && live);
+  for (int i = 0; i < N; i++) {
+    REQUIRE_OK(tp_set_device(i % ndev));
+    live[i] = CHECK_OK(tp_stream_create(&h[i], TP_STREAM_NON_BLOCKING));
+  }
+  REQUIRE_OK(tp_set_device(0));
+  check_rng r = {seed ^ 0x73747265616dull};
+  for (int i = 0; i < N; i++)
+    if (live[i] && rng_chance(&r, 50)) {
+      CHECK_OK(tp_stream_destroy(h[i]));
+      live[i] = false;
+    }
+  /* Every handle in order, then at random, then over a few of each kind
+   * in turn, as a thread that uses several streams does. */
+  for (int i = 0; i < N; i++)
+    if (h[i])
+      stream_answers(h[i], live[i], pools[i % ndev]);
+  for (int k = 0; k < N; k++) {
+    int i = (int)rng_below(&r, N);
+    if (h[i])
+      stream_answers(h[i], live[i], pools[i % ndev]);
+  }
+  int few[ROTATE];
+  for (int k = 0; k < ROTATE; k++)
+    few[k] = (int)rng_below(&r, N);
+  for (int rep = 0; rep < 100; rep++)
+    for (int k = 0; k < ROTATE; k++)
+      if (h[few[k]])
+        stream_answers(h[few[k]], live[few[k]], pools[few[k] % ndev]);
+  for (int i = 0; i < N; i++)
+    if (live[i])
+      CHECK_OK(tp_stream_destroy(h[i]));
+  for (int i = 0; i < N; i++)
+    if (h[i])
+      stream_answers(h[i], false, NULL);
+  free(h);
+  free(live);
+}
+
 static void test_dead_and_foreign_streams(void) {
   if (!check_on_host()) {
     printf("   (host only: on cuda a gone stream is the driver's to judge)\n");
@@ -2510,6 +2584,7 @@ int main(int argc, char **argv) {
       T(test_event_reports_fault),
       T(test_destroyed_stream_fault_reported),
       T(test_event_handles),
+      T(test_stream_handles),
       T(test_fork_child_refused),
       T(test_current_pool_rules),
       T(test_access_checked_before_applied),

@@ -19,7 +19,97 @@
 static tp__mutex reg_lock = TP_MUTEX_INIT(TP_RANK_STREAM_TABLE);
 static tp__stream **reg;
 static uint32_t nreg, capreg;
+/* Registrations so far, which date each stream (reg_seq). */
+static uint64_t registrations;
 TP_TLS tp__stream_last tp__stream_last_used;
+
+/* The registered streams by handle and by uid: open-addressing tables
+ * (linear probing, tombstones), so that resolving a handle costs the same
+ * with ten thousand live streams as with ten, where a scan of the list cost
+ * microseconds a call (4 to 53 us at ten thousand streams). A key may have
+ * several streams (a foreign stream's handle that a new stream took, the legacy
+ * streams' NULL handle), so a lookup walks all of the key's entries, up to the
+ * first empty slot. Under reg_lock. */
+#define IDX_TOMB ((tp__stream *)(uintptr_t)1)
+typedef struct {
+  tp__stream **slot;
+  size_t cap, used, live; /* used: live entries and tombstones */
+  bool by_uid;
+} reg_idx;
+static reg_idx by_handle, by_uid = {.by_uid = true};
+
+static uint64_t idx_key(const reg_idx *x, const tp__stream *s) {
+  return x->by_uid ? s->uid : (uint64_t)(uintptr_t)s->handle;
+}
+
+/* The slot where the probe for `key` begins; x has slots. The product's
+ * high half is folded in: handles are multiples of their alignment, and
+ * their product alone would leave the low bits of every home slot zero. */
+static size_t idx_home(const reg_idx *x, uint64_t key) {
+  uint64_t h = key * 0x9E3779B97F4A7C15ull;
+  return (size_t)(h ^ (h >> 32)) & (x->cap - 1);
+}
+
+/* Puts s in x, which has room for it (idx_room). */
+static void idx_put(reg_idx *x, tp__stream *s) {
+  size_t j = idx_home(x, idx_key(x, s));
+  while (x->slot[j] && x->slot[j] != IDX_TOMB)
+    j = (j + 1) & (x->cap - 1);
+  if (!x->slot[j])
+    x->used++;
+  x->slot[j] = s;
+  x->live++;
+}
+
+/* Makes room in x for one more stream: where it would pass half full, live
+ * entries and tombstones together, it is rebuilt at most a quarter full.
+ * False, x as it was, where memory runs out. */
+static bool idx_room(reg_idx *x) {
+  if ((x->used + 1) * 2 <= x->cap)
+    return true;
+  size_t cap = 64;
+  while (cap < (x->live + 1) * 4)
+    cap *= 2;
+  tp__stream **slot = calloc(cap, sizeof *slot);
+  if (!slot)
+    return false;
+  reg_idx old = *x;
+  x->slot = slot;
+  x->cap = cap;
+  x->used = x->live = 0;
+  for (size_t i = 0; i < old.cap; i++)
+    if (old.slot[i] && old.slot[i] != IDX_TOMB)
+      idx_put(x, old.slot[i]);
+  free(old.slot);
+  return true;
+}
+
+/* Takes s out of x, where it is. */
+static void idx_drop(reg_idx *x, const tp__stream *s) {
+  if (!x->cap)
+    return;
+  for (size_t j = idx_home(x, idx_key(x, s)); x->slot[j];
+       j = (j + 1) & (x->cap - 1))
+    if (x->slot[j] == s) {
+      x->slot[j] = IDX_TOMB;
+      x->live--;
+      return;
+    }
+}
+
+/* The streams keyed `key` in x, one a call, in no particular order: *at
+ * starts at SIZE_MAX, and NULL follows the last. */
+static tp__stream *idx_next(const reg_idx *x, uint64_t key, size_t *at) {
+  if (!x->cap)
+    return NULL;
+  size_t j = *at == SIZE_MAX ? idx_home(x, key) : (*at + 1) & (x->cap - 1);
+  for (; x->slot[j]; j = (j + 1) & (x->cap - 1))
+    if (x->slot[j] != IDX_TOMB && idx_key(x, x->slot[j]) == key) {
+      *at = j;
+      return x->slot[j];
+    }
+  return NULL;
+}
 
 #define TLS_WAYS 4
 static TP_TLS struct {
@@ -83,55 +173,70 @@ void tp__stream_unref(tp__stream *s) {
     stream_free(s);
 }
 
+/* Registers s in the list and both indexes; false, nothing registered,
+ * where memory runs out. Under reg_lock. */
+static bool reg_put(tp__stream *s) {
+  if (!TP_ARRAY_ROOM(reg, nreg, capreg) || !idx_room(&by_handle) ||
+      !idx_room(&by_uid))
+    return false;
+  s->reg_at = nreg;
+  s->reg_seq = ++registrations;
+  reg[nreg++] = s;
+  idx_put(&by_handle, s);
+  idx_put(&by_uid, s);
+  return true;
+}
+
 static bool reg_add(tp__stream *s) {
   tp__mutex_lock(&reg_lock);
-  bool ok = TP_ARRAY_ROOM(reg, nreg, capreg);
-  if (ok)
-    reg[nreg++] = s;
+  bool ok = reg_put(s);
   tp__mutex_unlock(&reg_lock);
   return ok;
 }
 
-/* Where s is in the registry; nreg when it is not. */
-static uint32_t reg_index(const tp__stream *s) {
-  uint32_t i = 0;
-  while (i < nreg && reg[i] != s)
-    i++;
-  return i;
+/* Whether s is registered; under reg_lock. A stream that left keeps a
+ * stale reg_at, where another stream or none is now. */
+static bool reg_has(const tp__stream *s) {
+  return s->reg_at < nreg && reg[s->reg_at] == s;
 }
 
 /* Takes s out of the registry, where it is; under reg_lock. */
 static bool reg_drop(const tp__stream *s) {
-  uint32_t i = reg_index(s);
-  if (i == nreg)
+  if (!reg_has(s))
     return false;
-  reg[i] = reg[--nreg];
+  tp__stream *moved = reg[--nreg];
+  reg[s->reg_at] = moved;
+  moved->reg_at = s->reg_at;
+  idx_drop(&by_handle, s);
+  idx_drop(&by_uid, s);
   return true;
 }
 
 static tp__stream *reg_find_handle(tp_stream_t handle) {
-  for (uint32_t i = 0; i < nreg; i++)
-    if (reg[i]->owned && reg[i]->handle == handle)
-      return reg[i];
+  size_t at = SIZE_MAX;
+  tp__stream *s;
+  while ((s = idx_next(&by_handle, (uintptr_t)handle, &at)) != NULL)
+    if (s->owned)
+      return s;
   return NULL;
 }
 
 /* A stream the platform made outside tidepool, by its handle: the one met
  * last, since a handle may name a new stream once its stream is gone. */
 static tp__stream *reg_find_foreign(tp_stream_t handle) {
-  for (uint32_t i = nreg; i-- > 0;)
-    if (!reg[i]->owned && reg[i]->handle == handle)
-      return reg[i];
-  return NULL;
+  size_t at = SIZE_MAX;
+  tp__stream *s, *last = NULL;
+  while ((s = idx_next(&by_handle, (uintptr_t)handle, &at)) != NULL)
+    if (!s->owned && (!last || s->reg_seq > last->reg_seq))
+      last = s;
+  return last;
 }
 
 static _Atomic uint64_t unnamed = 1;
 
 static tp__stream *reg_find_uid(uint64_t uid) {
-  for (uint32_t i = 0; i < nreg; i++)
-    if (reg[i]->uid == uid)
-      return reg[i];
-  return NULL;
+  size_t at = SIZE_MAX;
+  return idx_next(&by_uid, uid, &at);
 }
 
 tp_error_t tp__legacy_get(int device, tp__stream **out) {
@@ -152,12 +257,11 @@ tp_error_t tp__legacy_get(int device, tp__stream **out) {
     d.legacy = 1;
     d.device = device;
     s = stream_alloc(&d);
-    if (!s || !TP_ARRAY_ROOM(reg, nreg, capreg)) {
+    if (!s || !reg_put(s)) {
       free(s);
       s = NULL;
       err = TP_ERROR_OUT_OF_MEMORY;
     } else {
-      reg[nreg++] = s;
       atomic_store_explicit(&tp__legacy_streams[device], s,
                             memory_order_release);
     }
@@ -239,13 +343,14 @@ static void lost_push(tp__stream *s) {
 static void forget_lost(tp_stream_t handle, const tp__stream *now) {
   tp__stream *seen[LOST_BATCH];
   uint32_t n = 0;
+  size_t at = SIZE_MAX;
+  tp__stream *met;
   tp__mutex_lock(&reg_lock);
-  for (uint32_t i = 0; i < nreg && n < LOST_BATCH; i++) {
-    tp__stream *o = reg[i];
-    if (o != now && !o->owned && !o->legacy && !o->thread_bound &&
-        o->handle == handle) {
-      tp__stream_ref(o);
-      seen[n++] = o;
+  while (n < LOST_BATCH &&
+         (met = idx_next(&by_handle, (uintptr_t)handle, &at)) != NULL) {
+    if (met != now && !met->owned && !met->legacy && !met->thread_bound) {
+      tp__stream_ref(met);
+      seen[n++] = met;
     }
   }
   tp__mutex_unlock(&reg_lock);
@@ -372,11 +477,9 @@ static tp_error_t adopt(tp_stream_t handle, tp__stream **out) {
      * name of its own, outside the platform's (uid 0 is no name). */
     if (!d.uid)
       s->uid = TP_STREAM_UNNAMED | atomic_fetch_add(&unnamed, 1);
-    if (!TP_ARRAY_ROOM(reg, nreg, capreg)) {
+    if (!reg_put(s)) {
       free(s);
       s = NULL;
-    } else {
-      reg[nreg++] = s;
     }
   }
   tp__mutex_unlock(&reg_lock);
@@ -459,7 +562,7 @@ tp_error_t tp__stream_create(unsigned flags, tp_stream_t *handle) {
 tp_error_t tp__stream_retire(tp__stream *s) {
   TP_RETURN_IF(!s->owned, TP_ERROR_INVALID_VALUE);
   tp__mutex_lock(&reg_lock);
-  bool found = !s->retired && reg_index(s) < nreg;
+  bool found = !s->retired && reg_has(s);
   if (found) {
     s->retired = true;
     atomic_fetch_add_explicit(&tp__hot.stream_gen, 1, memory_order_release);

@@ -61,7 +61,12 @@ struct tp__stream {
    * handle is refused rather than adopted as a stream made elsewhere.
    * Under the registry's lock. */
   bool retired;
+  /* Where the stream is in the registry's list, and when it was registered
+   * (a count), which tells the foreign stream met last under a handle that
+   * several had. Under the registry's lock. */
+  uint32_t reg_at;
   tp_stream_t handle;
+  uint64_t reg_seq;
   _Atomic int refs;
   _Atomic bool destroyed;
   /* Its platform stream is destroyed (tp__stream_release): no marker may
