@@ -345,9 +345,9 @@ TP_API tp_error_t tp_pool_create(tp_pool_t *pool, const tp_pool_props_t *props);
  * pool's free memory goes at once (its release threshold becomes 0), the
  * rest as frees complete, and the pool itself when the last allocation is
  * freed (and its free has completed) and, for an exported pool, importers
- * hold no block of it; it accepts no new importers meanwhile. A pool that was current for its
- * location stops being so.
- * Errors: INVALID_VALUE (unknown or destroyed pool, a default pool). */
+ * hold no block of it; it accepts no new importers meanwhile. A pool that was
+ * current for its location stops being so. Errors: INVALID_VALUE (unknown or
+ * destroyed pool, a default pool). */
 TP_API tp_error_t tp_pool_destroy(tp_pool_t pool);
 
 /* Reads an attribute into *value, whose type the tp_pool_attr_t list gives.
@@ -540,8 +540,9 @@ TP_API tp_error_t tp_pool_import_pointer(void **ptr, tp_pool_t pool,
  * platform found none, as every call that initialises it answers then). */
 TP_API tp_error_t tp_get_device_count(int *count);
 
-/* The calling thread's current device (initially 0), like cudaSetDevice.
- * Errors: INVALID_DEVICE. */
+/* The calling thread's current device (initially 0), like cudaSetDevice
+ * and cudaGetDevice. Errors: INVALID_DEVICE (set: no such device),
+ * INVALID_VALUE (get: device NULL). */
 TP_API tp_error_t tp_set_device(int device);
 TP_API tp_error_t tp_get_device(int *device);
 

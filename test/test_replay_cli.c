@@ -133,6 +133,43 @@ static void test_oom(void) {
   expect_in(out, "TIDEPOOL_HOST_DEVICE_MEMORY=64M");
 }
 
+/* The emulated device has the replay's 32 GiB also where
+ * TIDEPOOL_HOST_DEVICE_MEMORY is set but empty, which the host platform
+ * reads as unset (the replay kept the empty value, and the platform's 4
+ * GiB refused a 5 GiB allocation). */
+static void test_empty_device_memory(void) {
+  write_file("five.csv", "action,addr,size,stream\n"
+                         "alloc,1,5368709120,0\n"
+                         "free_requested,1,5368709120,0\n");
+  CHECK_EQ_INT(run("TIDEPOOL_HOST_DEVICE_MEMORY=", "five.csv", out, sizeof out),
+               0);
+  expect_in(out, "five ");
+  /* A device of 32 TiB: its pools' ranges, four times the device, could
+   * not be reserved, and every pool of it failed with OUT_OF_MEMORY. */
+  write_file("small.csv", small);
+  CHECK_EQ_INT(
+      run("TIDEPOOL_HOST_DEVICE_MEMORY=32T", "small.csv", out, sizeof out), 0);
+}
+
+/* The growth slack the pools had is in the output, also where
+ * TIDEPOOL_GROWTH_SLACK chose it (the JSON said -1 and the text nothing). */
+static void test_growth_slack_shown(void) {
+  write_file("small.csv", small);
+  CHECK_EQ_INT(run("TIDEPOOL_GROWTH_SLACK=", "small.csv", out, sizeof out), 0);
+  expect_in(out, "growth slack 3906 ppm");
+  CHECK_EQ_INT(run("TIDEPOOL_GROWTH_SLACK=25000", "small.csv", out, sizeof out),
+               0);
+  expect_in(out, "growth slack 25000 ppm");
+  CHECK_EQ_INT(
+      run("TIDEPOOL_GROWTH_SLACK=25000", "--json small.csv", out, sizeof out),
+      0);
+  expect_in(out, "\"growth_slack\":25000");
+  CHECK_EQ_INT(run("TIDEPOOL_GROWTH_SLACK=25000",
+                   "--growth-slack 0 --json small.csv", out, sizeof out),
+               0);
+  expect_in(out, "\"growth_slack\":0}");
+}
+
 static void test_notes(void) {
   write_file("notes.csv", "action,addr,size,stream\n"
                           "free_requested,9,100,0\n"
@@ -256,6 +293,8 @@ int main(void) {
   RUN_TEST(test_json_escapes);
   RUN_TEST(test_output_and_line_ends);
   RUN_TEST(test_oom);
+  RUN_TEST(test_empty_device_memory);
+  RUN_TEST(test_growth_slack_shown);
   RUN_TEST(test_notes);
   RUN_TEST(test_directory);
   RUN_TEST(test_plots);

@@ -152,7 +152,11 @@ static tp_error_t configure(int device) {
  * only tidepool's notion is switched, and put back on the way out. */
 
 static tp_error_t enter(int device, int *saved) {
-  TP_RETURN_IF(device < 0 || device >= TP_MAX_DEVICES, TP_ERROR_INVALID_DEVICE);
+  /* A platform that did not start answers first, as for every call. */
+  if (device < 0 || device >= TP_MAX_DEVICES) {
+    TP_FORWARD(tp__api_init());
+    return TP_ERROR_INVALID_DEVICE;
+  }
   *saved = tp__current_device();
   /* Set before the thread's first initialisation, which makes the context
    * of the thread's current device current: `device` is PyTorch's current

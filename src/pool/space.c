@@ -128,8 +128,13 @@ static void free_maps(tp__space *sp) {
 tp_error_t tp__space_init(tp__space *sp, const tp__mem_kind *kind, size_t gran,
                           uint64_t limit) {
   uint64_t va = limit * 4;
-  if (va < TP_VA_MIN || va / 4 != limit)
-    va = va < TP_VA_MIN ? TP_VA_MIN : UINT64_C(1) << 46;
+  /* Beyond 2^46 (an overflow included) the range is capped: a larger one
+   * cannot be reserved in a 47-bit user address space, and a capacity of
+   * 24T or more would otherwise fail every pool of its location. */
+  if (va < TP_VA_MIN)
+    va = TP_VA_MIN;
+  else if (va / 4 != limit || va > UINT64_C(1) << 46)
+    va = UINT64_C(1) << 46;
   va = tp__align_up(va, TP_VA_MIN);
   /* Chunk sizes are powers of two (CUDA's granularities are), which the
    * granule lookup's shifts rely on. */

@@ -29,7 +29,9 @@ static void usage(FILE *f) {
       "  --growth-slack PPM    how far above its peak in use the pool may\n"
       "                        grow by making chunks rather than moving\n"
       "                        them, in parts per million (0 to 1000000;\n"
-      "                        default the pool's, 3906)\n"
+      "                        default the pool's: 3906, or\n"
+      "                        TIDEPOOL_GROWTH_SLACK's value where set;\n"
+      "                        the output's last line says which)\n"
       "  --lag N               the device runs N operations behind the host:\n"
       "                        work queued on a stream completes once N more\n"
       "                        operations have been issued (0: an ideal\n"
@@ -175,13 +177,12 @@ static void json_result(const char *name, const char *platform, const trace *t,
          "\"ratio\":%.4f,\"chunk_maps\":%llu,\"chunk_unmaps\":%llu,"
          "\"late_unmaps\":%llu,\"seconds\":%.6f,\"ops_per_s\":%.0f,"
          "\"threshold\":%llu,"
-         "\"growth_slack\":%lld",
+         "\"growth_slack\":%llu",
          o->lag, r->allocs, r->ops, r->skipped_frees, t->double_allocs,
          (unsigned long long)r->peak_used, (unsigned long long)r->peak_reserved,
          r->ratio, (unsigned long long)r->maps, (unsigned long long)r->unmaps,
          (unsigned long long)r->late_unmaps, r->seconds, ops_per_s,
-         (unsigned long long)o->threshold,
-         o->growth_slack == UINT64_MAX ? -1LL : (long long)o->growth_slack);
+         (unsigned long long)o->threshold, (unsigned long long)r->growth_slack);
   if (t->format == TRACE_FORMAT_SNAPSHOT)
     printf(",\"device\":%d,\"devices_with_events\":%d", t->device, t->devices);
   if (t->has_user)
@@ -379,7 +380,10 @@ int main(int argc, char **argv) {
   o.progress = o.progress && isatty(STDERR_FILENO);
   /* The traces peak at 7 GiB; the host platform's emulated device gets room
    * for them unless told otherwise (untouched memory costs nothing). */
-  setenv("TIDEPOOL_HOST_DEVICE_MEMORY", "32G", 0);
+  /* Empty counts as unset, as the host platform reads it. */
+  const char *devmem = getenv("TIDEPOOL_HOST_DEVICE_MEMORY");
+  if (!devmem || !*devmem)
+    setenv("TIDEPOOL_HOST_DEVICE_MEMORY", "32G", 1);
   const char *platform = tp_platform_name();
   if (!platform) {
     fprintf(stderr, "tidepool-replay: no platform could start\n");
@@ -402,6 +406,9 @@ int main(int argc, char **argv) {
     return 1;
   }
   size_t ncharts = 0;
+  /* The slack the pools had, which TIDEPOOL_GROWTH_SLACK may have chosen:
+   * the same for every trace of a run. */
+  char slack_text[32] = "-";
   if (!json)
     printf("%-20s %9s %11s %11s %7s %7s %7s %7s %10s\n", "trace", "allocs",
            "peak used", "peak resv", "ratio", "maps", "unmaps", "late",
@@ -425,6 +432,8 @@ int main(int argc, char **argv) {
       trace_free(&t);
       continue;
     }
+    snprintf(slack_text, sizeof slack_text, "%llu",
+             (unsigned long long)r.growth_slack);
     double ops_per_s = r.seconds > 0 ? (double)r.ops / r.seconds : 0;
     if (json) {
       json_result(name, platform, &t, &r, &o);
@@ -471,9 +480,9 @@ int main(int argc, char **argv) {
     trace_free(&t);
   }
   if (!json)
-    printf("platform %s, lag %u; ratio = peak reserved / peak used; late = "
-           "unmaps in the trace's second half\n",
-           platform, o.lag);
+    printf("platform %s, lag %u, growth slack %s ppm; ratio = peak reserved / "
+           "peak used; late = unmaps in the trace's second half\n",
+           platform, o.lag, slack_text);
   if (plot && ncharts && write_charts(plot, charts, ncharts, true) != 0)
     failures++;
   if (perfetto && ncharts &&

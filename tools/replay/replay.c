@@ -218,6 +218,7 @@ int replay_trace(const replay_options *o, const trace *t, replay_result *r,
   r->peak_used = attr64(pool, TP_POOL_ATTR_USED_MEM_HIGH);
   r->peak_reserved = attr64(pool, TP_POOL_ATTR_RESERVED_MEM_HIGH);
   r->maps = attr64(pool, TP_POOL_ATTR_CHUNK_MAPS);
+  r->growth_slack = attr64(pool, TP_POOL_ATTR_GROWTH_SLACK);
   r->unmaps = attr64(pool, TP_POOL_ATTR_CHUNK_UNMAPS);
   r->late_unmaps = r->unmaps - half_unmaps;
   r->ratio =

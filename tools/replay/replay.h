@@ -37,6 +37,7 @@ typedef struct replay_result {
   /* Unmaps in the trace's second half, where a training loop has warmed up:
    * the chunk moves its steady state still makes. */
   uint64_t late_unmaps;
+  uint64_t growth_slack; /* the pool's, parts per million, as replayed */
   double ratio, seconds;
 } replay_result;
 

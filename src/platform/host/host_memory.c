@@ -367,6 +367,9 @@ static tp_error_t map_locked(tp__pres *r, size_t offset, const tp__phys *phys,
        * next map or unreserve replaces what is left. */
       if (i)
         protect_none(r->base + offset, i * GRAN);
+      /* The kernel's limit on mappings (or its memory) is the device's
+       * memory running out, as a driver would say. */
+      TP_RETURN_IF(code == ENOMEM, TP_ERROR_OUT_OF_MEMORY);
       return tp__platform_fail(code, "mmap");
     }
   }
