@@ -1,14 +1,20 @@
-/* A platform that cannot start (a bad TIDEPOOL_PLATFORM): the README's
- * promise that tp_platform_name() is NULL and every call answers
- * INVALID_VALUE, also given a device out of range (the PyTorch entry
- * points answered INVALID_DEVICE there). The variable is set before the
- * first call, which is when it is read. */
+/* A platform that cannot start (a bad TIDEPOOL_PLATFORM, or the setting
+ * NAME=VALUE given as the argument): the README's promise that
+ * tp_platform_name() is NULL and every call answers INVALID_VALUE, also
+ * given a device out of range (the PyTorch entry points answered
+ * INVALID_DEVICE there). The variable is set before the first call, which
+ * is when it is read. */
 #include <stdlib.h>
 
 #include "check.h"
 
-int main(void) {
-  setenv("TIDEPOOL_PLATFORM", "no-such-platform", 1);
+int main(int argc, char **argv) {
+  const char *setting = argc > 1 ? argv[1] : "TIDEPOOL_PLATFORM=no-such";
+  char name[64] = "";
+  const char *eq = strchr(setting, '=');
+  REQUIRE_EXIT(eq && (size_t)(eq - setting) < sizeof name);
+  memcpy(name, setting, (size_t)(eq - setting));
+  setenv(name, eq + 1, 1);
   CHECK(tp_platform_name() == NULL);
   int n = -1;
   CHECK_ERR(tp_get_device_count(&n), TP_ERROR_INVALID_VALUE);

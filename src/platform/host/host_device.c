@@ -21,11 +21,14 @@ static _Atomic uint64_t fault_at[TP__HOST_FAULT_KINDS];
 /* Reads one setting; a value that does not parse or lies outside [min, max]
  * is reported on stderr, since the caller only sees INVALID_VALUE. */
 static tp_error_t read_setting(const char *name, uint64_t fallback,
-                               uint64_t min, uint64_t max, const char *expect,
-                               uint64_t *out) {
-  /* strtoull, under tp__env_size, would take "-1" for a huge size. */
+                               uint64_t min, uint64_t max, bool size,
+                               const char *expect, uint64_t *out) {
+  /* strtoull, under tp__env_size, would take "-1" for a huge size; a count
+   * or a switch takes no suffix ("2b" is no number of devices). */
   const char *raw = getenv(name);
-  bool bad = raw && *raw && !isdigit((unsigned char)*raw);
+  bool bad = raw && *raw &&
+             (!isdigit((unsigned char)*raw) ||
+              (!size && raw[strspn(raw, "0123456789")] != '\0'));
   uint64_t v = tp__env_size(name, fallback, &bad);
   if (bad || v < min || v > max) {
     fprintf(stderr, "tidepool: %s=\"%s\" is invalid: expected %s\n", name, raw,
@@ -45,18 +48,19 @@ bool tp__host_graph_maps_at_capture(void) {
 
 tp_error_t tp__host_configure(void) {
   uint64_t ndevices, device_mem, host_mem, late;
-  TP_FORWARD(read_setting("TIDEPOOL_HOST_GRAPH_MAPS_AT_CAPTURE", 0, 0, 1,
+  TP_FORWARD(read_setting("TIDEPOOL_HOST_GRAPH_MAPS_AT_CAPTURE", 0, 0, 1, false,
                           "0 or 1", &late));
   maps_at_capture = late == 1;
   TP_FORWARD(read_setting("TIDEPOOL_HOST_DEVICES", 1, 1, TP__HOST_MAX_DEVICES,
-                          "a number of devices from 1 to 16", &ndevices));
+                          false, "a number of devices from 1 to 16",
+                          &ndevices));
   TP_FORWARD(read_setting("TIDEPOOL_HOST_DEVICE_MEMORY", (uint64_t)4 << 30,
-                          TP__HOST_GRANULARITY, UINT64_MAX,
+                          TP__HOST_GRANULARITY, UINT64_MAX, true,
                           "a byte count of at least 2M, with an optional K, "
                           "M, G or T suffix",
                           &device_mem));
   TP_FORWARD(read_setting("TIDEPOOL_HOST_HOST_MEMORY", (uint64_t)16 << 30,
-                          TP__HOST_GRANULARITY, UINT64_MAX,
+                          TP__HOST_GRANULARITY, UINT64_MAX, true,
                           "a byte count of at least 2M, with an optional K, "
                           "M, G or T suffix",
                           &host_mem));
