@@ -5,6 +5,7 @@
 #include "stream/stream_internal.h"
 
 #include "common/guard.h"
+#include "common/ptable.h"
 
 /* ---- events -----------------------------------------------------------------
  * An event carries, besides its platform event, the clock of the stream it
@@ -30,66 +31,13 @@ struct tp__event {
 };
 
 static tp__mutex ev_lock = TP_MUTEX_INIT(TP_RANK_EVENT_TABLE);
-/* The live events by handle: an open-addressing table (linear probing,
- * tombstones), so that resolving a handle costs the same with a hundred
- * thousand live events as with ten. Under ev_lock. */
-#define EV_TOMB ((tp__event *)(uintptr_t)1)
-static tp__event **tab;
-static size_t tabcap, tabused, nlive; /* used: live events and tombstones */
-
-static size_t ev_slot(tp_event_t handle, size_t cap) {
-  return (size_t)(((uint64_t)(uintptr_t)handle >> 4) * 0x9E3779B97F4A7C15ull) &
-         (cap - 1);
+/* The live events by handle, so that resolving one costs the same with a
+ * hundred thousand live events as with ten. Under ev_lock. */
+static uint64_t event_key(const void *e) {
+  return (uint64_t)(uintptr_t)((const tp__event *)e)->handle;
 }
+static tp__ptable events = TP_PTABLE_INIT(event_key);
 
-/* Rebuilds the table with room for `need` live events at most half full;
- * false (the table as it was) where memory runs out. */
-static bool ev_rehash(size_t need) {
-  size_t cap = 64;
-  while (cap < need * 2)
-    cap *= 2;
-  tp__event **t = calloc(cap, sizeof *t);
-  if (!t)
-    return false;
-  for (size_t i = 0; i < tabcap; i++) {
-    tp__event *e = tab[i];
-    if (!e || e == EV_TOMB)
-      continue;
-    size_t j = ev_slot(e->handle, cap);
-    while (t[j])
-      j = (j + 1) & (cap - 1);
-    t[j] = e;
-  }
-  free(tab);
-  tab = t;
-  tabcap = cap;
-  tabused = nlive;
-  return true;
-}
-
-static bool ev_insert(tp__event *e) {
-  if ((tabused + 1) * 2 > tabcap && !ev_rehash((nlive + 1) * 2))
-    return false;
-  size_t j = ev_slot(e->handle, tabcap);
-  while (tab[j] && tab[j] != EV_TOMB)
-    j = (j + 1) & (tabcap - 1);
-  if (!tab[j])
-    tabused++;
-  tab[j] = e;
-  nlive++;
-  return true;
-}
-
-static size_t ev_find(tp_event_t handle) {
-  if (!tabcap)
-    return SIZE_MAX;
-  for (size_t j = ev_slot(handle, tabcap);; j = (j + 1) & (tabcap - 1)) {
-    if (!tab[j])
-      return SIZE_MAX;
-    if (tab[j] != EV_TOMB && tab[j]->handle == handle)
-      return j;
-  }
-}
 /* An event's handle is a number never given out before, not its address:
  * the next event made after a destruction often gets that address, and the
  * destroyed event's handle must not name it. Its low bits (8) are none that
@@ -114,7 +62,9 @@ tp_error_t tp__event_create(tp_event_t *out) {
     return err;
   }
   tp__mutex_lock(&ev_lock);
-  bool ok = ev_insert(e);
+  bool ok = tp__ptable_room(&events);
+  if (ok)
+    tp__ptable_put(&events, e);
   tp__mutex_unlock(&ev_lock);
   if (!ok) {
     (void)tp__platform->event_destroy(e->pe);
@@ -129,8 +79,8 @@ tp_error_t tp__event_create(tp_event_t *out) {
 tp_error_t tp__event_get(tp_event_t handle, tp__event **out) {
   TP_RETURN_IF(!handle, TP_ERROR_INVALID_VALUE);
   tp__mutex_lock(&ev_lock);
-  size_t j = ev_find(handle);
-  tp__event *e = j == SIZE_MAX ? NULL : tab[j];
+  size_t at = SIZE_MAX;
+  tp__event *e = tp__ptable_next(&events, (uint64_t)(uintptr_t)handle, &at);
   tp__mutex_unlock(&ev_lock);
   TP_RETURN_IF(!e, TP_ERROR_INVALID_VALUE);
   *out = e;
@@ -150,12 +100,11 @@ static void event_free(void *arg) {
  * no thread is inside a call that found it before (common/guard.h). */
 tp_error_t tp__event_destroy(tp__event *e) {
   tp__mutex_lock(&ev_lock);
-  size_t j = ev_find(e->handle);
-  bool found = j != SIZE_MAX && tab[j] == e;
-  if (found) {
-    tab[j] = EV_TOMB;
-    nlive--;
-  }
+  size_t at = SIZE_MAX;
+  bool found =
+      tp__ptable_next(&events, (uint64_t)(uintptr_t)e->handle, &at) == e;
+  if (found)
+    tp__ptable_drop(&events, e);
   tp__mutex_unlock(&ev_lock);
   TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);
   tp__guard_retire(e, event_free);

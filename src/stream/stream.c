@@ -9,6 +9,7 @@
 #include "stream/stream_internal.h"
 
 #include "common/guard.h"
+#include "common/ptable.h"
 
 /* ---- the stream registry --------------------------------------------------
  * Streams made by tp_stream_create are found by handle value, which the
@@ -23,93 +24,19 @@ static uint32_t nreg, capreg;
 static uint64_t registrations;
 TP_TLS tp__stream_last tp__stream_last_used;
 
-/* The registered streams by handle and by uid: open-addressing tables
- * (linear probing, tombstones), so that resolving a handle costs the same
- * with ten thousand live streams as with ten, where a scan of the list cost
- * microseconds a call (4 to 53 us at ten thousand streams). A key may have
- * several streams (a foreign stream's handle that a new stream took, the legacy
- * streams' NULL handle), so a lookup walks all of the key's entries, up to the
- * first empty slot. Under reg_lock. */
-#define IDX_TOMB ((tp__stream *)(uintptr_t)1)
-typedef struct {
-  tp__stream **slot;
-  size_t cap, used, live; /* used: live entries and tombstones */
-  bool by_uid;
-} reg_idx;
-static reg_idx by_handle, by_uid = {.by_uid = true};
-
-static uint64_t idx_key(const reg_idx *x, const tp__stream *s) {
-  return x->by_uid ? s->uid : (uint64_t)(uintptr_t)s->handle;
+/* The registered streams by handle and by uid, so that resolving a handle
+ * costs the same with ten thousand live streams as with ten, where a scan
+ * of the list cost microseconds a call (4 us at ten thousand streams). A
+ * key may have several streams (a foreign stream's handle that a new
+ * stream took, the legacy streams' NULL handle). Under reg_lock. */
+static uint64_t handle_key(const void *s) {
+  return (uint64_t)(uintptr_t)((const tp__stream *)s)->handle;
 }
-
-/* The slot where the probe for `key` begins; x has slots. The product's
- * high half is folded in: handles are multiples of their alignment, and
- * their product alone would leave the low bits of every home slot zero. */
-static size_t idx_home(const reg_idx *x, uint64_t key) {
-  uint64_t h = key * 0x9E3779B97F4A7C15ull;
-  return (size_t)(h ^ (h >> 32)) & (x->cap - 1);
+static uint64_t uid_key(const void *s) {
+  return ((const tp__stream *)s)->uid;
 }
-
-/* Puts s in x, which has room for it (idx_room). */
-static void idx_put(reg_idx *x, tp__stream *s) {
-  size_t j = idx_home(x, idx_key(x, s));
-  while (x->slot[j] && x->slot[j] != IDX_TOMB)
-    j = (j + 1) & (x->cap - 1);
-  if (!x->slot[j])
-    x->used++;
-  x->slot[j] = s;
-  x->live++;
-}
-
-/* Makes room in x for one more stream: where it would pass half full, live
- * entries and tombstones together, it is rebuilt at most a quarter full.
- * False, x as it was, where memory runs out. */
-static bool idx_room(reg_idx *x) {
-  if ((x->used + 1) * 2 <= x->cap)
-    return true;
-  size_t cap = 64;
-  while (cap < (x->live + 1) * 4)
-    cap *= 2;
-  tp__stream **slot = calloc(cap, sizeof *slot);
-  if (!slot)
-    return false;
-  reg_idx old = *x;
-  x->slot = slot;
-  x->cap = cap;
-  x->used = x->live = 0;
-  for (size_t i = 0; i < old.cap; i++)
-    if (old.slot[i] && old.slot[i] != IDX_TOMB)
-      idx_put(x, old.slot[i]);
-  free(old.slot);
-  return true;
-}
-
-/* Takes s out of x, where it is. */
-static void idx_drop(reg_idx *x, const tp__stream *s) {
-  if (!x->cap)
-    return;
-  for (size_t j = idx_home(x, idx_key(x, s)); x->slot[j];
-       j = (j + 1) & (x->cap - 1))
-    if (x->slot[j] == s) {
-      x->slot[j] = IDX_TOMB;
-      x->live--;
-      return;
-    }
-}
-
-/* The streams keyed `key` in x, one a call, in no particular order: *at
- * starts at SIZE_MAX, and NULL follows the last. */
-static tp__stream *idx_next(const reg_idx *x, uint64_t key, size_t *at) {
-  if (!x->cap)
-    return NULL;
-  size_t j = *at == SIZE_MAX ? idx_home(x, key) : (*at + 1) & (x->cap - 1);
-  for (; x->slot[j]; j = (j + 1) & (x->cap - 1))
-    if (x->slot[j] != IDX_TOMB && idx_key(x, x->slot[j]) == key) {
-      *at = j;
-      return x->slot[j];
-    }
-  return NULL;
-}
+static tp__ptable by_handle = TP_PTABLE_INIT(handle_key);
+static tp__ptable by_uid = TP_PTABLE_INIT(uid_key);
 
 #define TLS_WAYS 4
 static TP_TLS struct {
@@ -176,14 +103,14 @@ void tp__stream_unref(tp__stream *s) {
 /* Registers s in the list and both indexes; false, nothing registered,
  * where memory runs out. Under reg_lock. */
 static bool reg_put(tp__stream *s) {
-  if (!TP_ARRAY_ROOM(reg, nreg, capreg) || !idx_room(&by_handle) ||
-      !idx_room(&by_uid))
+  if (!TP_ARRAY_ROOM(reg, nreg, capreg) || !tp__ptable_room(&by_handle) ||
+      !tp__ptable_room(&by_uid))
     return false;
   s->reg_at = nreg;
   s->reg_seq = ++registrations;
   reg[nreg++] = s;
-  idx_put(&by_handle, s);
-  idx_put(&by_uid, s);
+  tp__ptable_put(&by_handle, s);
+  tp__ptable_put(&by_uid, s);
   return true;
 }
 
@@ -207,15 +134,15 @@ static bool reg_drop(const tp__stream *s) {
   tp__stream *moved = reg[--nreg];
   reg[s->reg_at] = moved;
   moved->reg_at = s->reg_at;
-  idx_drop(&by_handle, s);
-  idx_drop(&by_uid, s);
+  tp__ptable_drop(&by_handle, s);
+  tp__ptable_drop(&by_uid, s);
   return true;
 }
 
 static tp__stream *reg_find_handle(tp_stream_t handle) {
   size_t at = SIZE_MAX;
   tp__stream *s;
-  while ((s = idx_next(&by_handle, (uintptr_t)handle, &at)) != NULL)
+  while ((s = tp__ptable_next(&by_handle, (uintptr_t)handle, &at)) != NULL)
     if (s->owned)
       return s;
   return NULL;
@@ -226,7 +153,7 @@ static tp__stream *reg_find_handle(tp_stream_t handle) {
 static tp__stream *reg_find_foreign(tp_stream_t handle) {
   size_t at = SIZE_MAX;
   tp__stream *s, *last = NULL;
-  while ((s = idx_next(&by_handle, (uintptr_t)handle, &at)) != NULL)
+  while ((s = tp__ptable_next(&by_handle, (uintptr_t)handle, &at)) != NULL)
     if (!s->owned && (!last || s->reg_seq > last->reg_seq))
       last = s;
   return last;
@@ -236,7 +163,7 @@ static _Atomic uint64_t unnamed = 1;
 
 static tp__stream *reg_find_uid(uint64_t uid) {
   size_t at = SIZE_MAX;
-  return idx_next(&by_uid, uid, &at);
+  return tp__ptable_next(&by_uid, uid, &at);
 }
 
 tp_error_t tp__legacy_get(int device, tp__stream **out) {
@@ -347,7 +274,7 @@ static void forget_lost(tp_stream_t handle, const tp__stream *now) {
   tp__stream *met;
   tp__mutex_lock(&reg_lock);
   while (n < LOST_BATCH &&
-         (met = idx_next(&by_handle, (uintptr_t)handle, &at)) != NULL) {
+         (met = tp__ptable_next(&by_handle, (uintptr_t)handle, &at)) != NULL) {
     if (met != now && !met->owned && !met->legacy && !met->thread_bound) {
       tp__stream_ref(met);
       seen[n++] = met;
