@@ -555,6 +555,40 @@ static void test_capture(void) {
 
 /* A pool shared through a POSIX descriptor (passed by value on import, as
  * the runtime takes it) and a pointer through its 64-byte record. */
+/* A synchronize during a global capture is refused with
+ * cudaErrorStreamCaptureUnsupported and invalidates the capture, as CUDA
+ * documents: in the host mode tidepool owns the captures, and a stream,
+ * device or event synchronize answered the stand-in runtime's success while
+ * the capture was lost. */
+static void test_synchronize_in_capture(void) {
+  if (expected_mode != MODE_HOST && stub_calls) {
+    printf("   (the stand-in runtime keeps no captures)\n");
+    return;
+  }
+  cudaStream_t s = NULL;
+  cudaEvent_t e = NULL;
+  REQUIRE_RC(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  REQUIRE_RC(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  REQUIRE_RC(cudaEventRecord(e, s), cudaSuccess);
+  for (int way = 0; way < 3; way++) {
+    void *p = NULL;
+    cudaGraph_t g = NULL;
+    REQUIRE_RC(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal),
+               cudaSuccess);
+    CHECK_RC(cudaMallocAsync(&p, 4096, s), cudaSuccess);
+    cudaError_t r = way == 0   ? cudaStreamSynchronize(s)
+                    : way == 1 ? cudaDeviceSynchronize()
+                               : cudaEventSynchronize(e);
+    if (r != cudaErrorStreamCaptureUnsupported)
+      CHECK_FAIL("way %d: the synchronize answered %d", way, (int)r);
+    CHECK_RC(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    CHECK(g == NULL);
+    (void)cudaGetLastError();
+  }
+  CHECK_RC(cudaEventDestroy(e), cudaSuccess);
+  CHECK_RC(cudaStreamDestroy(s), cudaSuccess);
+}
+
 static void test_ipc(void) {
   cudaMemPool_t pool = new_pool(cudaMemHandleTypePosixFileDescriptor);
   REQUIRE(pool != NULL);
@@ -918,6 +952,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_event_order);
   RUN_TEST(test_event_synchronize);
   RUN_TEST(test_capture);
+  RUN_TEST(test_synchronize_in_capture);
   RUN_TEST(test_ipc);
   RUN_TEST(test_devices);
   RUN_TEST(test_once);

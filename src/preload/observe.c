@@ -47,13 +47,24 @@ TP_PL_NEXT(cudaLaunchHostFunc_ptsz, host_func_fn)
  * work done at once, marks its frees complete and releases memory above
  * the threshold. tidepool's answer adds nothing the runtime's lacks. */
 
+/* In the host mode captures are tidepool's, and the runtime beneath knows
+ * none: a synchronize that tidepool refuses for a capture (and whose
+ * capture it invalidated, as CUDA does) answers so. Elsewhere the runtime's
+ * answer stands. */
+static cudaError_t synchronized(cudaError_t r, tp_error_t err) {
+  bool capture = err == TP_ERROR_STREAM_CAPTURE_UNSUPPORTED ||
+                 err == TP_ERROR_STREAM_CAPTURE_INVALIDATED ||
+                 err == TP_ERROR_STREAM_CAPTURE_IMPLICIT;
+  tp__pl_count(TP_PL_COUNT_SYNC);
+  return capture && tp__pl_host_requested() ? tp__pl_fail(err) : r;
+}
+
 static cudaError_t stream_synchronize(cudaStream_t stream, bool per_thread,
                                       cudaError_t r) {
   if (r != cudaSuccess || !tp__pl_on() || tp__pl_enter(false) != cudaSuccess)
     return r;
-  (void)tp_stream_synchronize(tp__pl_stream(stream, per_thread));
-  tp__pl_count(TP_PL_COUNT_SYNC);
-  return r;
+  return synchronized(r,
+                      tp_stream_synchronize(tp__pl_stream(stream, per_thread)));
 }
 
 TP_PL_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
@@ -70,9 +81,7 @@ TP_PL_EXPORT cudaError_t cudaDeviceSynchronize(void) {
   cudaError_t r = REAL(cudaDeviceSynchronize, ());
   if (r != cudaSuccess || !tp__pl_on() || tp__pl_enter(false) != cudaSuccess)
     return r;
-  (void)tp_device_synchronize();
-  tp__pl_count(TP_PL_COUNT_SYNC);
-  return r;
+  return synchronized(r, tp_device_synchronize());
 }
 
 TP_PL_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event) {
@@ -80,10 +89,8 @@ TP_PL_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (r != cudaSuccess || !tp__pl_on())
     return r;
   tp_event_t ours = tp__pl_event_find(event);
-  if (ours && tp__pl_enter(false) == cudaSuccess) {
-    (void)tp_event_synchronize(ours);
-    tp__pl_count(TP_PL_COUNT_SYNC);
-  }
+  if (ours && tp__pl_enter(false) == cudaSuccess)
+    return synchronized(r, tp_event_synchronize(ours));
   return r;
 }
 
