@@ -1035,6 +1035,26 @@ static void wait_for_free(int s, int free_item, unsigned maybe) {
       items[i].maybe_edges |= 1u << k;
 }
 
+/* A blocking stream's allocation in pool p, with FOLLOW_EVENT_DEPENDENCIES
+ * on, may look at any of the pool's pending legacy frees of its device
+ * while it searches (for a block, or for chunks to move), and the library's
+ * answer to whether the stream follows such a free is a wait on a legacy
+ * marker that covers it, made even where the stream then takes nothing
+ * there: the stream perhaps follows each of them from now on (the fuzzer's
+ * scan-waits-on-legacy-free). */
+static void note_legacy_scan(int p, int s) {
+  const mstream *st = &M.streams[s];
+  if (!M.pools[p].follow || st->legacy || !st->blocking)
+    return;
+  for (int i = 0; i < M.nfreed; i++) {
+    const mfreed *f = &M.freed[i];
+    int fs = items[f->item].stream;
+    if (f->pool == p && fs >= 0 && M.streams[fs].legacy &&
+        M.streams[fs].device == st->device && !item_done(f->item))
+      wait_for_free(s, f->item, MAYBE_FREE | MAYBE_POS);
+  }
+}
+
 /* A new block [lo, hi) of pool p for stream s: every overlapping free that
  * has not completed must be ordered before s, or allowed by a policy; with
  * internal dependencies, s is made to wait, which the model then records.
@@ -1340,6 +1360,8 @@ static void op_malloc(reader *r, bool from_pool) {
                "tp_malloc_from_pool_async from an imported pool");
     return;
   }
+  if (size > 0)
+    note_legacy_scan(p, s);
   if (size == 0) {
     expect_ok(err, "tp_malloc_async of 0 bytes");
     if (ptr != NULL)
