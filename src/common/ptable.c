@@ -44,15 +44,16 @@ bool tp__ptable_room(tp__ptable *t) {
   return true;
 }
 
-void tp__ptable_drop(tp__ptable *t, const void *obj) {
+bool tp__ptable_drop(tp__ptable *t, const void *obj) {
   if (!t->cap)
-    return;
+    return false;
   for (size_t j = home(t, t->key(obj)); t->slot[j]; j = (j + 1) & (t->cap - 1))
     if (t->slot[j] == obj) {
       t->slot[j] = TOMB;
       t->live--;
-      return;
+      return true;
     }
+  return false;
 }
 
 void *tp__ptable_next(const tp__ptable *t, uint64_t key, size_t *at) {

@@ -25,8 +25,8 @@ typedef struct tp__ptable {
 bool tp__ptable_room(tp__ptable *t);
 /* Puts obj in, after tp__ptable_room said yes. */
 void tp__ptable_put(tp__ptable *t, void *obj);
-/* Takes obj out, where it is. */
-void tp__ptable_drop(tp__ptable *t, const void *obj);
+/* Takes obj out; false where it was not in. */
+bool tp__ptable_drop(tp__ptable *t, const void *obj);
 /* The objects keyed `key`, one a call, in no particular order: *at starts
  * at SIZE_MAX, and NULL follows the last. */
 void *tp__ptable_next(const tp__ptable *t, uint64_t key, size_t *at);

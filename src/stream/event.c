@@ -100,11 +100,7 @@ static void event_free(void *arg) {
  * no thread is inside a call that found it before (common/guard.h). */
 tp_error_t tp__event_destroy(tp__event *e) {
   tp__mutex_lock(&ev_lock);
-  size_t at = SIZE_MAX;
-  bool found =
-      tp__ptable_next(&events, (uint64_t)(uintptr_t)e->handle, &at) == e;
-  if (found)
-    tp__ptable_drop(&events, e);
+  bool found = tp__ptable_drop(&events, e);
   tp__mutex_unlock(&ev_lock);
   TP_RETURN_IF(!found, TP_ERROR_INVALID_VALUE);
   tp__guard_retire(e, event_free);

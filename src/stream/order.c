@@ -219,6 +219,17 @@ static void markers_trim(tp__stream *s) {
   }
 }
 
+/* Lets markers go, oldest first, while more than `keep` are listed and the
+ * oldest is found complete (one stream completes in order: the first not
+ * done ends the scan); what is found is seen, not done. Stream lock held. */
+static void markers_drop_finished(tp__stream *s, uint32_t keep) {
+  while (s->nmarkers > keep &&
+         tp__pevent_finished(tp__platform->event_query(s->markers[0]->ev))) {
+    tp__atomic_max(&s->seen_epoch, s->markers[0]->epoch);
+    markers_trim(s);
+  }
+}
+
 /* What the host learned by synchronizing: complete for every policy. */
 static void done_to(tp__stream *s, uint64_t epoch) {
   tp__atomic_max(&s->seen_epoch, epoch);
@@ -247,11 +258,7 @@ uint64_t tp__stream_advance_marked(tp__stream *s) {
   /* Recorded at every such launch, a marker each: the oldest are let go as
    * they complete, so that a loop of launches with nothing polling the
    * stream keeps no more than the work still queued. */
-  while (s->nmarkers >= TP_MARKED_KEEP &&
-         tp__pevent_finished(tp__platform->event_query(s->markers[0]->ev))) {
-    tp__atomic_max(&s->seen_epoch, s->markers[0]->epoch);
-    markers_trim(s);
-  }
+  markers_drop_finished(s, TP_MARKED_KEEP - 1);
   tp__marker *m = tp__stream_marker_record(s);
   uint64_t e =
       m ? m->epoch
@@ -354,12 +361,7 @@ bool tp__stream_poll(const tp__tag *t) {
     return true;
   tp__stream *s = t->stream;
   tp__blspin_lock(&s->lock);
-  /* One stream completes in order: the first marker not done ends the scan. */
-  while (s->nmarkers &&
-         tp__pevent_finished(tp__platform->event_query(s->markers[0]->ev))) {
-    tp__atomic_max(&s->seen_epoch, s->markers[0]->epoch);
-    markers_trim(s);
-  }
+  markers_drop_finished(s, 0);
   if (!seen_done(t) && !covered(s, t->epoch))
     ask_stream(s);
   if (!seen_done(t))

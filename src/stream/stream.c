@@ -134,8 +134,8 @@ static bool reg_drop(const tp__stream *s) {
   tp__stream *moved = reg[--nreg];
   reg[s->reg_at] = moved;
   moved->reg_at = s->reg_at;
-  tp__ptable_drop(&by_handle, s);
-  tp__ptable_drop(&by_uid, s);
+  (void)tp__ptable_drop(&by_handle, s);
+  (void)tp__ptable_drop(&by_uid, s);
   return true;
 }
 
