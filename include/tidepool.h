@@ -123,7 +123,12 @@ TP_API tp_error_t tp_get_last_platform_error(int *code, const char **name);
 /* "host" or "cuda": the platform this process runs on. The platform is
  * chosen once per process, at the first call into the library, from
  * TIDEPOOL_PLATFORM=host|cuda; without it, cuda where libcuda loads and a
- * device exists, else host. Returns NULL only when initialisation failed. */
+ * device exists, else host. Returns NULL only when initialisation failed.
+ * On cuda, TIDEPOOL_CAPTURES=tidepool, read then too, promises that every
+ * capture of the process begins with tp_stream_begin_capture and ends with
+ * tp_stream_end_capture: allocations and frees then ask the driver whether
+ * their stream captures only while such a capture is under way, rather than
+ * on every call (a capture begun otherwise is then not seen). */
 TP_API const char *tp_platform_name(void);
 
 /* ========================================================================

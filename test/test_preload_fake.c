@@ -72,6 +72,11 @@ static struct {
   PFN_cuDeviceGetGraphMemAttribute_v11040 graph_mem_get;
   PFN_cuDeviceSetGraphMemAttribute_v11040 graph_mem_set;
   PFN_cuDeviceGraphMemTrim_v11040 graph_mem_trim;
+  PFN_cuStreamBeginCapture_v10010_ptsz begin_capture_pt;
+  PFN_cuStreamEndCapture_v10000_ptsz end_capture_pt;
+  PFN_cuStreamBeginCaptureToGraph_v12030 begin_to_graph;
+  PFN_cuGraphCreate_v10000 graph_create;
+  unsigned long long (*capture_questions)(void); /* the fake's own */
 } cu;
 
 static int fetch(const char *name, int version, cuuint64_t flags, void *out) {
@@ -139,8 +144,15 @@ static int load_driver(void) {
   F(graph_mem_get, "cuDeviceGetGraphMemAttribute", 11040);
   F(graph_mem_set, "cuDeviceSetGraphMemAttribute", 11040);
   F(graph_mem_trim, "cuDeviceGraphMemTrim", 11040);
+  F(begin_to_graph, "cuStreamBeginCaptureToGraph", 12030);
+  F(graph_create, "cuGraphCreate", 10000);
 #undef F
-  return ok;
+  ok = fetch("cuStreamBeginCapture", 10010, PER_THREAD, &cu.begin_capture_pt) &&
+       ok;
+  ok = fetch("cuStreamEndCapture", 10000, PER_THREAD, &cu.end_capture_pt) && ok;
+  sym = dlsym(libcuda, "fake_cuda_capture_questions");
+  memcpy(&cu.capture_questions, &sym, sizeof sym);
+  return ok && cu.capture_questions;
 }
 
 /* ---- the interposer's diagnostics --------------------------------------- */
@@ -625,6 +637,69 @@ static void test_graph_mem_driver_names(void) {
   CHECK_EQ_U64(graph_mem(CU_GRAPH_MEM_ATTR_USED_MEM_HIGH), 0);
 }
 
+/* The capture questions that `pairs` allocation and free pairs on `s`
+ * asked the driver. */
+static unsigned long long pairs_ask(CUstream s, int pairs) {
+  unsigned long long before = cu.capture_questions();
+  for (int i = 0; i < pairs; i++) {
+    CUdeviceptr p = 0;
+    CHECK_RC(cu.alloc(&p, 256, s), CUDA_SUCCESS);
+    CHECK_RC(cu.free(p, s), CUDA_SUCCESS);
+  }
+  return cu.capture_questions() - before;
+}
+
+/* Every capture begins through the driver entries the interposer hands
+ * out, which count them: while none is under way an allocation or a free
+ * asks the driver nothing about capture (each asked once before), while
+ * one is, they ask, and an allocation in it is the graph's. Each begin
+ * counts: a failed one, one on the per-thread stream, one into a graph. */
+static void test_capture_questions(void) {
+  CUstream s = new_stream(), t = new_stream();
+  /* Adopting a stream of the program's asks once. */
+  (void)pairs_ask(s, 1);
+  (void)pairs_ask(t, 1);
+  CHECK_EQ_U64(pairs_ask(t, 100), 0);
+
+  REQUIRE_RC(cu.begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  CHECK(pairs_ask(t, 10) >= 20);
+  CUdeviceptr in_graph = 0;
+  CHECK_RC(cu.alloc(&in_graph, MiB, s), CUDA_SUCCESS);
+  CHECK_RC(cu.begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED),
+           CUDA_ERROR_ILLEGAL_STATE);
+  CHECK_RC(cu.free(in_graph, s), CUDA_SUCCESS);
+  CUgraph graph = NULL;
+  REQUIRE_RC(cu.end_capture(s, &graph), CUDA_SUCCESS);
+  CHECK_RC(cu.graph_destroy(graph), CUDA_SUCCESS);
+  CHECK_EQ_U64(pairs_ask(t, 100), 0);
+  /* A second end finds no capture, and leaves the count as it is. */
+  graph = NULL;
+  CHECK(cu.end_capture(s, &graph) != CUDA_SUCCESS);
+  CHECK_EQ_U64(pairs_ask(t, 100), 0);
+
+  REQUIRE_RC(cu.begin_capture_pt(NULL, CU_STREAM_CAPTURE_MODE_RELAXED),
+             CUDA_SUCCESS);
+  CHECK(pairs_ask(t, 10) >= 20);
+  REQUIRE_RC(cu.end_capture_pt(NULL, &graph), CUDA_SUCCESS);
+  CHECK_RC(cu.graph_destroy(graph), CUDA_SUCCESS);
+  CHECK_EQ_U64(pairs_ask(t, 100), 0);
+
+  CUgraph into = NULL;
+  REQUIRE_RC(cu.graph_create(&into, 0), CUDA_SUCCESS);
+  REQUIRE_RC(
+      cu.begin_to_graph(s, into, NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_RELAXED),
+      CUDA_SUCCESS);
+  CHECK(pairs_ask(t, 10) >= 20);
+  graph = NULL;
+  REQUIRE_RC(cu.end_capture(s, &graph), CUDA_SUCCESS);
+  CHECK_RC(cu.graph_destroy(into), CUDA_SUCCESS);
+  CHECK_EQ_U64(pairs_ask(t, 100), 0);
+
+  CHECK_RC(cu.stream_sync(t), CUDA_SUCCESS);
+  CHECK_RC(cu.stream_destroy(s), CUDA_SUCCESS);
+  CHECK_RC(cu.stream_destroy(t), CUDA_SUCCESS);
+}
+
 /* A child that fork() made after the parent allocated cannot use the
  * parent's CUDA: the driver answers CUDA_ERROR_NOT_INITIALIZED, and so
  * must the interposer (it answered NOT_PERMITTED). The parent goes on. */
@@ -672,6 +747,7 @@ int main(void) {
   RUN_TEST(test_destroy_current);
   RUN_TEST(test_capture);
   RUN_TEST(test_graph_mem_driver_names);
+  RUN_TEST(test_capture_questions);
   RUN_TEST(test_forked_child);
   return check_done();
 }

@@ -10,6 +10,7 @@
 #include "api/capture.h"
 #include "api/graph.h"
 #include "common/guard.h"
+#include "common/seen.h"
 #include "graph/graph_mem.h"
 #include "pool/alloc.h"
 
@@ -365,14 +366,17 @@ static tp_error_t begin_capture(tp_stream_t stream, tp_capture_mode_t mode) {
    * its capture question to its query (order.c, ask_stream): a capture
    * begun between the two would be invalidated by the query. A capture the
    * application begins through the driver itself can still fall there. */
+  tp__seen_begin();
   tp__blspin_lock(&s->lock);
   tp_error_t err = tp__platform->capture_begin(s->ps, mode);
   tp__blspin_unlock(&s->lock);
-  TP_FORWARD(err);
   tp_capture_status_t status;
   uint64_t id = 0;
-  if (tp__platform->capture_status(s->ps, &status, &id) != TP_SUCCESS)
+  if (err == TP_SUCCESS &&
+      tp__platform->capture_status(s->ps, &status, &id) != TP_SUCCESS)
     id = 0;
+  tp__seen_began(err == TP_SUCCESS, (uintptr_t)s, id);
+  TP_FORWARD(err);
   atomic_store_explicit(&s->capture_id, id, memory_order_relaxed);
   begun_note(id, true);
   return TP_SUCCESS;
@@ -393,6 +397,10 @@ static tp_error_t end_capture(tp_stream_t stream, tp_graph_t *graph) {
     id = 0;
   tp__pgraph *pg = NULL;
   tp_error_t err = tp__platform->capture_end(s->ps, &pg);
+  tp_capture_status_t after = TP_CAPTURE_STATUS_ACTIVE;
+  if (tp__platform->capture_status(s->ps, &after, NULL) != TP_SUCCESS)
+    after = TP_CAPTURE_STATUS_ACTIVE;
+  tp__seen_ended((uintptr_t)s, id, after != TP_CAPTURE_STATUS_NONE);
   if (status != TP_CAPTURE_STATUS_NONE)
     begun_note(id ? id
                   : atomic_load_explicit(&s->capture_id, memory_order_relaxed),

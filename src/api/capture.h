@@ -6,14 +6,7 @@
 #define TP_API_CAPTURE_H
 
 #include "api/api.h"
-
-/* Whether no capture can be under way: where the platform sees every
- * capture, a count it keeps, read on every allocation and free before any
- * question is asked. */
-static inline bool tp__no_capture(void) {
-  const _Atomic uint32_t *n = tp__hot.captures_active;
-  return n && !atomic_load_explicit(n, memory_order_acquire);
-}
+#include "common/hot.h"
 /* Whether work on s goes to a capture: s captures (or its capture was
  * invalidated), or s is a legacy stream that a capture forbids. */
 bool tp__graph_capturing_slow(tp__stream *s);

@@ -17,8 +17,8 @@ typedef struct tp__hot {
   _Alignas(64) _Atomic uint64_t guard_epoch; /* guard.c: the epoch clock */
   _Atomic uint32_t guard_limbo; /* guard.c: retired objects not yet freed */
   bool fence_expedited;         /* fence.c: the light fence is free */
-  /* platform/select.c: the chosen platform's ops, and its count of
-   * captures under way (NULL where it has none) */
+  /* platform/select.c: the chosen platform's ops, and the count of
+   * captures under way (NULL where captures may begin unseen) */
   const struct tp__platform_ops *_Atomic platform;
   const _Atomic uint32_t *captures_active;
   _Atomic uint64_t stream_gen; /* stream.c: bumped by each destruction */
@@ -26,5 +26,13 @@ typedef struct tp__hot {
 _Static_assert(sizeof(tp__hot_line) == 64, "the hot words fit in one line");
 
 extern tp__hot_line tp__hot;
+
+/* Whether no capture can be under way: where every capture is seen (the
+ * platform's count, or seen.h's), the count of those under way, read on
+ * every allocation and free before any question is asked. */
+static inline bool tp__no_capture(void) {
+  const _Atomic uint32_t *n = tp__hot.captures_active;
+  return n && !atomic_load_explicit(n, memory_order_acquire);
+}
 
 #endif /* TP_HOT_H */

@@ -231,7 +231,8 @@ typedef struct tp__platform_ops {
    * of captures under way, read before each allocation and free so that
    * none asks capture_status while nothing captures; NULL where a capture
    * may begin unseen (cuda: the application's own cuStreamBeginCapture),
-   * and capture_status is asked every time. */
+   * and capture_status is asked every time unless the captures are counted
+   * for the platform (common/seen.h). */
   const _Atomic uint32_t *captures_active;
   tp_error_t (*capture_begin)(tp__pstream *ps, tp_capture_mode_t mode);
   /* Ends the capture begun on ps; *graph is NULL on failure. The graph may

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "common/seen.h"
 #include "platform/platform.h"
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
@@ -27,9 +28,11 @@ TP_API tp_error_t tp_get_last_platform_error(int *code, const char **name) {
 }
 
 /* The captures count goes in first: a thread that finds the platform set
- * reads it next. */
+ * reads it next. A platform that cannot count them may have them counted
+ * for it (seen.h). */
 static void chosen(const tp__platform_ops *ops) {
-  tp__hot.captures_active = ops->captures_active;
+  tp__hot.captures_active =
+      ops->captures_active ? ops->captures_active : tp__seen_counter();
   atomic_store_explicit(&tp__platform, ops, memory_order_release);
 }
 

@@ -10,6 +10,7 @@
 
 #include <cuda.h>
 
+#include "common/seen.h"
 #include "preload.h"
 
 #ifndef TP_PL_CUDART_NODE
@@ -137,6 +138,16 @@ __attribute__((constructor)) static void read_switches(void) {
   int r = read_request();
   if (r == TP_PL_HOST)
     setenv("TIDEPOOL_PLATFORM", "host", 1);
+  /* Every capture then begins through the driver entries that hook.c hands
+   * out, and is counted (seen.h); unless a library linked against the
+   * driver is loaded already, whose calls reach the driver directly. */
+  if (r == TP_PL_CUDA) {
+    void *linked = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (linked)
+      (void)dlclose(linked);
+    else
+      tp__seen_watch();
+  }
   if (r < 0)
     fprintf(stderr,
             "tidepool-preload: TIDEPOOL_PRELOAD=%s is not 0, 1, cuda or host; "

@@ -30,6 +30,9 @@ static struct {
    * tidepool's object with a stream, made without a primary context
    * current, goes to the driver. */
   PFN_cuStreamGetCtx_v9020 cuStreamGetCtx;
+  /* Optional too: without it, a capture begun through the interposer stays
+   * counted for good (seen.h), and allocations ask the driver again. */
+  PFN_cuStreamGetCaptureInfo_v12030 cuStreamGetCaptureInfo;
 } drv;
 static _Atomic int drv_state; /* 0 not loaded, 1 loaded, -1 incomplete */
 static pthread_mutex_t drv_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -68,6 +71,8 @@ bool tp__pl_drv_load(PFN_cuGetProcAddress_v12000 get_proc) {
     complete = DRV_SET(drv.cuStreamIsCapturing_ptsz, fn) && complete;
     fn = tp__pl_drv_fetch(get_proc, "cuStreamGetCtx", 9020, false);
     (void)DRV_SET(drv.cuStreamGetCtx, fn);
+    fn = tp__pl_drv_fetch(get_proc, "cuStreamGetCaptureInfo", 12030, false);
+    (void)DRV_SET(drv.cuStreamGetCaptureInfo, fn);
     atomic_store_explicit(&drv_state, complete ? 1 : -1, memory_order_release);
   }
   pthread_mutex_unlock(&drv_lock);
@@ -271,6 +276,22 @@ bool tp__pl_drv_capturing(CUstream stream, bool per_thread) {
   CUresult r = per_thread ? drv.cuStreamIsCapturing_ptsz(stream, &status)
                           : drv.cuStreamIsCapturing(stream, &status);
   return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+uint64_t tp__pl_drv_capture_id(CUstream stream, bool per_thread,
+                               bool *capturing) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  cuuint64_t id = 0;
+  /* A per-thread variant's NULL is the per-thread stream, which its own
+   * handle names to any variant. */
+  if (per_thread && stream == NULL)
+    stream = CU_STREAM_PER_THREAD;
+  CUresult r = drv.cuStreamGetCaptureInfo
+                   ? drv.cuStreamGetCaptureInfo(stream, &status, &id, NULL,
+                                                NULL, NULL, NULL)
+                   : TP_PL_DRV_NO_DRIVER;
+  *capturing = r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
+  return r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE ? id : 0;
 }
 
 /* ---- errors -----------------------------------------------------------------

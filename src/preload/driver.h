@@ -100,6 +100,12 @@ int tp__pl_drv_own(bool has_stream, CUstream stream, CUcontext *saved,
  * tp__pl_capturing. */
 bool tp__pl_drv_capturing(CUstream stream, bool per_thread);
 
+/* The id of the capture `stream` is in (0 where none, or the driver does
+ * not say), and in *capturing whether it captures (true where the driver
+ * cannot say). Asked only around a capture's begin and end. */
+uint64_t tp__pl_drv_capture_id(CUstream stream, bool per_thread,
+                               bool *capturing);
+
 /* The ordinal of a CUdevice, or -1; and the reverse. */
 int tp__pl_drv_ordinal(CUdevice dev);
 bool tp__pl_drv_device(int ordinal, CUdevice *dev);

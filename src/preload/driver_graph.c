@@ -1,17 +1,20 @@
 /* The driver's stream capture, graph and graph memory calls, as graph.c
  * does for the runtime's: with TIDEPOOL_PRELOAD=host the streams are
  * tidepool's, so tidepool captures them, and its graphs are handed out as
- * the driver's handles (the capture entries are handed out only then).
- * With a GPU the driver captures, and tidepool's capture path follows it;
+ * the driver's handles (cuStreamIsCapturing is handed out only then).
+ * With a GPU the driver captures, and tidepool's capture path follows it,
+ * counting the captures under way;
  * the driver instantiates and launches too, but each exec is adopted as it
  * is made (tp_graph_exec_adopt), so that tidepool books the launches of
  * the graphs it allocated in. */
+#include "common/seen.h"
 #include "driver.h"
 
-static _Atomic(tp__pl_fn) r_begin, r_begin_ptsz, r_end, r_end_ptsz,
-    r_is_capturing, r_is_capturing_ptsz, r_instantiate, r_instantiate_12,
-    r_instantiate_params, r_instantiate_params_ptsz, r_launch, r_launch_ptsz,
-    r_exec_destroy, r_graph_destroy, r_mem_trim, r_mem_get, r_mem_set;
+static _Atomic(tp__pl_fn) r_begin, r_begin_ptsz, r_begin_v1, r_begin_v1_ptsz,
+    r_begin_to_graph, r_begin_to_graph_ptsz, r_end, r_end_ptsz, r_is_capturing,
+    r_is_capturing_ptsz, r_instantiate, r_instantiate_12, r_instantiate_params,
+    r_instantiate_params_ptsz, r_launch, r_launch_ptsz, r_exec_destroy,
+    r_graph_destroy, r_mem_trim, r_mem_get, r_mem_set;
 
 /* Whether the host mode answers; *err when the call can go nowhere. */
 static bool host_answers(CUresult *err) {
@@ -30,16 +33,98 @@ static bool host_answers(CUresult *err) {
     return err_ != CUDA_SUCCESS ? err_ : TP_PL_DRV_CALL(slot, type, args);     \
   } while (0)
 
+/* ---- capture's begin and end ------------------------------------------------
+ * With a GPU the driver captures; every begin and end of the process passes
+ * here (the runtime's too, which reaches the driver through
+ * cuGetProcAddress), and is counted for tidepool (seen.h) so that its
+ * allocations ask the driver nothing about capture while none is under
+ * way. The count goes up before the begin reaches the driver, and down once
+ * the stream that began a capture is out of it. */
+
+/* A stream's key for the count: the per-thread default stream is each
+ * thread's own. */
+static _Thread_local char thread_mark;
+
+static bool is_per_thread(CUstream stream, bool per_thread) {
+  return stream == CU_STREAM_PER_THREAD || (per_thread && stream == NULL);
+}
+
+static uint64_t capture_key(CUstream stream, bool per_thread) {
+  return is_per_thread(stream, per_thread) ? (uint64_t)(uintptr_t)&thread_mark
+                                           : (uint64_t)(uintptr_t)stream;
+}
+
+static CUresult begun(CUresult r, CUstream stream, bool per_thread) {
+  bool capturing = false;
+  uint64_t id = r == CUDA_SUCCESS
+                    ? tp__pl_drv_capture_id(stream, per_thread, &capturing)
+                    : 0;
+  tp__seen_began(r == CUDA_SUCCESS, capture_key(stream, per_thread), id);
+  return r;
+}
+
+/* A begin: tidepool's in the host mode, else the driver's `call`,
+ * counted. */
+#define BEGIN(host_call, stream, per_thread, call)                             \
+  do {                                                                         \
+    CUresult err_;                                                             \
+    if (host_answers(&err_))                                                   \
+      return tp__pl_drv_error(host_call);                                      \
+    if (err_ != CUDA_SUCCESS)                                                  \
+      return err_;                                                             \
+    tp__seen_begin();                                                          \
+    return begun((call), (stream), (per_thread));                              \
+  } while (0)
+
 static CUresult begin(CUstream stream, CUstreamCaptureMode mode) {
-  HOST_OR_DRIVER(tp_stream_begin_capture(tp__pl_stream(stream, false),
-                                         (tp_capture_mode_t)mode),
-                 r_begin, PFN_cuStreamBeginCapture_v10010, (stream, mode));
+  BEGIN(
+      tp_stream_begin_capture(tp__pl_stream(stream, false),
+                              (tp_capture_mode_t)mode),
+      stream, false,
+      TP_PL_DRV_CALL(r_begin, PFN_cuStreamBeginCapture_v10010, (stream, mode)));
 }
 
 static CUresult begin_ptsz(CUstream stream, CUstreamCaptureMode mode) {
-  HOST_OR_DRIVER(tp_stream_begin_capture(tp__pl_stream(stream, true),
-                                         (tp_capture_mode_t)mode),
-                 r_begin_ptsz, PFN_cuStreamBeginCapture_v10010, (stream, mode));
+  BEGIN(tp_stream_begin_capture(tp__pl_stream(stream, true),
+                                (tp_capture_mode_t)mode),
+        stream, true,
+        TP_PL_DRV_CALL(r_begin_ptsz, PFN_cuStreamBeginCapture_v10010,
+                       (stream, mode)));
+}
+
+/* The first ABI, without a mode: a global capture. */
+typedef CUresult (*begin_v1_fn)(CUstream);
+
+static CUresult begin_v1(CUstream stream) {
+  BEGIN(tp_stream_begin_capture(tp__pl_stream(stream, false),
+                                TP_CAPTURE_MODE_GLOBAL),
+        stream, false, TP_PL_DRV_CALL(r_begin_v1, begin_v1_fn, (stream)));
+}
+
+static CUresult begin_v1_ptsz(CUstream stream) {
+  BEGIN(tp_stream_begin_capture(tp__pl_stream(stream, true),
+                                TP_CAPTURE_MODE_GLOBAL),
+        stream, true, TP_PL_DRV_CALL(r_begin_v1_ptsz, begin_v1_fn, (stream)));
+}
+
+/* tidepool's host mode has no capture into an existing graph. */
+static CUresult begin_to_graph(CUstream stream, CUgraph graph,
+                               const CUgraphNode *deps,
+                               const CUgraphEdgeData *edges, size_t n,
+                               CUstreamCaptureMode mode) {
+  BEGIN(TP_ERROR_NOT_SUPPORTED, stream, false,
+        TP_PL_DRV_CALL(r_begin_to_graph, PFN_cuStreamBeginCaptureToGraph_v12030,
+                       (stream, graph, deps, edges, n, mode)));
+}
+
+static CUresult begin_to_graph_ptsz(CUstream stream, CUgraph graph,
+                                    const CUgraphNode *deps,
+                                    const CUgraphEdgeData *edges, size_t n,
+                                    CUstreamCaptureMode mode) {
+  BEGIN(TP_ERROR_NOT_SUPPORTED, stream, true,
+        TP_PL_DRV_CALL(r_begin_to_graph_ptsz,
+                       PFN_cuStreamBeginCaptureToGraph_v12030,
+                       (stream, graph, deps, edges, n, mode)));
 }
 
 static tp_error_t end_capture(CUstream stream, CUgraph *graph,
@@ -53,14 +138,38 @@ static tp_error_t end_capture(CUstream stream, CUgraph *graph,
   return err;
 }
 
+/* The driver's end, and the count told whether the stream is still in the
+ * capture it was in. The legacy stream never captures (its begin fails),
+ * and asking about it while another stream captures could cost that
+ * capture: it is not asked. */
+static CUresult end_counted(_Atomic(tp__pl_fn) *slot, CUstream stream,
+                            CUgraph *graph, bool per_thread) {
+  bool legacy = stream == CU_STREAM_LEGACY || (!per_thread && stream == NULL);
+  bool capturing = false;
+  uint64_t before =
+      legacy ? 0 : tp__pl_drv_capture_id(stream, per_thread, &capturing);
+  CUresult r =
+      TP_PL_DRV_CALL(*slot, PFN_cuStreamEndCapture_v10000, (stream, graph));
+  if (!legacy) {
+    (void)tp__pl_drv_capture_id(stream, per_thread, &capturing);
+    tp__seen_ended(capture_key(stream, per_thread), before, capturing);
+  }
+  return r;
+}
+
 static CUresult end(CUstream stream, CUgraph *graph) {
-  HOST_OR_DRIVER(end_capture(stream, graph, false), r_end,
-                 PFN_cuStreamEndCapture_v10000, (stream, graph));
+  CUresult err;
+  if (host_answers(&err))
+    return tp__pl_drv_error(end_capture(stream, graph, false));
+  return err != CUDA_SUCCESS ? err : end_counted(&r_end, stream, graph, false);
 }
 
 static CUresult end_ptsz(CUstream stream, CUgraph *graph) {
-  HOST_OR_DRIVER(end_capture(stream, graph, true), r_end_ptsz,
-                 PFN_cuStreamEndCapture_v10000, (stream, graph));
+  CUresult err;
+  if (host_answers(&err))
+    return tp__pl_drv_error(end_capture(stream, graph, true));
+  return err != CUDA_SUCCESS ? err
+                             : end_counted(&r_end_ptsz, stream, graph, true);
 }
 
 static tp_error_t capture_status(CUstream stream, CUstreamCaptureStatus *status,
@@ -300,13 +409,22 @@ static CUresult graph_mem_set(CUdevice device, CUgraphMem_attribute attr,
 #define FN(f) ((tp__pl_fn)(f))
 
 const tp__pl_drv_entry tp__pl_drv_graph_entries[] = {
-    {"cuStreamBeginCapture", "cuStreamBeginCapture_v2", 10010, false, true,
+    /* Handed out with a GPU too: every begin and end is counted. */
+    {"cuStreamBeginCapture", "cuStreamBeginCapture_v2", 10010, false, false,
      FN(begin), &r_begin},
-    {"cuStreamBeginCapture", "cuStreamBeginCapture_v2_ptsz", 10010, true, true,
+    {"cuStreamBeginCapture", "cuStreamBeginCapture_v2_ptsz", 10010, true, false,
      FN(begin_ptsz), &r_begin_ptsz},
-    {"cuStreamEndCapture", "cuStreamEndCapture", 10000, false, true, FN(end),
+    {"cuStreamBeginCapture", "cuStreamBeginCapture", 10000, false, false,
+     FN(begin_v1), &r_begin_v1},
+    {"cuStreamBeginCapture", "cuStreamBeginCapture_ptsz", 10000, true, false,
+     FN(begin_v1_ptsz), &r_begin_v1_ptsz},
+    {"cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph", 12030, false,
+     false, FN(begin_to_graph), &r_begin_to_graph},
+    {"cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph_ptsz", 12030,
+     true, false, FN(begin_to_graph_ptsz), &r_begin_to_graph_ptsz},
+    {"cuStreamEndCapture", "cuStreamEndCapture", 10000, false, false, FN(end),
      &r_end},
-    {"cuStreamEndCapture", "cuStreamEndCapture_ptsz", 10000, true, true,
+    {"cuStreamEndCapture", "cuStreamEndCapture_ptsz", 10000, true, false,
      FN(end_ptsz), &r_end_ptsz},
     {"cuStreamIsCapturing", "cuStreamIsCapturing", 10000, false, true,
      FN(is_capturing), &r_is_capturing},

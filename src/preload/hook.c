@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "common/seen.h"
 #include "dl.h"
 #include "driver.h"
 
@@ -147,6 +148,9 @@ static bool fill(PFN_cuGetProcAddress_v12000 get_proc) {
     if (ok)
       (void)find_entry(fill_entry, &get_proc);
     filling = false;
+    /* Nothing is handed out: the capture entries do not count begins. */
+    if (!ok)
+      tp__seen_unwatch();
     atomic_store_explicit(&filled, ok ? 1 : -1, memory_order_release);
   }
   pthread_mutex_unlock(&fill_lock);

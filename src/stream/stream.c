@@ -220,8 +220,8 @@ static bool foreign_cached(tp_stream_t handle, bool uncaptured,
   tp_capture_status_t status;
   /* Any doubt (an error, a capture, another uid) takes the full way, which
    * gives the definitive answer. */
-  tp_error_t err =
-      tp__platform->stream_identify(handle, !uncaptured, &uid, &status);
+  tp_error_t err = tp__platform->stream_identify(
+      handle, !(uncaptured || tp__no_capture()), &uid, &status);
   if (err != TP_SUCCESS || status != TP_CAPTURE_STATUS_NONE ||
       uid != foreign_cache.uid[way])
     return false;

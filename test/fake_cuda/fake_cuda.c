@@ -1583,8 +1583,17 @@ FK_API CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
   return r;
 }
 
+/* How many capture questions (cuStreamIsCapturing, cuStreamGetCaptureInfo)
+ * the process asked, for the tests of calls that should ask none. */
+static _Atomic unsigned long long capture_questions;
+
+FK_API unsigned long long fake_cuda_capture_questions(void) {
+  return atomic_load(&capture_questions);
+}
+
 FK_API CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream,
                                             CUstreamCaptureStatus *status) {
+  atomic_fetch_add(&capture_questions, 1);
   NEED_INIT();
   if (!status)
     return CUDA_ERROR_INVALID_VALUE;
@@ -1606,6 +1615,7 @@ FK_API CUresult CUDAAPI cuStreamGetCaptureInfo(
     cuuint64_t *id_out, CUgraph *graph_out,
     const CUgraphNode **dependencies_out, const CUgraphEdgeData **edgeData_out,
     size_t *numDependencies_out) {
+  atomic_fetch_add(&capture_questions, 1);
   NEED_INIT();
   if (!captureStatus_out)
     return CUDA_ERROR_INVALID_VALUE;

@@ -1,0 +1,37 @@
+/* Captures that tidepool saw begin, counted where the platform cannot count
+ * them itself (cuda), so that an allocation asks the driver nothing about
+ * capture while none is under way. Trusted only where every capture of the
+ * process begins through calls that report here (tp__seen_watch). */
+#ifndef TP_SEEN_H
+#define TP_SEEN_H
+
+#include "common/common.h"
+
+/* Every capture of the process from now on begins through calls that
+ * report here: the interposer, which sees every begin, or an application
+ * that set TIDEPOOL_CAPTURES=tidepool. Takes effect for the platform
+ * chosen after it (read once, as the platform is chosen);
+ * TIDEPOOL_CAPTURES=ask overrides it. */
+void tp__seen_watch(void);
+/* A capture may begin unseen from now on (the interposer could not put its
+ * hooks in place): the count stays above zero for good, and every
+ * allocation asks. */
+void tp__seen_unwatch(void);
+/* The count for the platform's hot line: NULL where captures are not
+ * watched, and each allocation must ask. */
+const _Atomic uint32_t *tp__seen_counter(void);
+
+/* A begin about to reach the driver: counted at once, so that a call
+ * ordered after the begin finds it. */
+void tp__seen_begin(void);
+/* The begin's outcome: `ok` with the capture's id (0 where the driver did
+ * not tell it, which keeps it counted for good), on the stream keyed `key`
+ * (a stream handle, mixed with the thread for a per-thread stream). */
+void tp__seen_began(bool ok, uint64_t key, uint64_t id);
+/* After an end on the stream keyed `key`: `before` the id of its capture
+ * as the end began (0 where unknown), `after` whether the stream still
+ * captures. A capture stops counting once the stream that began it is out
+ * of it (an end on a stream that joined it leaves it counted). */
+void tp__seen_ended(uint64_t key, uint64_t before, bool after);
+
+#endif /* TP_SEEN_H */
