@@ -1068,6 +1068,67 @@ static void test_capturing_stream_destroyed(void) {
   check_context(NULL);
 }
 
+/* A stream that joined a capture and was joined back may be destroyed
+ * before the end, as CUDA's graphMemoryNodes sample does: the capture goes
+ * on, and its graph holds the stream's work. Destroyed before it is joined
+ * back, its work is left unjoined, and the end says so. Either way the
+ * destroy does not wait: a free the stream made before the capture waits
+ * for its work all the same (the gate held here), and is reused after. */
+static void test_joined_stream_destroyed(void) {
+  CHECK_EQ_U64(graph_used_settled(0), 0);
+  for (int joined_back = 1; joined_back >= 0; joined_back--) {
+    check_context(joined_back ? "joined back" : "not joined back");
+    tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING);
+    tp_stream_t o = new_stream(TP_STREAM_NON_BLOCKING);
+    tp_event_t fork = NULL, join = NULL;
+    REQUIRE_OK(tp_event_create(&fork));
+    REQUIRE_OK(tp_event_create(&join));
+    void *before = NULL, *a = NULL;
+    gate_t gate;
+    REQUIRE_OK(tp_malloc_async(&before, 4096, o));
+    REQUIRE_OK(hold_stream(o, &gate));
+    CHECK_OK(tp_free_async(before, o));
+    REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
+    CHECK_OK(tp_malloc_async(&a, MiB, s));
+    CHECK_OK(tp_event_record(fork, s));
+    CHECK_OK(tp_stream_wait_event(o, fork, 0));
+    CHECK_OK(tp_memset_async(a, 0x5a, MiB, o));
+    if (joined_back) {
+      CHECK_OK(tp_free_async(a, o));
+      CHECK_OK(tp_event_record(join, o));
+      CHECK_OK(tp_stream_wait_event(s, join, 0));
+    }
+    CHECK_OK(tp_stream_destroy(o));
+    CHECK_OK(tp_event_destroy(fork));
+    CHECK_OK(tp_event_destroy(join));
+    tp_graph_t g = NULL;
+    if (joined_back) {
+      REQUIRE_OK(tp_stream_end_capture(s, &g));
+      tp_graph_exec_t x = NULL;
+      REQUIRE_OK(tp_graph_instantiate(&x, g, 0));
+      CHECK_OK(tp_graph_launch(x, s));
+      CHECK_OK(tp_graph_launch(x, s));
+      CHECK_OK(tp_stream_synchronize(s));
+      CHECK_OK(tp_graph_exec_destroy(x));
+      CHECK_OK(tp_graph_destroy(g));
+    } else {
+      CHECK_ERR(tp_stream_end_capture(s, &g), TP_ERROR_STREAM_CAPTURE_UNJOINED);
+      CHECK(g == NULL);
+    }
+    /* The free made before the capture is still held by the gate. */
+    void *q = NULL;
+    CHECK_OK(tp_malloc_async(&q, 4096, s));
+    CHECK(q != before);
+    CHECK_OK(tp_free_async(q, s));
+    release(&gate);
+    CHECK_OK(tp_device_synchronize());
+    CHECK_OK(tp_stream_destroy(s));
+    CHECK_EQ_U64(graph_used_settled(0), 0);
+    CHECK_OK(tp_device_graph_mem_trim(0));
+  }
+  check_context(NULL);
+}
+
 /* A graph's memory stays while a launch of it runs, even once its exec and
  * the graph are destroyed, and goes when that launch has completed. */
 static void test_memory_outlives_launch(void) {
@@ -2284,6 +2345,7 @@ int main(void) {
   RUN_TEST(test_bad_input);
   RUN_TEST(test_accounts);
   RUN_TEST(test_capturing_stream_destroyed);
+  RUN_TEST(test_joined_stream_destroyed);
   RUN_TEST(test_memory_outlives_launch);
   RUN_TEST(test_other_device);
   RUN_TEST(test_threads);

@@ -340,17 +340,18 @@ void tp__graph_event_forget(tp_event_t event) {
 /* ---- capture ----------------------------------------------------------------
  */
 
-void tp__graph_stream_destroyed(tp__stream *s) {
+bool tp__graph_stream_destroyed(tp__stream *s) {
   uint64_t id = atomic_load_explicit(&s->capture_id, memory_order_relaxed);
   if (!id || !begun_here(id))
-    return;
+    return false;
   tp_capture_status_t status = TP_CAPTURE_STATUS_NONE;
   uint64_t now = 0;
   if (tp__platform->capture_status(s->ps, &status, &now) != TP_SUCCESS ||
       status == TP_CAPTURE_STATUS_NONE)
-    return; /* ended by the application through the driver */
+    return false; /* ended by the application through the driver */
   begun_note(id, false);
   tp__gmem_capture_failed(id);
+  return true;
 }
 
 /* The calls that resolve a stream run inside the guard, as every such call

@@ -29,6 +29,6 @@ void tp__graph_event_forget(tp_event_t event);
 /* A stream being destroyed (already retired): a capture tidepool began on
  * it that has not ended can never end now, and its memory goes as a failed
  * capture's does. */
-void tp__graph_stream_destroyed(tp__stream *s);
+bool tp__graph_stream_destroyed(tp__stream *s);
 
 #endif /* TP_API_CAPTURE_H */

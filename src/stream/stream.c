@@ -505,6 +505,14 @@ tp_error_t tp__stream_retire(tp__stream *s) {
   tp__blspin_unlock(&s->lock);
   if (m)
     return TP_SUCCESS;
+  /* A stream in a capture is not waited for, which would cost the capture
+   * its validity (a stream that joined one may go in the middle of it):
+   * the frees it made before are left to the next device synchronize, as
+   * release's are where no marker can be recorded. */
+  tp_capture_status_t status = TP_CAPTURE_STATUS_NONE;
+  if (tp__platform->capture_status(s->ps, &status, NULL) != TP_SUCCESS ||
+      status != TP_CAPTURE_STATUS_NONE)
+    return TP_SUCCESS;
   tp_error_t err = tp__platform->stream_synchronize(s->ps);
   tp__stream_mark_done(s, atomic_load(&s->epoch));
   return err == TP_ERROR_ILLEGAL_ADDRESS ? TP_SUCCESS : err;

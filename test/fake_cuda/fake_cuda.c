@@ -256,6 +256,10 @@ struct capture {
   bool to_graph; /* into the application's graph, which outlives it */
   fstream **streams;
   size_t n, cap;
+  /* The captured ends of streams destroyed while they took part: each must
+   * be joined back to the origin by the end, as a live stream's must. */
+  CUgraphNode *left;
+  size_t nleft, capleft;
   capture *next;
 };
 static capture *captures;
@@ -698,6 +702,7 @@ static void capture_end(capture *c, bool keep_graph) {
   if (!keep_graph && !c->to_graph)
     graph_free(c->g);
   free(c->streams);
+  free(c->left);
   free(c);
 }
 
@@ -1100,10 +1105,16 @@ FK_API CUresult CUDAAPI cuStreamDestroy(CUstream hStream) {
   if (r == CUDA_SUCCESS) {
     if (s->cap) {
       capture *c = s->cap;
+      /* The origin's destroy ends its capture; a stream that joined one
+       * leaves it, its work staying in the graph (CUDA's graphMemoryNodes
+       * sample destroys such a stream, joined back, before the end). */
       if (c->origin == s) {
         capture_end(c, false);
       } else {
-        invalidate(c);
+        for (size_t i = 0; i < s->ndeps; i++)
+          if (s->deps[i]->captured && grow((void **)&c->left, &c->capleft,
+                                           c->nleft + 1, sizeof *c->left))
+            c->left[c->nleft++] = s->deps[i];
         for (size_t i = 0; i < c->n; i++)
           if (c->streams[i] == s)
             c->streams[i] = c->streams[--c->n];
@@ -1548,6 +1559,9 @@ static bool unjoined(const capture *c) {
       if (t->deps[j]->captured && !reaches(o->deps, o->ndeps, t->deps[j], 0))
         return true;
   }
+  for (size_t j = 0; j < c->nleft; j++)
+    if (!reaches(o->deps, o->ndeps, c->left[j], 0))
+      return true;
   return false;
 }
 

@@ -447,16 +447,18 @@ tp_error_t tp__host_capture_check_sync(void) {
   return refused ? TP_ERROR_STREAM_CAPTURE_UNSUPPORTED : TP_SUCCESS;
 }
 
-/* A stream leaving in the middle of a capture invalidates it; the capture
- * of a destroyed origin can never be ended, so it ends here. */
+/* The origin leaving in the middle of a capture invalidates it, and since
+ * such a capture can never be ended, it ends here; a stream that joined it
+ * leaves quietly, its nodes staying in the graph (one it did not join back
+ * is found at the end). */
 void tp__host_capture_stream_gone(tp__pstream *ps) {
   tp__pgraph *g = NULL;
   pthread_mutex_lock(&mu);
   tp__host_member *m = member_of(ps);
   if (m) {
     capture *c = m->c;
-    c->invalidated = true;
     if (c->origin == ps) {
+      c->invalidated = true;
       g = capture_finish(c);
     } else {
       tp__host_member **at = &c->members;
