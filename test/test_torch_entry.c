@@ -319,6 +319,47 @@ static void test_threads(void) {
   CHECK_OK(tp_torch_trim(job.device, 0));
 }
 
+/* Another thread makes pools current on device 0 and destroys them (the
+ * default pool current again) while this one reads, resets and trims the
+ * current pool: each call answers from a pool that was current, never with
+ * the INVALID_VALUE of a pool destroyed under it. */
+static atomic_int swapping;
+
+static void *swap_pools(void *arg) {
+  (void)arg;
+  tp_pool_props_t props = {0};
+  props.alloc_type = TP_ALLOCATION_PINNED;
+  props.location = (tp_location_t){TP_LOCATION_DEVICE, 0, 0};
+  for (int i = 0; i < 2000; i++) {
+    tp_pool_t pool;
+    if (!CHECK_OK(tp_pool_create(&pool, &props)))
+      break;
+    CHECK_OK(tp_device_set_mem_pool(0, pool));
+    if (i % 3)
+      sched_yield();
+    CHECK_OK(tp_pool_destroy(pool));
+  }
+  atomic_store(&swapping, 0);
+  return NULL;
+}
+
+static void test_current_pool_destroyed_under_calls(void) {
+  atomic_store(&swapping, 1);
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, swap_pools, NULL) == 0);
+  int calls = 0, failed = 0;
+  while (atomic_load(&swapping)) {
+    uint64_t v[4];
+    failed += tp_torch_stats(0, v) != TP_SUCCESS;
+    failed += tp_torch_reset_peaks(0) != TP_SUCCESS;
+    failed += calls % 16 == 0 && tp_torch_trim(0, 0) != TP_SUCCESS;
+    calls++;
+  }
+  pthread_join(t, NULL);
+  CHECK_EQ_INT(failed, 0);
+  CHECK(calls > 0);
+}
+
 /* Reads back what TIDEPOOL_TORCH_TRACE recorded: the header, and the 16
  * allocations and frees of test_alloc_free_stream on stream number 1 (the
  * first stream other than the legacy one to be used). */
@@ -1614,6 +1655,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_errors);
   RUN_TEST(test_devices);
   RUN_TEST(test_threads);
+  RUN_TEST(test_current_pool_destroyed_under_calls);
   RUN_TEST(test_trace_fork);
   RUN_TEST(test_trace_two_processes);
   RUN_TEST(test_trace_exit_error);

@@ -525,18 +525,40 @@ TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream) {
     torch_free(ptr, size, device, stream, false, NULL, 0);
 }
 
-TP_API tp_error_t tp_torch_stats(int device, uint64_t out[4]) {
-  TP_RETURN_IF(!out, TP_ERROR_INVALID_VALUE);
+/* `op` on the current pool of `device`. A pool that another thread
+ * destroys after it was found answers INVALID_VALUE; then the call takes
+ * the pool current by now, as an allocation does (alloc.c), while the one
+ * it found no longer answers. */
+static tp_error_t
+on_current_pool(int device, tp_error_t (*op)(tp_pool_t, void *), void *arg) {
+  for (int tries = 0;; tries++) {
+    tp_pool_t pool = NULL;
+    uint64_t probe;
+    TP_FORWARD(tp_device_get_mem_pool(&pool, device));
+    tp_error_t err = op(pool, arg);
+    if (err != TP_ERROR_INVALID_VALUE || tries == 100 ||
+        tp_pool_get_attribute(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT,
+                              &probe) == TP_SUCCESS)
+      return err;
+  }
+}
+
+static tp_error_t read_stats(tp_pool_t pool, void *arg) {
   static const tp_pool_attr_t attrs[4] = {
       TP_POOL_ATTR_RESERVED_MEM_CURRENT, TP_POOL_ATTR_RESERVED_MEM_HIGH,
       TP_POOL_ATTR_USED_MEM_CURRENT, TP_POOL_ATTR_USED_MEM_HIGH};
+  uint64_t *v = arg;
+  for (int i = 0; i < 4; i++)
+    TP_FORWARD(tp_pool_get_attribute(pool, attrs[i], &v[i]));
+  return TP_SUCCESS;
+}
+
+TP_API tp_error_t tp_torch_stats(int device, uint64_t out[4]) {
+  TP_RETURN_IF(!out, TP_ERROR_INVALID_VALUE);
   int saved;
   TP_FORWARD(enter(device, &saved));
-  tp_pool_t pool = NULL;
-  tp_error_t err = tp_device_get_mem_pool(&pool, device);
   uint64_t v[4] = {0};
-  for (int i = 0; i < 4 && err == TP_SUCCESS; i++)
-    err = tp_pool_get_attribute(pool, attrs[i], &v[i]);
+  tp_error_t err = on_current_pool(device, read_stats, v);
   /* Read one after another: a high read after its current moved up may be
    * below the current read; it was at least that. */
   for (int i = 0; i < 4; i += 2)
@@ -555,18 +577,24 @@ TP_API tp_error_t tp_torch_timing(uint64_t out[4]) {
   return TP_SUCCESS;
 }
 
+static tp_error_t reset_peaks(tp_pool_t pool, void *arg) {
+  (void)arg;
+  uint64_t zero = 0;
+  TP_FORWARD(
+      tp_pool_set_attribute(pool, TP_POOL_ATTR_RESERVED_MEM_HIGH, &zero));
+  return tp_pool_set_attribute(pool, TP_POOL_ATTR_USED_MEM_HIGH, &zero);
+}
+
 TP_API tp_error_t tp_torch_reset_peaks(int device) {
   int saved;
   TP_FORWARD(enter(device, &saved));
-  tp_pool_t pool = NULL;
-  uint64_t zero = 0;
-  tp_error_t err = tp_device_get_mem_pool(&pool, device);
-  if (err == TP_SUCCESS)
-    err = tp_pool_set_attribute(pool, TP_POOL_ATTR_RESERVED_MEM_HIGH, &zero);
-  if (err == TP_SUCCESS)
-    err = tp_pool_set_attribute(pool, TP_POOL_ATTR_USED_MEM_HIGH, &zero);
+  tp_error_t err = on_current_pool(device, reset_peaks, NULL);
   leave(saved);
   return err;
+}
+
+static tp_error_t trim_to(tp_pool_t pool, void *arg) {
+  return tp_pool_trim_to(pool, *(size_t *)arg);
 }
 
 TP_API tp_error_t tp_torch_trim(int device, size_t keep) {
@@ -575,11 +603,8 @@ TP_API tp_error_t tp_torch_trim(int device, size_t keep) {
   /* Trimming releases only frees known to have completed; PyTorch's own
    * synchronizations do not pass through tidepool, so wait here. */
   tp_error_t err = tp_device_synchronize();
-  tp_pool_t pool = NULL;
   if (err == TP_SUCCESS)
-    err = tp_device_get_mem_pool(&pool, device);
-  if (err == TP_SUCCESS)
-    err = tp_pool_trim_to(pool, keep);
+    err = on_current_pool(device, trim_to, &keep);
   leave(saved);
   return err;
 }
