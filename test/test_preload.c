@@ -553,6 +553,67 @@ static void test_capture(void) {
   CHECK_RC(cudaStreamDestroy(s2), cudaSuccess);
 }
 
+/* The fake driver's count of the capture questions it was asked; NULL
+ * where the driver is another (a GPU's, or the host mode's stand-in). */
+static unsigned long long (*fake_questions)(void);
+
+static unsigned long long questions(void) {
+  return fake_questions ? fake_questions() : 0;
+}
+
+static unsigned long long pairs_ask(cudaStream_t s, int pairs) {
+  unsigned long long before = questions();
+  for (int i = 0; i < pairs; i++) {
+    void *p = NULL;
+    CHECK_RC(cudaMallocAsync(&p, 256, s), cudaSuccess);
+    CHECK_RC(cudaFreeAsync(p, s), cudaSuccess);
+  }
+  return questions() - before;
+}
+
+/* The runtime's begin and end are counted (by the runtime-level layer and
+ * again at the driver's entry points the runtime reaches): with a GPU, an
+ * allocation and a free ask the driver nothing about capture while no
+ * capture is under way, and ask while one is; an allocation in the capture
+ * is the graph's (its free there too). Over the fake driver the questions
+ * are counted; elsewhere the sequence runs and answers as it must. */
+static void test_capture_counted(void) {
+  if (expected_mode == MODE_HOST) {
+    printf("   (host mode: tidepool's own captures)\n");
+    return;
+  }
+  void *lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  void *sym = lib ? dlsym(lib, "fake_cuda_capture_questions") : NULL;
+  memcpy(&fake_questions, &sym, sizeof sym);
+  if (!fake_questions)
+    printf("   (not the fake driver: the questions are not counted)\n");
+  cudaStream_t s = NULL, t = NULL;
+  REQUIRE_RC(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  REQUIRE_RC(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking), cudaSuccess);
+  (void)pairs_ask(s, 1); /* a stream of the program's is met once */
+  (void)pairs_ask(t, 1);
+  CHECK_EQ_U64(pairs_ask(t, 50), 0);
+  for (int round = 0; round < 2; round++) {
+    REQUIRE_RC(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed),
+               cudaSuccess);
+    unsigned long long asked = pairs_ask(t, 5);
+    if (fake_questions)
+      CHECK(asked >= 10);
+    void *g = NULL;
+    CHECK_RC(cudaMallocAsync(&g, MiB, s), cudaSuccess);
+    CHECK_RC(cudaFreeAsync(g, s), cudaSuccess);
+    cudaGraph_t graph = NULL;
+    REQUIRE_RC(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    CHECK_RC(cudaGraphDestroy(graph), cudaSuccess);
+    CHECK_EQ_U64(pairs_ask(t, 50), 0);
+  }
+  CHECK_RC(cudaStreamSynchronize(t), cudaSuccess);
+  CHECK_RC(cudaStreamDestroy(s), cudaSuccess);
+  CHECK_RC(cudaStreamDestroy(t), cudaSuccess);
+  if (lib)
+    dlclose(lib);
+}
+
 /* A pool shared through a POSIX descriptor (passed by value on import, as
  * the runtime takes it) and a pointer through its 64-byte record. */
 /* A synchronize during a global capture is refused with
@@ -953,6 +1014,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_event_synchronize);
   RUN_TEST(test_capture);
   RUN_TEST(test_synchronize_in_capture);
+  RUN_TEST(test_capture_counted);
   RUN_TEST(test_ipc);
   RUN_TEST(test_devices);
   RUN_TEST(test_once);

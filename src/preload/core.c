@@ -274,6 +274,14 @@ tp_stream_t tp__pl_stream(cudaStream_t stream, bool per_thread) {
   return (tp_stream_t)stream;
 }
 
+static _Thread_local char thread_mark;
+
+uint64_t tp__pl_capture_key(const void *stream, bool per_thread) {
+  bool own = stream == (const void *)cudaStreamPerThread ||
+             (per_thread && stream == NULL);
+  return own ? (uint64_t)(uintptr_t)&thread_mark : (uint64_t)(uintptr_t)stream;
+}
+
 bool tp__pl_capturing(cudaStream_t stream, bool per_thread) {
   if (tp__pl_host_requested())
     return false;

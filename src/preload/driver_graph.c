@@ -41,25 +41,12 @@ static bool host_answers(CUresult *err) {
  * way. The count goes up before the begin reaches the driver, and down once
  * the stream that began a capture is out of it. */
 
-/* A stream's key for the count: the per-thread default stream is each
- * thread's own. */
-static _Thread_local char thread_mark;
-
-static bool is_per_thread(CUstream stream, bool per_thread) {
-  return stream == CU_STREAM_PER_THREAD || (per_thread && stream == NULL);
-}
-
-static uint64_t capture_key(CUstream stream, bool per_thread) {
-  return is_per_thread(stream, per_thread) ? (uint64_t)(uintptr_t)&thread_mark
-                                           : (uint64_t)(uintptr_t)stream;
-}
-
 static CUresult begun(CUresult r, CUstream stream, bool per_thread) {
   bool capturing = false;
   uint64_t id = r == CUDA_SUCCESS
                     ? tp__pl_drv_capture_id(stream, per_thread, &capturing)
                     : 0;
-  tp__seen_began(r == CUDA_SUCCESS, capture_key(stream, per_thread), id);
+  tp__seen_began(r == CUDA_SUCCESS, tp__pl_capture_key(stream, per_thread), id);
   return r;
 }
 
@@ -152,7 +139,7 @@ static CUresult end_counted(_Atomic(tp__pl_fn) *slot, CUstream stream,
       TP_PL_DRV_CALL(*slot, PFN_cuStreamEndCapture_v10000, (stream, graph));
   if (!legacy) {
     (void)tp__pl_drv_capture_id(stream, per_thread, &capturing);
-    tp__seen_ended(capture_key(stream, per_thread), before, capturing);
+    tp__seen_ended(tp__pl_capture_key(stream, per_thread), before, capturing);
   }
   return r;
 }

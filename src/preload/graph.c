@@ -6,6 +6,7 @@
  * (tp_graph_exec_adopt), so that tidepool books the launches of graphs it
  * allocated in. The graph memory attributes and trim answer for both: the
  * driver's graph memory and tidepool's. */
+#include "common/seen.h"
 #include "preload.h"
 
 typedef cudaError_t (*begin_fn)(cudaStream_t, enum cudaStreamCaptureMode);
@@ -20,8 +21,21 @@ typedef cudaError_t (*graph_destroy_fn)(cudaGraph_t);
 typedef cudaError_t (*trim_fn)(int);
 typedef cudaError_t (*mem_attr_fn)(int, enum cudaGraphMemAttributeType, void *);
 
+typedef cudaError_t (*begin_to_graph_fn)(cudaStream_t, cudaGraph_t,
+                                         const cudaGraphNode_t *,
+                                         const cudaGraphEdgeData *, size_t,
+                                         enum cudaStreamCaptureMode);
+typedef cudaError_t (*capture_info_fn)(cudaStream_t,
+                                       enum cudaStreamCaptureStatus *,
+                                       unsigned long long *, cudaGraph_t *,
+                                       const cudaGraphNode_t **,
+                                       const cudaGraphEdgeData **, size_t *);
+
 TP_PL_NEXT(cudaStreamBeginCapture, begin_fn)
 TP_PL_NEXT(cudaStreamBeginCapture_ptsz, begin_fn)
+TP_PL_NEXT(cudaStreamBeginCaptureToGraph, begin_to_graph_fn)
+TP_PL_NEXT(cudaStreamBeginCaptureToGraph_ptsz, begin_to_graph_fn)
+TP_PL_NEXT(cudaStreamGetCaptureInfo, capture_info_fn)
 TP_PL_NEXT(cudaStreamEndCapture, end_fn)
 TP_PL_NEXT(cudaStreamEndCapture_ptsz, end_fn)
 TP_PL_NEXT(cudaStreamIsCapturing, is_capturing_fn)
@@ -64,18 +78,98 @@ static cudaError_t begin(cudaStream_t stream, enum cudaStreamCaptureMode mode,
                                       (tp_capture_mode_t)mode));
 }
 
+/* With a GPU the runtime's begins and ends are counted here for tidepool
+ * (common/seen.h) as well as at the driver's entry points they reach
+ * (driver_graph.c): a runtime that reached the driver otherwise is counted
+ * all the same, and one counted twice is taken out twice. The id of the
+ * capture `stream` is in, 0 where none or unknown; *capturing whether it
+ * captures, true where the runtime cannot say; false where the question
+ * failed (a bad handle: the runtime's last error is the call's own). */
+static bool capture_id(cudaStream_t stream, bool per_thread, bool *capturing,
+                       unsigned long long *id) {
+  enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
+  *id = 0;
+  *capturing = true;
+  if (stream == cudaStreamLegacy || (!per_thread && stream == NULL))
+    return false; /* never captures, and asking could cost another's */
+  if (per_thread && stream == NULL)
+    stream = cudaStreamPerThread;
+  cudaError_t r = REAL(cudaStreamGetCaptureInfo,
+                       (stream, &status, id, NULL, NULL, NULL, NULL));
+  *capturing = r != cudaSuccess || status != cudaStreamCaptureStatusNone;
+  if (r != cudaSuccess || status == cudaStreamCaptureStatusNone)
+    *id = 0;
+  return r == cudaSuccess;
+}
+
+static cudaError_t begun(cudaError_t r, cudaStream_t stream, bool per_thread) {
+  bool capturing;
+  unsigned long long id = 0;
+  if (r == cudaSuccess)
+    (void)capture_id(stream, per_thread, &capturing, &id);
+  tp__seen_began(r == cudaSuccess, tp__pl_capture_key(stream, per_thread), id);
+  return r;
+}
+
 TP_PL_EXPORT cudaError_t
 cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
   if (host_captures())
     return begin(stream, mode, false);
-  return REAL(cudaStreamBeginCapture, (stream, mode));
+  tp__seen_begin();
+  return begun(REAL(cudaStreamBeginCapture, (stream, mode)), stream, false);
 }
 
 TP_PL_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(
     cudaStream_t stream, enum cudaStreamCaptureMode mode) {
   if (host_captures())
     return begin(stream, mode, true);
-  return REAL(cudaStreamBeginCapture_ptsz, (stream, mode));
+  tp__seen_begin();
+  return begun(REAL(cudaStreamBeginCapture_ptsz, (stream, mode)), stream, true);
+}
+
+/* tidepool's host mode has no capture into an existing graph. */
+static cudaError_t begin_to_graph(cudaStream_t stream, cudaGraph_t graph,
+                                  const cudaGraphNode_t *deps,
+                                  const cudaGraphEdgeData *edges, size_t n,
+                                  enum cudaStreamCaptureMode mode,
+                                  bool per_thread) {
+  if (host_captures())
+    return tp__pl_fail(TP_ERROR_NOT_SUPPORTED);
+  tp__seen_begin();
+  cudaError_t r = per_thread ? REAL(cudaStreamBeginCaptureToGraph_ptsz,
+                                    (stream, graph, deps, edges, n, mode))
+                             : REAL(cudaStreamBeginCaptureToGraph,
+                                    (stream, graph, deps, edges, n, mode));
+  return begun(r, stream, per_thread);
+}
+
+TP_PL_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(
+    cudaStream_t stream, cudaGraph_t graph, const cudaGraphNode_t *deps,
+    const cudaGraphEdgeData *edges, size_t n, enum cudaStreamCaptureMode mode) {
+  return begin_to_graph(stream, graph, deps, edges, n, mode, false);
+}
+
+TP_PL_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(
+    cudaStream_t stream, cudaGraph_t graph, const cudaGraphNode_t *deps,
+    const cudaGraphEdgeData *edges, size_t n, enum cudaStreamCaptureMode mode) {
+  return begin_to_graph(stream, graph, deps, edges, n, mode, true);
+}
+
+/* The runtime's end, and the count told whether the stream is still in the
+ * capture it was in (asked only of a stream the runtime could answer
+ * about before). */
+static cudaError_t end_counted(cudaStream_t stream, cudaGraph_t *graph,
+                               bool per_thread) {
+  bool capturing;
+  unsigned long long before = 0, after = 0;
+  bool asked = capture_id(stream, per_thread, &capturing, &before);
+  cudaError_t r = per_thread ? REAL(cudaStreamEndCapture_ptsz, (stream, graph))
+                             : REAL(cudaStreamEndCapture, (stream, graph));
+  if (asked) {
+    (void)capture_id(stream, per_thread, &capturing, &after);
+    tp__seen_ended(tp__pl_capture_key(stream, per_thread), before, capturing);
+  }
+  return r;
 }
 
 static cudaError_t end(cudaStream_t stream, cudaGraph_t *graph,
@@ -96,14 +190,14 @@ TP_PL_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream,
                                               cudaGraph_t *graph) {
   if (host_captures())
     return end(stream, graph, false);
-  return REAL(cudaStreamEndCapture, (stream, graph));
+  return end_counted(stream, graph, false);
 }
 
 TP_PL_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream,
                                                    cudaGraph_t *graph) {
   if (host_captures())
     return end(stream, graph, true);
-  return REAL(cudaStreamEndCapture_ptsz, (stream, graph));
+  return end_counted(stream, graph, true);
 }
 
 static cudaError_t is_capturing(cudaStream_t stream,

@@ -119,6 +119,12 @@ cudaError_t tp__pl_enter(bool answering);
  * _ptsz entry points, where NULL means the per-thread default stream. */
 tp_stream_t tp__pl_stream(cudaStream_t stream, bool per_thread);
 
+/* A stream's key in the count of captures under way (common/seen.h), the
+ * same from the runtime's entry points and the driver's (a cudaStream_t is
+ * a CUstream): the handle, or for the per-thread default stream (its
+ * handle, or NULL to a _ptsz entry point) the calling thread's own. */
+uint64_t tp__pl_capture_key(const void *stream, bool per_thread);
+
 /* Whether the runtime captures `stream` (or cannot say), so that an event
  * recorded or waited on there is the driver's graph's business and not
  * tidepool's stream order: always false in the host mode, where tidepool

@@ -143,6 +143,9 @@ static struct {
 #undef FIELD
 } cu;
 
+/* Optional: the stand-in driver of the host mode's tests has none. */
+static PFN_cuStreamGetCaptureInfo_v12030 get_capture_info;
+
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static int loaded;
 
@@ -184,6 +187,9 @@ static void load(void) {
   memcpy(&cu.field, &fn, sizeof fn);
   DRIVER(FETCH)
 #undef FETCH
+  fn = NULL;
+  if (get_proc("cuStreamGetCaptureInfo", &fn, 12030, 0, NULL) == CUDA_SUCCESS)
+    memcpy(&get_capture_info, &fn, sizeof fn);
   loaded = complete && cu.cuInit(0) == CUDA_SUCCESS;
 }
 
@@ -375,6 +381,19 @@ STUB_API cudaError_t cudaStreamIsCapturing(cudaStream_t s,
                                            enum cudaStreamCaptureStatus *st) {
   CONTEXT_OR_FAIL();
   return result(cu.cuStreamIsCapturing(s, (CUstreamCaptureStatus *)st));
+}
+
+STUB_API cudaError_t cudaStreamGetCaptureInfo(
+    cudaStream_t s, enum cudaStreamCaptureStatus *st, unsigned long long *id,
+    cudaGraph_t *g, const cudaGraphNode_t **deps,
+    const cudaGraphEdgeData **edges, size_t *n) {
+  count(__func__);
+  CONTEXT_OR_FAIL();
+  if (!get_capture_info)
+    return fail(cudaErrorNotSupported);
+  return result(get_capture_info(s, (CUstreamCaptureStatus *)st,
+                                 (cuuint64_t *)id, g, deps,
+                                 (const CUgraphEdgeData **)edges, n));
 }
 
 STUB_API cudaError_t
