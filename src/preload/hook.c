@@ -123,7 +123,7 @@ find_entry(bool (*match)(const tp__pl_drv_entry *, const void *),
 /* 0 not filled, 1 filled, -1 the driver lacks what the layer needs. */
 static _Atomic int filled;
 static pthread_mutex_t fill_lock = PTHREAD_MUTEX_INITIALIZER;
-static _Thread_local bool filling;
+static TP_TLS bool filling;
 
 static bool fill_entry(const tp__pl_drv_entry *e, const void *arg) {
   PFN_cuGetProcAddress_v12000 get_proc;

@@ -13,6 +13,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/common.h"
 #include "tidepool.h"
 
 /* Symbols the interposer exports, as the runtime does; everything else in
@@ -51,7 +52,7 @@ tp__pl_fn tp__pl_lookup(const char *name);
  * (or found it none of tidepool's business), so while the depth is above 0
  * the driver-level layer passes everything straight to the driver. Per
  * thread: the runtime calls the driver on the caller's thread. */
-extern _Thread_local int tp__pl_runtime_depth;
+extern TP_TLS int tp__pl_runtime_depth;
 
 static inline void tp__pl_runtime_begin(void) {
   tp__pl_runtime_depth++;

@@ -52,7 +52,7 @@ TP_TLS tp__stream *tp__legacy_here;
 
 /* Streams of others, by handle and the uid they had (see foreign_cached).
  * Never invalidated: such streams stay registered, and the uid decides. */
-static _Thread_local struct {
+static TP_TLS struct {
   tp_stream_t handle[TLS_WAYS];
   uint64_t uid[TLS_WAYS];
   tp__stream *stream[TLS_WAYS];
