@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call for issue 10's open question and a check of the tree on the
-# driver: a Release build, the GPT loop's step times in lockstep with the
+# driver: a Release build, issue 17's pair (bench_alloc, captures asked or
+# counted, and through the interposer), the GPT loop's step times in lockstep with the
 # null allocator's VMM variants (null/vmm: 2 MiB chunks; null/vmm1: one
 # physical allocation a block), then the cuda-platform test suite and the
 # interposer over the real driver, as far as the time allows. Everything
@@ -30,6 +31,21 @@ if ! cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DTP_WERROR=ON "${zopts[@]}" 
   exit 1
 fi
 echo "== build done at $((SECONDS - T0)) s"
+# Issue 17's pair: bench_alloc with captures asked about on every call (the
+# default), counted (TIDEPOOL_CAPTURES=tidepool), and through the
+# interposer (its "driver" rows are then the interposer's answers).
+for cap in ask tidepool; do
+  TIDEPOOL_CAPTURES=$cap TIDEPOOL_PLATFORM=cuda timeout 90 taskset -c 2-5 \
+    "$B/bench_alloc" --quick --threads 1,16 >"$OUT/bench_alloc_$cap.txt" 2>&1
+  echo "== bench_alloc, TIDEPOOL_CAPTURES=$cap: exit $?"
+  grep -A6 "side by side in this run: driver cudaMallocAsync" \
+    "$OUT/bench_alloc_$cap.txt"
+done
+LD_PRELOAD=$B/libtidepool_preload.so TIDEPOOL_PLATFORM=cuda timeout 90 \
+  taskset -c 2-5 "$B/bench_alloc" --quick --threads 1 \
+  >"$OUT/bench_alloc_preload.txt" 2>&1
+echo "== bench_alloc under the interposer: exit $?"
+grep -A4 "^== driver cudaMallocAsync" "$OUT/bench_alloc_preload.txt"
 cc -O2 -shared -fPIC -o "$B/null_alloc.so" bench/null_alloc/null_alloc.c \
   -I/usr/local/cuda/include -L/usr/local/cuda/lib64/stubs -lcuda ||
   echo "== null_alloc.so did not build"
