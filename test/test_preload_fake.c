@@ -77,6 +77,7 @@ static struct {
   PFN_cuStreamBeginCaptureToGraph_v12030 begin_to_graph;
   PFN_cuGraphCreate_v10000 graph_create;
   unsigned long long (*capture_questions)(void); /* the fake's own */
+  unsigned long long (*id_questions)(void);      /* the fake's own */
 } cu;
 
 static int fetch(const char *name, int version, cuuint64_t flags, void *out) {
@@ -152,7 +153,9 @@ static int load_driver(void) {
   ok = fetch("cuStreamEndCapture", 10000, PER_THREAD, &cu.end_capture_pt) && ok;
   sym = dlsym(libcuda, "fake_cuda_capture_questions");
   memcpy(&cu.capture_questions, &sym, sizeof sym);
-  return ok && cu.capture_questions;
+  sym = dlsym(libcuda, "fake_cuda_id_questions");
+  memcpy(&cu.id_questions, &sym, sizeof sym);
+  return ok && cu.capture_questions && cu.id_questions;
 }
 
 /* ---- the interposer's diagnostics --------------------------------------- */
@@ -700,6 +703,52 @@ static void test_capture_questions(void) {
   CHECK_RC(cu.stream_destroy(t), CUDA_SUCCESS);
 }
 
+/* Every stream destruction passes through the interposer too, so a stream
+ * of the program's that tidepool met is known by its handle with no
+ * question to the driver (each pair asked its id twice before). A new
+ * stream that takes a destroyed one's handle (the fake hands handles out
+ * again) is told apart: a block freed on the old stream, whose work a
+ * host function still holds, is not handed to the new one. */
+static atomic_int gate_open;
+
+static void gate_wait(void *arg) {
+  (void)arg;
+  while (!atomic_load(&gate_open))
+    usleep(100);
+}
+
+static void test_stream_ids_unasked(void) {
+  CUstream t = new_stream();
+  (void)pairs_ask(t, 1);
+  unsigned long long ids = cu.id_questions();
+  CHECK_EQ_U64(pairs_ask(t, 100), 0);
+  CHECK_EQ_U64(cu.id_questions() - ids, 0);
+
+  CUstream old = new_stream();
+  CUdeviceptr kept = 0;
+  REQUIRE_RC(cu.alloc(&kept, 4096, old), CUDA_SUCCESS);
+  atomic_store(&gate_open, 0);
+  REQUIRE_RC(cu.launch_host_func(old, gate_wait, NULL), CUDA_SUCCESS);
+  CHECK_RC(cu.free(kept, old), CUDA_SUCCESS);
+  CHECK_RC(cu.stream_destroy(old), CUDA_SUCCESS);
+  CUstream fresh = new_stream();
+  if (fresh != old)
+    printf("   (the fake gave the new stream another handle)\n");
+  CUdeviceptr p = 0;
+  CHECK_RC(cu.alloc(&p, 4096, fresh), CUDA_SUCCESS);
+  CHECK(p != kept);
+  CHECK_RC(cu.free(p, fresh), CUDA_SUCCESS);
+  atomic_store(&gate_open, 1);
+  CHECK_RC(cu.ctx_sync(), CUDA_SUCCESS);
+  /* Met again after a destruction: asked once, then no more. */
+  (void)pairs_ask(t, 1);
+  ids = cu.id_questions();
+  CHECK_EQ_U64(pairs_ask(t, 100), 0);
+  CHECK_EQ_U64(cu.id_questions() - ids, 0);
+  CHECK_RC(cu.stream_destroy(fresh), CUDA_SUCCESS);
+  CHECK_RC(cu.stream_destroy(t), CUDA_SUCCESS);
+}
+
 /* A child that fork() made after the parent allocated cannot use the
  * parent's CUDA: the driver answers CUDA_ERROR_NOT_INITIALIZED, and so
  * must the interposer (it answered NOT_PERMITTED). The parent goes on. */
@@ -748,6 +797,7 @@ int main(void) {
   RUN_TEST(test_capture);
   RUN_TEST(test_graph_mem_driver_names);
   RUN_TEST(test_capture_questions);
+  RUN_TEST(test_stream_ids_unasked);
   RUN_TEST(test_forked_child);
   return check_done();
 }

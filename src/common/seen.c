@@ -85,3 +85,25 @@ void tp__seen_ended(uint64_t key, uint64_t before, bool after) {
   }
   pthread_mutex_unlock(&lock);
 }
+
+/* ---- streams of others ------------------------------------------------ */
+
+static _Atomic bool streams_watched;
+static _Atomic uint64_t streams_gen;
+
+void tp__seen_watch_streams(void) {
+  atomic_store_explicit(&streams_watched, true, memory_order_release);
+}
+
+const _Atomic uint64_t *tp__seen_streams_counter(void) {
+  const char *want = getenv("TIDEPOOL_CAPTURES");
+  if (want && strcmp(want, "ask") == 0)
+    return NULL;
+  return atomic_load_explicit(&streams_watched, memory_order_acquire)
+             ? &streams_gen
+             : NULL;
+}
+
+void tp__seen_streams_change(void) {
+  atomic_fetch_add(&streams_gen, 1);
+}

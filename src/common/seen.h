@@ -34,4 +34,22 @@ void tp__seen_began(bool ok, uint64_t key, uint64_t id);
  * of it (an end on a stream that joined it leaves it counted). */
 void tp__seen_ended(uint64_t key, uint64_t before, bool after);
 
+/* ---- streams of others ------------------------------------------------------
+ * A stream tidepool did not make is told from a new one that took its
+ * handle by asking the driver its id on every call, unless every stream
+ * destruction of the process passes through calls that report here (the
+ * interposer: stream destroys, and the context destroys and resets that
+ * take streams with them). Each such call moves the generation before and
+ * after the destruction: a stream found while the generation stays the same
+ * is the one it was. */
+
+/* Stream destructions are seen from now on (the interposer); read once, as
+ * the platform is chosen. */
+void tp__seen_watch_streams(void);
+/* The generation for the platform's hot line, or NULL where destructions
+ * are not watched. */
+const _Atomic uint64_t *tp__seen_streams_counter(void);
+/* Around a destruction that may end streams: before and after it. */
+void tp__seen_streams_change(void);
+
 #endif /* TP_SEEN_H */

@@ -201,15 +201,18 @@ __attribute__((constructor)) static void read_switches(void) {
   int r = read_request();
   if (r == TP_PL_HOST)
     setenv("TIDEPOOL_PLATFORM", "host", 1);
-  /* Every capture then begins through the driver entries that hook.c hands
-   * out, and is counted (seen.h); unless a library linked against the
-   * driver is loaded already, whose calls reach the driver directly. */
+  /* Every capture then begins, and every stream is destroyed, through the
+   * driver entries that hook.c hands out, which tell tidepool (seen.h);
+   * unless a library linked against the driver is loaded already, whose
+   * calls reach the driver directly. */
   if (r == TP_PL_CUDA) {
     void *linked = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (linked)
+    if (linked) {
       (void)dlclose(linked);
-    else
+    } else {
       tp__seen_watch();
+      tp__seen_watch_streams();
+    }
   }
   if (r < 0)
     fprintf(stderr,

@@ -4,12 +4,15 @@
  * order across streams; the pairs of events are the ones observe.c keeps,
  * since a cudaEvent_t is a CUevent), and event destruction. With
  * TIDEPOOL_PRELOAD=host, streams and host functions are tidepool's own. */
+#include "common/seen.h"
 #include "driver.h"
 
 static _Atomic(tp__pl_fn) r_stream_sync, r_stream_sync_ptsz, r_ctx_sync,
     r_ctx_sync_v2, r_event_sync, r_record, r_record_ptsz, r_record_flags,
     r_record_flags_ptsz, r_wait, r_wait_ptsz, r_event_destroy, r_stream_create,
-    r_stream_create_prio, r_stream_destroy, r_host_func, r_host_func_ptsz;
+    r_stream_create_prio, r_stream_destroy, r_host_func, r_host_func_ptsz,
+    r_stream_destroy_v1, r_ctx_destroy, r_ctx_destroy_v1, r_primary_reset,
+    r_primary_reset_v1, r_primary_release, r_primary_release_v1;
 
 typedef PFN_cuStreamSynchronize_v2000 stream_fn;
 typedef PFN_cuEventRecord_v2000 record_fn;
@@ -208,14 +211,67 @@ static CUresult stream_create_prio(CUstream *stream, unsigned flags,
                               (stream, flags, priority));
 }
 
+/* With a GPU, a destruction that may end streams is told to tidepool
+ * before and after it (common/seen.h): a stream of the program's that
+ * tidepool met is then known by its handle until one comes, with no
+ * question to the driver. */
+#define DESTROYS(call)                                                         \
+  do {                                                                         \
+    tp__seen_streams_change();                                                 \
+    CUresult r_ = (call);                                                      \
+    tp__seen_streams_change();                                                 \
+    return r_;                                                                 \
+  } while (0)
+
 static CUresult stream_destroy(CUstream stream) {
   CUresult err;
   if (host_answers(&err))
     return tp__pl_drv_error(tp_stream_destroy((tp_stream_t)stream));
-  return err != CUDA_SUCCESS
-             ? err
-             : TP_PL_DRV_CALL(r_stream_destroy, PFN_cuStreamDestroy_v4000,
-                              (stream));
+  if (err != CUDA_SUCCESS)
+    return err;
+  DESTROYS(
+      TP_PL_DRV_CALL(r_stream_destroy, PFN_cuStreamDestroy_v4000, (stream)));
+}
+
+static CUresult stream_destroy_v1(CUstream stream) {
+  CUresult err;
+  if (host_answers(&err))
+    return tp__pl_drv_error(tp_stream_destroy((tp_stream_t)stream));
+  if (err != CUDA_SUCCESS)
+    return err;
+  DESTROYS(
+      TP_PL_DRV_CALL(r_stream_destroy_v1, PFN_cuStreamDestroy_v4000, (stream)));
+}
+
+/* A context's destruction or reset ends its streams. The first ABIs differ
+ * from the current ones only in the handle's width (a CUdevice, CUcontext:
+ * the same here). */
+static CUresult ctx_destroy(CUcontext ctx) {
+  DESTROYS(TP_PL_DRV_CALL(r_ctx_destroy, PFN_cuCtxDestroy_v4000, (ctx)));
+}
+
+static CUresult ctx_destroy_v1(CUcontext ctx) {
+  DESTROYS(TP_PL_DRV_CALL(r_ctx_destroy_v1, PFN_cuCtxDestroy_v4000, (ctx)));
+}
+
+static CUresult primary_reset(CUdevice dev) {
+  DESTROYS(TP_PL_DRV_CALL(r_primary_reset, PFN_cuDevicePrimaryCtxReset_v11000,
+                          (dev)));
+}
+
+static CUresult primary_reset_v1(CUdevice dev) {
+  DESTROYS(TP_PL_DRV_CALL(r_primary_reset_v1,
+                          PFN_cuDevicePrimaryCtxReset_v11000, (dev)));
+}
+
+static CUresult primary_release(CUdevice dev) {
+  DESTROYS(TP_PL_DRV_CALL(r_primary_release,
+                          PFN_cuDevicePrimaryCtxRelease_v11000, (dev)));
+}
+
+static CUresult primary_release_v1(CUdevice dev) {
+  DESTROYS(TP_PL_DRV_CALL(r_primary_release_v1,
+                          PFN_cuDevicePrimaryCtxRelease_v11000, (dev)));
 }
 
 static CUresult host_launch(_Atomic(tp__pl_fn) *slot, CUstream stream,
@@ -270,8 +326,23 @@ const tp__pl_drv_entry tp__pl_drv_observe_entries[] = {
      &r_stream_create},
     {"cuStreamCreateWithPriority", "cuStreamCreateWithPriority", 5050, false,
      true, FN(stream_create_prio), &r_stream_create_prio},
-    {"cuStreamDestroy", "cuStreamDestroy_v2", 4000, false, true,
+    /* Handed out with a GPU too: destructions are told to tidepool. */
+    {"cuStreamDestroy", "cuStreamDestroy_v2", 4000, false, false,
      FN(stream_destroy), &r_stream_destroy},
+    {"cuStreamDestroy", "cuStreamDestroy", 2000, false, false,
+     FN(stream_destroy_v1), &r_stream_destroy_v1},
+    {"cuCtxDestroy", "cuCtxDestroy_v2", 4000, false, false, FN(ctx_destroy),
+     &r_ctx_destroy},
+    {"cuCtxDestroy", "cuCtxDestroy", 2000, false, false, FN(ctx_destroy_v1),
+     &r_ctx_destroy_v1},
+    {"cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", 11000, false,
+     false, FN(primary_reset), &r_primary_reset},
+    {"cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset", 7000, false, false,
+     FN(primary_reset_v1), &r_primary_reset_v1},
+    {"cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", 11000, false,
+     false, FN(primary_release), &r_primary_release},
+    {"cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease", 7000, false,
+     false, FN(primary_release_v1), &r_primary_release_v1},
     {"cuLaunchHostFunc", "cuLaunchHostFunc", 10000, false, true,
      FN(launch_host_func), &r_host_func},
     {"cuLaunchHostFunc", "cuLaunchHostFunc_ptsz", 10000, true, true,

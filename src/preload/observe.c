@@ -3,6 +3,7 @@
  * complete, memory falls to the release threshold), event records and
  * waits (stream order across streams), and event destruction. With
  * TIDEPOOL_PRELOAD=host, streams and host functions are tidepool's own. */
+#include "common/seen.h"
 #include "preload.h"
 
 typedef cudaError_t (*stream_fn)(cudaStream_t);
@@ -228,10 +229,15 @@ TP_PL_EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t *stream,
   return REAL(cudaStreamCreateWithPriority, (stream, flags, priority));
 }
 
+/* With a GPU, told to tidepool before and after, as the driver's
+ * (driver_observe.c), which a runtime may reach otherwise. */
 TP_PL_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (tp__pl_host_requested() && tp__pl_on())
     return tp__pl_fail(tp_stream_destroy((tp_stream_t)stream));
-  return REAL(cudaStreamDestroy, (stream));
+  tp__seen_streams_change();
+  cudaError_t r = REAL(cudaStreamDestroy, (stream));
+  tp__seen_streams_change();
+  return r;
 }
 
 static cudaError_t host_launch(cudaStream_t stream, cudaHostFn_t fn, void *arg,

@@ -56,8 +56,16 @@ static TP_TLS struct {
   tp_stream_t handle[TLS_WAYS];
   uint64_t uid[TLS_WAYS];
   tp__stream *stream[TLS_WAYS];
+  uint64_t gone[TLS_WAYS]; /* tp__hot.foreign_gen when last found so */
   unsigned next;
 } foreign_cache;
+
+/* The generation of others' stream destructions where they are watched,
+ * read before a stream is identified; 0 where they are not. */
+static uint64_t foreign_gen_now(void) {
+  const _Atomic uint64_t *g = tp__hot.foreign_gen;
+  return g ? atomic_load_explicit(g, memory_order_acquire) : 0;
+}
 
 int tp__current_device(void) {
   return current_device;
@@ -216,6 +224,17 @@ static bool foreign_cached(tp_stream_t handle, bool uncaptured,
   if (way == TLS_WAYS || !foreign_cache.stream[way] ||
       !tp__platform->stream_identify)
     return false;
+  /* Where every destruction is seen and none came since the stream was
+   * last found here, the handle still names it: no driver call, unless a
+   * capture may be under way. */
+  uint64_t gone = foreign_gen_now();
+  if (tp__hot.foreign_gen && gone == foreign_cache.gone[way] &&
+      (uncaptured || tp__no_capture())) {
+    *out = foreign_cache.stream[way];
+    if (idle)
+      *idle = true;
+    return true;
+  }
   uint64_t uid;
   tp_capture_status_t status;
   /* Any doubt (an error, a capture, another uid) takes the full way, which
@@ -225,13 +244,14 @@ static bool foreign_cached(tp_stream_t handle, bool uncaptured,
   if (err != TP_SUCCESS || status != TP_CAPTURE_STATUS_NONE ||
       uid != foreign_cache.uid[way])
     return false;
+  foreign_cache.gone[way] = gone;
   *out = foreign_cache.stream[way];
   if (idle)
     *idle = true;
   return true;
 }
 
-static void foreign_remember(tp_stream_t handle, tp__stream *s) {
+static void foreign_remember(tp_stream_t handle, tp__stream *s, uint64_t gone) {
   if (!s->uid || (s->uid & TP_STREAM_UNNAMED))
     return;
   /* A handle met again (on a new stream) takes its old way, which would
@@ -242,6 +262,7 @@ static void foreign_remember(tp_stream_t handle, tp__stream *s) {
   foreign_cache.handle[way] = handle;
   foreign_cache.uid[way] = s->uid;
   foreign_cache.stream[way] = s;
+  foreign_cache.gone[way] = gone;
 }
 
 /* Streams of another's that were found lost (still_named) and left the
@@ -391,6 +412,7 @@ static tp__stream *bound_mine(const tp__stream_desc *d) {
  * per-thread stream) or registered. */
 static tp_error_t adopt(tp_stream_t handle, tp__stream **out) {
   tp__stream_desc d = {0};
+  uint64_t gone = foreign_gen_now();
   TP_FORWARD(tp__platform->stream_adopt(handle, &d));
   if (d.legacy)
     return tp__legacy_get(d.device, out);
@@ -412,7 +434,7 @@ static tp_error_t adopt(tp_stream_t handle, tp__stream **out) {
   tp__mutex_unlock(&reg_lock);
   TP_RETURN_IF(!s, TP_ERROR_OUT_OF_MEMORY);
   if (d.uid) {
-    foreign_remember(handle, s);
+    foreign_remember(handle, s, gone);
     forget_lost(handle, s);
   }
   if (s->thread_bound)

@@ -1164,8 +1164,17 @@ FK_API void fake_cuda_after_next_get_id(CUstream stream, void (*fn)(void *),
   unlock();
 }
 
+/* How many times the process asked a stream's id, for the tests of calls
+ * that should ask none. */
+static _Atomic unsigned long long id_questions;
+
+FK_API unsigned long long fake_cuda_id_questions(void) {
+  return atomic_load(&id_questions);
+}
+
 FK_API CUresult CUDAAPI cuStreamGetId(CUstream hStream,
                                       unsigned long long *streamId) {
+  atomic_fetch_add(&id_questions, 1);
   NEED_INIT();
   if (!streamId)
     return CUDA_ERROR_INVALID_VALUE;
