@@ -703,6 +703,48 @@ static void test_capture_questions(void) {
   CHECK_RC(cu.stream_destroy(t), CUDA_SUCCESS);
 }
 
+static CUcontext ctx_of_test; /* device 0's primary context */
+
+/* Captures begun and ended on several threads at once, in every mode, some
+ * ended from the wrong thread or twice: once all have ended, the count is
+ * back to none, and a pair asks nothing. */
+static void *capture_loop(void *arg) {
+  int seed = *(int *)arg;
+  CHECK_RC(cu.ctx_set(ctx_of_test), CUDA_SUCCESS);
+  CUstream s = new_stream();
+  for (int i = 0; i < 200; i++) {
+    CUstreamCaptureMode mode = (CUstreamCaptureMode)((seed + i) % 3);
+    if (cu.begin_capture(s, mode) != CUDA_SUCCESS)
+      continue;
+    CUdeviceptr p = 0;
+    if (cu.alloc(&p, 4096, s) == CUDA_SUCCESS)
+      (void)cu.free(p, s);
+    CUgraph g = NULL;
+    (void)cu.end_capture(s, &g);
+    if (g)
+      (void)cu.graph_destroy(g);
+    g = NULL;
+    if ((seed + i) % 7 == 0 && cu.end_capture(s, &g) == CUDA_SUCCESS && g)
+      (void)cu.graph_destroy(g); /* a second end: ILLEGAL_STATE */
+  }
+  CHECK_RC(cu.stream_sync(s), CUDA_SUCCESS);
+  CHECK_RC(cu.stream_destroy(s), CUDA_SUCCESS);
+  return NULL;
+}
+
+static void test_capture_count_threads(void) {
+  pthread_t t[4];
+  int seeds[4] = {0, 1, 2, 3};
+  for (int i = 0; i < 4; i++)
+    REQUIRE(pthread_create(&t[i], NULL, capture_loop, &seeds[i]) == 0);
+  for (int i = 0; i < 4; i++)
+    pthread_join(t[i], NULL);
+  CUstream u = new_stream();
+  (void)pairs_ask(u, 1);
+  CHECK_EQ_U64(pairs_ask(u, 100), 0);
+  CHECK_RC(cu.stream_destroy(u), CUDA_SUCCESS);
+}
+
 /* Every stream destruction passes through the interposer too, so a stream
  * of the program's that tidepool met is known by its handle with no
  * question to the driver (each pair asked its id twice before). A new
@@ -787,6 +829,7 @@ int main(void) {
   REQUIRE_EXIT(cu.device_get(&dev0, 0) == CUDA_SUCCESS);
   REQUIRE_EXIT(cu.primary_retain(&ctx0, dev0) == CUDA_SUCCESS);
   REQUIRE_EXIT(cu.ctx_set(ctx0) == CUDA_SUCCESS);
+  ctx_of_test = ctx0;
   RUN_TEST(test_from_tidepool);
   REQUIRE_EXIT(preload_mode() == MODE_CUDA);
   RUN_TEST(test_reuse_policies);
@@ -798,6 +841,7 @@ int main(void) {
   RUN_TEST(test_graph_mem_driver_names);
   RUN_TEST(test_capture_questions);
   RUN_TEST(test_stream_ids_unasked);
+  RUN_TEST(test_capture_count_threads);
   RUN_TEST(test_forked_child);
   return check_done();
 }

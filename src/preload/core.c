@@ -62,8 +62,12 @@ static pthread_once_t counts_once = PTHREAD_ONCE_INIT;
 /* Where a thread's counts could not be kept (no memory, no key): shared. */
 static _Atomic uint64_t shared_counts[TP_PL_NCOUNTERS];
 
+/* Runs on the ending thread, which may still call in from a later
+ * destructor: it then starts afresh. */
 static void counts_retire(void *arg) {
   thread_counts *t = arg;
+  if (mine == t)
+    mine = NULL;
   pthread_mutex_lock(&counts_lock);
   thread_counts **at = &all_counts;
   while (*at && *at != t)
