@@ -708,10 +708,16 @@ static CUcontext ctx_of_test; /* device 0's primary context */
 /* Captures begun and ended on several threads at once, in every mode, some
  * ended from the wrong thread or twice: once all have ended, the count is
  * back to none, and a pair asks nothing. */
+typedef struct {
+  int seed;
+  CUstream s;
+} capture_job;
+
 static void *capture_loop(void *arg) {
-  int seed = *(int *)arg;
+  capture_job *job = arg;
+  int seed = job->seed;
   CHECK_RC(cu.ctx_set(ctx_of_test), CUDA_SUCCESS);
-  CUstream s = new_stream();
+  CUstream s = job->s;
   for (int i = 0; i < 200; i++) {
     CUstreamCaptureMode mode = (CUstreamCaptureMode)((seed + i) % 3);
     if (cu.begin_capture(s, mode) != CUDA_SUCCESS)
@@ -727,18 +733,23 @@ static void *capture_loop(void *arg) {
     if ((seed + i) % 7 == 0 && cu.end_capture(s, &g) == CUDA_SUCCESS && g)
       (void)cu.graph_destroy(g); /* a second end: ILLEGAL_STATE */
   }
-  CHECK_RC(cu.stream_sync(s), CUDA_SUCCESS);
-  CHECK_RC(cu.stream_destroy(s), CUDA_SUCCESS);
   return NULL;
 }
 
 static void test_capture_count_threads(void) {
   pthread_t t[4];
-  int seeds[4] = {0, 1, 2, 3};
-  for (int i = 0; i < 4; i++)
-    REQUIRE(pthread_create(&t[i], NULL, capture_loop, &seeds[i]) == 0);
+  capture_job jobs[4];
+  for (int i = 0; i < 4; i++) {
+    jobs[i] = (capture_job){i, new_stream()};
+    REQUIRE(pthread_create(&t[i], NULL, capture_loop, &jobs[i]) == 0);
+  }
   for (int i = 0; i < 4; i++)
     pthread_join(t[i], NULL);
+  /* Synchronized once no capture is left (a global one forbids it). */
+  for (int i = 0; i < 4; i++) {
+    CHECK_RC(cu.stream_sync(jobs[i].s), CUDA_SUCCESS);
+    CHECK_RC(cu.stream_destroy(jobs[i].s), CUDA_SUCCESS);
+  }
   CUstream u = new_stream();
   (void)pairs_ask(u, 1);
   CHECK_EQ_U64(pairs_ask(u, 100), 0);

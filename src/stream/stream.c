@@ -56,9 +56,27 @@ static TP_TLS struct {
   tp_stream_t handle[TLS_WAYS];
   uint64_t uid[TLS_WAYS];
   tp__stream *stream[TLS_WAYS];
-  uint64_t gone[TLS_WAYS]; /* tp__hot.foreign_gen when last found so */
+  /* tp__hot.foreign_gen when last found so: its low half per way, and the
+   * high half one for all (a way of another high half is stale), which
+   * keeps the whole library's thread-locals small (common.h's TP_TLS). */
+  uint32_t gone[TLS_WAYS];
+  uint32_t gone_high;
   unsigned next;
 } foreign_cache;
+
+static bool foreign_gone_same(unsigned way, uint64_t gone) {
+  return foreign_cache.gone[way] == (uint32_t)gone &&
+         foreign_cache.gone_high == (uint32_t)(gone >> 32);
+}
+
+static void foreign_gone_set(unsigned way, uint64_t gone) {
+  if (foreign_cache.gone_high != (uint32_t)(gone >> 32)) {
+    foreign_cache.gone_high = (uint32_t)(gone >> 32);
+    for (unsigned w = 0; w < TLS_WAYS; w++)
+      foreign_cache.gone[w] = (uint32_t)gone - 1; /* stale */
+  }
+  foreign_cache.gone[way] = (uint32_t)gone;
+}
 
 /* The generation of others' stream destructions where they are watched,
  * read before a stream is identified; 0 where they are not. */
@@ -228,7 +246,7 @@ static bool foreign_cached(tp_stream_t handle, bool uncaptured,
    * last found here, the handle still names it: no driver call, unless a
    * capture may be under way. */
   uint64_t gone = foreign_gen_now();
-  if (tp__hot.foreign_gen && gone == foreign_cache.gone[way] &&
+  if (tp__hot.foreign_gen && foreign_gone_same(way, gone) &&
       (uncaptured || tp__no_capture())) {
     *out = foreign_cache.stream[way];
     if (idle)
@@ -244,7 +262,7 @@ static bool foreign_cached(tp_stream_t handle, bool uncaptured,
   if (err != TP_SUCCESS || status != TP_CAPTURE_STATUS_NONE ||
       uid != foreign_cache.uid[way])
     return false;
-  foreign_cache.gone[way] = gone;
+  foreign_gone_set(way, gone);
   *out = foreign_cache.stream[way];
   if (idle)
     *idle = true;
@@ -262,7 +280,7 @@ static void foreign_remember(tp_stream_t handle, tp__stream *s, uint64_t gone) {
   foreign_cache.handle[way] = handle;
   foreign_cache.uid[way] = s->uid;
   foreign_cache.stream[way] = s;
-  foreign_cache.gone[way] = gone;
+  foreign_gone_set(way, gone);
 }
 
 /* Streams of another's that were found lost (still_named) and left the
