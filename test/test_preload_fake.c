@@ -703,6 +703,62 @@ static void test_capture_questions(void) {
   CHECK_RC(cu.stream_destroy(t), CUDA_SUCCESS);
 }
 
+/* A library linked against the driver, opened now (test/preload_plugin.c),
+ * begins and ends a capture and destroys a stream by the driver's names:
+ * the interposer defines those names too, so the capture is counted (an
+ * allocation in it asks, and is the graph's: the pool's figures do not
+ * move) and the destruction seen (a new stream that takes the handle does
+ * not get a block freed on the old one behind a hold). */
+static atomic_int gate_open;
+static void gate_wait(void *arg);
+
+static void test_linked_library(void) {
+  void *plugin = dlopen(TP_PRELOAD_PLUGIN, RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(plugin != NULL);
+  CUresult (*begin)(CUstream);
+  CUresult (*end)(CUstream, CUgraph *);
+  CUresult (*destroy)(CUstream);
+  void *sym = dlsym(plugin, "plugin_begin");
+  memcpy(&begin, &sym, sizeof sym);
+  sym = dlsym(plugin, "plugin_end");
+  memcpy(&end, &sym, sizeof sym);
+  sym = dlsym(plugin, "plugin_destroy");
+  memcpy(&destroy, &sym, sizeof sym);
+  REQUIRE(begin && end && destroy);
+  CUmemoryPool pool = NULL;
+  REQUIRE_RC(cu.default_pool(&pool, dev0), CUDA_SUCCESS);
+  CUstream s = new_stream();
+  (void)pairs_ask(s, 1);
+  REQUIRE_RC(begin(s), CUDA_SUCCESS);
+  uint64_t used = attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+  unsigned long long asked = cu.capture_questions();
+  CUdeviceptr g = 0;
+  CHECK_RC(cu.alloc(&g, MiB, s), CUDA_SUCCESS);
+  CHECK(cu.capture_questions() > asked);
+  CHECK_EQ_U64(attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), used);
+  CHECK_RC(cu.free(g, s), CUDA_SUCCESS);
+  CUgraph graph = NULL;
+  REQUIRE_RC(end(s, &graph), CUDA_SUCCESS);
+  CHECK_RC(cu.graph_destroy(graph), CUDA_SUCCESS);
+  CHECK_EQ_U64(pairs_ask(s, 50), 0);
+
+  CUdeviceptr kept = 0;
+  REQUIRE_RC(cu.alloc(&kept, 4096, s), CUDA_SUCCESS);
+  atomic_store(&gate_open, 0);
+  REQUIRE_RC(cu.launch_host_func(s, gate_wait, NULL), CUDA_SUCCESS);
+  CHECK_RC(cu.free(kept, s), CUDA_SUCCESS);
+  CHECK_RC(destroy(s), CUDA_SUCCESS);
+  CUstream fresh = new_stream();
+  CUdeviceptr p = 0;
+  CHECK_RC(cu.alloc(&p, 4096, fresh), CUDA_SUCCESS);
+  CHECK(p != kept);
+  CHECK_RC(cu.free(p, fresh), CUDA_SUCCESS);
+  atomic_store(&gate_open, 1);
+  CHECK_RC(cu.ctx_sync(), CUDA_SUCCESS);
+  CHECK_RC(cu.stream_destroy(fresh), CUDA_SUCCESS);
+  CHECK_EQ_INT(dlclose(plugin), 0);
+}
+
 static CUcontext ctx_of_test; /* device 0's primary context */
 
 /* Captures begun and ended on several threads at once, in every mode, some
@@ -853,6 +909,7 @@ int main(void) {
   RUN_TEST(test_capture_questions);
   RUN_TEST(test_stream_ids_unasked);
   RUN_TEST(test_capture_count_threads);
+  RUN_TEST(test_linked_library);
   RUN_TEST(test_forked_child);
   return check_done();
 }

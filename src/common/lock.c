@@ -63,12 +63,18 @@ void tp__mutex_destroy(tp__mutex *l) {
 
 #ifdef TP_DEBUG
 /* The locks the thread holds, one per rank at most (ranks only rise), kept
- * small since it is static TLS (see TP_TLS). */
+ * small since it is static TLS (see TP_TLS): each lock by the low half of
+ * its address, which tells a lock left at a rank from the one taken there
+ * all but certainly. */
 #define NRANKS (TP_RANK_TABLES + 1)
 static _Thread_local struct {
-  const void *lock[NRANKS];
+  uint32_t lock[NRANKS];
   uint16_t mask; /* the ranks held */
 } held;
+
+static uint32_t lock_tag(const void *lock) {
+  return (uint32_t)((uintptr_t)lock >> 3);
+}
 
 const void *tp__thread_mark(void) {
   return tp__self();
@@ -80,15 +86,15 @@ void tp__rank_enter(const void *lock, tp__rank rank) {
   /* Taking a lock of a rank not above every held one can deadlock. */
   TP_CHECK(rank < NRANKS);
   TP_CHECK((held.mask >> rank) == 0);
-  held.lock[rank] = lock;
+  held.lock[rank] = lock_tag(lock);
   held.mask |= (uint16_t)(1u << rank);
 }
 
 void tp__rank_leave(const void *lock, tp__rank rank) {
   if (rank == TP_RANK_NONE)
     return;
-  TP_CHECK(((held.mask >> rank) & 1) && held.lock[rank] == lock);
-  held.lock[rank] = NULL;
+  TP_CHECK(((held.mask >> rank) & 1) && held.lock[rank] == lock_tag(lock));
+  held.lock[rank] = 0;
   held.mask &= (uint16_t) ~(1u << rank);
 }
 #endif

@@ -72,12 +72,16 @@ void tp__seen_began(bool ok, uint64_t key, uint64_t id) {
   pthread_mutex_unlock(&lock);
 }
 
+/* Only a capture known by its id goes: an end that found its stream in no
+ * capture, or in one whose id the driver did not tell, takes nothing out
+ * (the key alone is no proof: the per-thread stream's key is the same in
+ * every context of a thread, and a later thread may get it again). */
 void tp__seen_ended(uint64_t key, uint64_t before, bool after) {
-  if (after)
+  if (after || !before)
     return;
   pthread_mutex_lock(&lock);
   for (size_t i = 0; i < n; i++) {
-    if (list[i].key != key || (before && list[i].id != before))
+    if (list[i].key != key || list[i].id != before)
       continue;
     list[i] = list[--n];
     atomic_fetch_sub(&under_way, 1);

@@ -29,9 +29,10 @@ void tp__seen_begin(void);
  * (a stream handle, mixed with the thread for a per-thread stream). */
 void tp__seen_began(bool ok, uint64_t key, uint64_t id);
 /* After an end on the stream keyed `key`: `before` the id of its capture
- * as the end began (0 where unknown), `after` whether the stream still
- * captures. A capture stops counting once the stream that began it is out
- * of it (an end on a stream that joined it leaves it counted). */
+ * as the end began (0 where none or unknown), `after` whether the stream
+ * still captures. A capture stops counting once the stream that began it
+ * is out of it (an end on a stream that joined it leaves it counted); one
+ * whose id was not known at both ends stays counted. */
 void tp__seen_ended(uint64_t key, uint64_t before, bool after);
 
 /* ---- streams of others ------------------------------------------------------

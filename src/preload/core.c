@@ -206,17 +206,11 @@ __attribute__((constructor)) static void read_switches(void) {
   if (r == TP_PL_HOST)
     setenv("TIDEPOOL_PLATFORM", "host", 1);
   /* Every capture then begins, and every stream is destroyed, through the
-   * driver entries that hook.c hands out, which tell tidepool (seen.h);
-   * unless a library linked against the driver is loaded already, whose
-   * calls reach the driver directly. */
+   * driver entries that hook.c hands out or the driver names this library
+   * defines (driver_exports.txt), which tell tidepool (seen.h). */
   if (r == TP_PL_CUDA) {
-    void *linked = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (linked) {
-      (void)dlclose(linked);
-    } else {
-      tp__seen_watch();
-      tp__seen_watch_streams();
-    }
+    tp__seen_watch();
+    tp__seen_watch_streams();
   }
   if (r < 0)
     fprintf(stderr,

@@ -60,6 +60,29 @@ static inline tp__pl_fn tp__pl_drv_real(_Atomic(tp__pl_fn) *slot) {
 bool tp__pl_drv_load(PFN_cuGetProcAddress_v12000 get_proc);
 bool tp__pl_drv_loaded(void);
 
+/* Fills every entry's driver function from the libcuda the process has
+ * loaded, for a driver name called directly (driver_names: a library
+ * linked against libcuda); false where there is none, or it lacks what
+ * the layer needs. */
+bool tp__pl_drv_fill_loaded(void);
+
+/* The loaded libcuda's own function of that symbol, or NULL. */
+tp__pl_fn tp__pl_drv_by_name(const char *symbol);
+
+/* A driver name defined by the interposer (driver_exports.txt) for the
+ * libraries that call it directly: the wrapper `call` once its driver
+ * function is known; else, should the driver lack the variant, the
+ * driver's own `symbol`, after `unseen` (which makes up for what the
+ * wrapper would have told tidepool). */
+#define TP_PL_DRV_NAME(slot, call, unseen, type, symbol, args)                 \
+  do {                                                                         \
+    if (tp__pl_drv_fill_loaded() && tp__pl_drv_real(&(slot)))                  \
+      return call;                                                             \
+    tp__pl_fn own_ = tp__pl_drv_by_name(symbol);                               \
+    unseen;                                                                    \
+    return own_ ? ((type)own_)args : CUDA_ERROR_NOT_INITIALIZED;               \
+  } while (0)
+
 /* The driver's function `name` at ABI `version`, legacy or per-thread. */
 tp__pl_fn tp__pl_drv_fetch(PFN_cuGetProcAddress_v12000 get_proc,
                            const char *name, int version, bool per_thread);

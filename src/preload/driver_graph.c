@@ -159,6 +159,71 @@ static CUresult end_ptsz(CUstream stream, CUgraph *graph) {
                              : end_counted(&r_end_ptsz, stream, graph, true);
 }
 
+/* The names a library linked against libcuda calls (driver.h's
+ * TP_PL_DRV_NAME): a begin that reaches the driver unseen keeps the count
+ * above zero for good. */
+TP_PL_EXPORT CUresult CUDAAPI
+cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+  TP_PL_DRV_NAME(r_begin, begin(hStream, mode), tp__seen_unwatch(),
+                 PFN_cuStreamBeginCapture_v10010, "cuStreamBeginCapture_v2",
+                 (hStream, mode));
+}
+
+TP_PL_EXPORT CUresult CUDAAPI
+cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
+TP_PL_EXPORT CUresult CUDAAPI
+cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
+  TP_PL_DRV_NAME(r_begin_ptsz, begin_ptsz(hStream, mode), tp__seen_unwatch(),
+                 PFN_cuStreamBeginCapture_v10010,
+                 "cuStreamBeginCapture_v2_ptsz", (hStream, mode));
+}
+
+TP_PL_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph(
+    CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies,
+    const CUgraphEdgeData *dependencyData, size_t numDependencies,
+    CUstreamCaptureMode mode) {
+  TP_PL_DRV_NAME(
+      r_begin_to_graph,
+      begin_to_graph(hStream, hGraph, dependencies, dependencyData,
+                     numDependencies, mode),
+      tp__seen_unwatch(), PFN_cuStreamBeginCaptureToGraph_v12030,
+      "cuStreamBeginCaptureToGraph",
+      (hStream, hGraph, dependencies, dependencyData, numDependencies, mode));
+}
+
+TP_PL_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(
+    CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies,
+    const CUgraphEdgeData *dependencyData, size_t numDependencies,
+    CUstreamCaptureMode mode);
+TP_PL_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(
+    CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies,
+    const CUgraphEdgeData *dependencyData, size_t numDependencies,
+    CUstreamCaptureMode mode) {
+  TP_PL_DRV_NAME(
+      r_begin_to_graph_ptsz,
+      begin_to_graph_ptsz(hStream, hGraph, dependencies, dependencyData,
+                          numDependencies, mode),
+      tp__seen_unwatch(), PFN_cuStreamBeginCaptureToGraph_v12030,
+      "cuStreamBeginCaptureToGraph_ptsz",
+      (hStream, hGraph, dependencies, dependencyData, numDependencies, mode));
+}
+
+TP_PL_EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream hStream,
+                                                 CUgraph *phGraph) {
+  TP_PL_DRV_NAME(r_end, end(hStream, phGraph), (void)0,
+                 PFN_cuStreamEndCapture_v10000, "cuStreamEndCapture",
+                 (hStream, phGraph));
+}
+
+TP_PL_EXPORT CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream,
+                                                      CUgraph *phGraph);
+TP_PL_EXPORT CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream,
+                                                      CUgraph *phGraph) {
+  TP_PL_DRV_NAME(r_end_ptsz, end_ptsz(hStream, phGraph), (void)0,
+                 PFN_cuStreamEndCapture_v10000, "cuStreamEndCapture_ptsz",
+                 (hStream, phGraph));
+}
+
 static tp_error_t capture_status(CUstream stream, CUstreamCaptureStatus *status,
                                  bool per_thread) {
   if (!status)

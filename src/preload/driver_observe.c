@@ -274,6 +274,39 @@ static CUresult primary_release_v1(CUdevice dev) {
                           PFN_cuDevicePrimaryCtxRelease_v11000, (dev)));
 }
 
+/* The names a library linked against libcuda calls (driver.h's
+ * TP_PL_DRV_NAME); a destruction that reaches the driver unseen is told
+ * all the same, before and after. */
+#define DESTROY_NAME(slot, call, type, symbol, args)                           \
+  do {                                                                         \
+    if (tp__pl_drv_fill_loaded() && tp__pl_drv_real(&(slot)))                  \
+      return call;                                                             \
+    tp__pl_fn own_ = tp__pl_drv_by_name(symbol);                               \
+    DESTROYS(own_ ? ((type)own_)args : CUDA_ERROR_NOT_INITIALIZED);            \
+  } while (0)
+
+TP_PL_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream) {
+  DESTROY_NAME(r_stream_destroy, stream_destroy(hStream),
+               PFN_cuStreamDestroy_v4000, "cuStreamDestroy_v2", (hStream));
+}
+
+TP_PL_EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx) {
+  DESTROY_NAME(r_ctx_destroy, ctx_destroy(ctx), PFN_cuCtxDestroy_v4000,
+               "cuCtxDestroy_v2", (ctx));
+}
+
+TP_PL_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  DESTROY_NAME(r_primary_reset, primary_reset(dev),
+               PFN_cuDevicePrimaryCtxReset_v11000, "cuDevicePrimaryCtxReset_v2",
+               (dev));
+}
+
+TP_PL_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  DESTROY_NAME(r_primary_release, primary_release(dev),
+               PFN_cuDevicePrimaryCtxRelease_v11000,
+               "cuDevicePrimaryCtxRelease_v2", (dev));
+}
+
 static CUresult host_launch(_Atomic(tp__pl_fn) *slot, CUstream stream,
                             CUhostFn fn, void *arg, bool per_thread) {
   CUresult err;

@@ -125,12 +125,30 @@ static _Atomic int filled;
 static pthread_mutex_t fill_lock = PTHREAD_MUTEX_INITIALIZER;
 static TP_TLS bool filling;
 
+tp__pl_fn tp__pl_drv_by_name(const char *symbol) {
+  void *handle = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (!handle)
+    return NULL;
+  void *sym = tp__pl_real_dlsym()(handle, symbol);
+  (void)dlclose(handle);
+  tp__pl_fn fn = NULL;
+  memcpy(&fn, &sym, sizeof fn);
+  return fn;
+}
+
+/* A driver whose own references to its names go through the global scope
+ * (a library built without -Bsymbolic) hands out the interposer's
+ * definitions of the names it defines (driver_exports.txt) for its own:
+ * then the driver's own function is the one its handle finds. */
 static bool fill_entry(const tp__pl_drv_entry *e, const void *arg) {
   PFN_cuGetProcAddress_v12000 get_proc;
   memcpy(&get_proc, arg, sizeof get_proc);
-  atomic_store_explicit(
-      e->real, tp__pl_drv_fetch(get_proc, e->name, e->version, e->per_thread),
-      memory_order_release);
+  tp__pl_fn fn = tp__pl_drv_fetch(get_proc, e->name, e->version, e->per_thread);
+  void *p;
+  memcpy(&p, &fn, sizeof p);
+  if (p && is_self(p))
+    fn = tp__pl_drv_by_name(e->symbol);
+  atomic_store_explicit(e->real, fn, memory_order_release);
   return false;
 }
 
@@ -155,6 +173,19 @@ static bool fill(PFN_cuGetProcAddress_v12000 get_proc) {
   }
   pthread_mutex_unlock(&fill_lock);
   return atomic_load_explicit(&filled, memory_order_acquire) > 0;
+}
+
+bool tp__pl_drv_fill_loaded(void) {
+  if (atomic_load_explicit(&filled, memory_order_acquire) != 0)
+    return atomic_load_explicit(&filled, memory_order_acquire) > 0;
+  void *handle = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (!handle)
+    return false;
+  PFN_cuGetProcAddress_v12000 get_proc = NULL;
+  void *gp = tp__pl_real_dlsym()(handle, "cuGetProcAddress_v2");
+  memcpy(&get_proc, &gp, sizeof get_proc);
+  (void)dlclose(handle);
+  return fill(get_proc);
 }
 
 /* Whether `e` may be handed out in this process. */

@@ -244,9 +244,11 @@ static bool foreign_cached(tp_stream_t handle, bool uncaptured,
     return false;
   /* Where every destruction is seen and none came since the stream was
    * last found here, the handle still names it: no driver call, unless a
-   * capture may be under way. */
+   * capture may be under way. Not so the per-thread stream's handle, which
+   * names another stream in each context of the thread. */
   uint64_t gone = foreign_gen_now();
   if (tp__hot.foreign_gen && foreign_gone_same(way, gone) &&
+      !foreign_cache.stream[way]->thread_bound &&
       (uncaptured || tp__no_capture())) {
     *out = foreign_cache.stream[way];
     if (idle)
