@@ -178,6 +178,7 @@ static int load_diagnostics(void) {
  */
 
 static CUdevice dev0;
+static CUcontext ctx_of_test; /* device 0's primary context */
 
 static uint64_t attr(CUmemoryPool pool, CUmemPool_attribute a) {
   uint64_t v = UINT64_MAX;
@@ -709,6 +710,55 @@ static void test_capture_questions(void) {
  * allocation in it asks, and is the graph's: the pool's figures do not
  * move) and the destruction seen (a new stream that takes the handle does
  * not get a block freed on the old one behind a hold). */
+/* CU_STREAM_PER_THREAD names another stream in each context of a thread
+ * (two devices): an end that fails in another context leaves the capture
+ * of the first counted (an allocation in it still asks, and is the
+ * graph's), and the handle met in one context is not taken for the
+ * other's stream (the allocation comes from the other device's pool). */
+static void test_per_thread_stream_contexts(void) {
+  CUdevice dev1 = 0;
+  CUcontext ctx1 = NULL;
+  if (cu.device_get(&dev1, 1) != CUDA_SUCCESS) {
+    printf("   (one device: nothing to check)\n");
+    return;
+  }
+  REQUIRE_RC(cu.primary_retain(&ctx1, dev1), CUDA_SUCCESS);
+  CUmemoryPool pool0 = NULL, pool1 = NULL;
+  REQUIRE_RC(cu.default_pool(&pool0, dev0), CUDA_SUCCESS);
+  REQUIRE_RC(cu.default_pool(&pool1, dev1), CUDA_SUCCESS);
+  CUstream pt = CU_STREAM_PER_THREAD;
+  (void)pairs_ask(pt, 4);
+
+  REQUIRE_RC(cu.begin_capture(pt, CU_STREAM_CAPTURE_MODE_RELAXED),
+             CUDA_SUCCESS);
+  REQUIRE_RC(cu.ctx_set(ctx1), CUDA_SUCCESS);
+  CUgraph graph = NULL;
+  CHECK_RC(cu.end_capture(pt, &graph), CUDA_ERROR_ILLEGAL_STATE);
+  REQUIRE_RC(cu.ctx_set(ctx_of_test), CUDA_SUCCESS);
+  uint64_t used = attr(pool0, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+  unsigned long long asked = cu.capture_questions();
+  CUdeviceptr g = 0;
+  CHECK_RC(cu.alloc(&g, MiB, pt), CUDA_SUCCESS);
+  CHECK(cu.capture_questions() > asked);
+  CHECK_EQ_U64(attr(pool0, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), used);
+  CHECK_RC(cu.free(g, pt), CUDA_SUCCESS);
+  REQUIRE_RC(cu.end_capture(pt, &graph), CUDA_SUCCESS);
+  CHECK_RC(cu.graph_destroy(graph), CUDA_SUCCESS);
+
+  (void)pairs_ask(pt, 4);
+  REQUIRE_RC(cu.ctx_set(ctx1), CUDA_SUCCESS);
+  uint64_t used0 = attr(pool0, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+  uint64_t used1 = attr(pool1, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+  CUdeviceptr p = 0;
+  CHECK_RC(cu.alloc(&p, MiB, pt), CUDA_SUCCESS);
+  CHECK_EQ_U64(attr(pool0, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), used0);
+  CHECK_EQ_U64(attr(pool1, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), used1 + MiB);
+  CHECK_RC(cu.free(p, pt), CUDA_SUCCESS);
+  CHECK_RC(cu.ctx_sync(), CUDA_SUCCESS);
+  REQUIRE_RC(cu.ctx_set(ctx_of_test), CUDA_SUCCESS);
+  CHECK_RC(cu.ctx_sync(), CUDA_SUCCESS);
+}
+
 static atomic_int gate_open;
 static void gate_wait(void *arg);
 
@@ -758,8 +808,6 @@ static void test_linked_library(void) {
   CHECK_RC(cu.stream_destroy(fresh), CUDA_SUCCESS);
   CHECK_EQ_INT(dlclose(plugin), 0);
 }
-
-static CUcontext ctx_of_test; /* device 0's primary context */
 
 /* Captures begun and ended on several threads at once, in every mode, some
  * ended from the wrong thread or twice: once all have ended, the count is
@@ -910,6 +958,7 @@ int main(void) {
   RUN_TEST(test_stream_ids_unasked);
   RUN_TEST(test_capture_count_threads);
   RUN_TEST(test_linked_library);
+  RUN_TEST(test_per_thread_stream_contexts);
   RUN_TEST(test_forked_child);
   return check_done();
 }
