@@ -223,29 +223,26 @@ static CUresult stream_create_prio(CUstream *stream, unsigned flags,
     return r_;                                                                 \
   } while (0)
 
-static CUresult stream_destroy(CUstream stream) {
+/* The first ABI (cuStreamDestroy) takes the same argument as the current
+ * one, as do cuCtxDestroy's and the primary context calls' below. */
+static CUresult stream_destroy_in(_Atomic(tp__pl_fn) *slot, CUstream stream) {
   CUresult err;
   if (host_answers(&err))
     return tp__pl_drv_error(tp_stream_destroy((tp_stream_t)stream));
   if (err != CUDA_SUCCESS)
     return err;
-  DESTROYS(
-      TP_PL_DRV_CALL(r_stream_destroy, PFN_cuStreamDestroy_v4000, (stream)));
+  DESTROYS(TP_PL_DRV_CALL(*slot, PFN_cuStreamDestroy_v4000, (stream)));
+}
+
+static CUresult stream_destroy(CUstream stream) {
+  return stream_destroy_in(&r_stream_destroy, stream);
 }
 
 static CUresult stream_destroy_v1(CUstream stream) {
-  CUresult err;
-  if (host_answers(&err))
-    return tp__pl_drv_error(tp_stream_destroy((tp_stream_t)stream));
-  if (err != CUDA_SUCCESS)
-    return err;
-  DESTROYS(
-      TP_PL_DRV_CALL(r_stream_destroy_v1, PFN_cuStreamDestroy_v4000, (stream)));
+  return stream_destroy_in(&r_stream_destroy_v1, stream);
 }
 
-/* A context's destruction or reset ends its streams. The first ABIs differ
- * from the current ones only in the handle's width (a CUdevice, CUcontext:
- * the same here). */
+/* A context's destruction or reset ends its streams. */
 static CUresult ctx_destroy(CUcontext ctx) {
   DESTROYS(TP_PL_DRV_CALL(r_ctx_destroy, PFN_cuCtxDestroy_v4000, (ctx)));
 }
