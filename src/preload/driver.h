@@ -71,12 +71,13 @@ tp__pl_fn tp__pl_drv_by_name(const char *symbol);
 
 /* A driver name defined by the interposer (driver_exports.txt) for the
  * libraries that call it directly: the wrapper `call` once its driver
- * function is known; else, should the driver lack the variant, the
- * driver's own `symbol`, after `unseen` (which makes up for what the
- * wrapper would have told tidepool). */
+ * function is known; else (the interposer switched off, or the driver
+ * lacking the variant) the driver's own `symbol`, after `unseen`, which
+ * makes up for what the wrapper would have told tidepool. */
 #define TP_PL_DRV_NAME(slot, call, unseen, type, symbol, args)                 \
   do {                                                                         \
-    if (tp__pl_drv_fill_loaded() && tp__pl_drv_real(&(slot)))                  \
+    if (!tp__pl_switched_off() && tp__pl_drv_fill_loaded() &&                  \
+        tp__pl_drv_real(&(slot)))                                              \
       return call;                                                             \
     tp__pl_fn own_ = tp__pl_drv_by_name(symbol);                               \
     unseen;                                                                    \

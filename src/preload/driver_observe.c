@@ -276,7 +276,8 @@ static CUresult primary_release_v1(CUdevice dev) {
  * all the same, before and after. */
 #define DESTROY_NAME(slot, call, type, symbol, args)                           \
   do {                                                                         \
-    if (tp__pl_drv_fill_loaded() && tp__pl_drv_real(&(slot)))                  \
+    if (!tp__pl_switched_off() && tp__pl_drv_fill_loaded() &&                  \
+        tp__pl_drv_real(&(slot)))                                              \
       return call;                                                             \
     tp__pl_fn own_ = tp__pl_drv_by_name(symbol);                               \
     DESTROYS(own_ ? ((type)own_)args : CUDA_ERROR_NOT_INITIALIZED);            \
