@@ -22,9 +22,11 @@ typedef struct tp__hot {
   const struct tp__platform_ops *_Atomic platform;
   const _Atomic uint32_t *captures_active;
   _Atomic uint64_t stream_gen; /* stream.c: bumped by each destruction */
-  /* platform/select.c: the generation of others' stream destructions where
-   * they are watched (common/seen.h), else NULL */
-  const _Atomic uint64_t *foreign_gen;
+  /* common/seen.c: moved before and after each destruction of streams of
+   * the program's that is seen (common/seen.h) */
+  _Atomic uint64_t foreign_gone;
+  /* platform/select.c: whether every such destruction is seen */
+  bool foreign_watched;
 } tp__hot_line;
 _Static_assert(sizeof(tp__hot_line) == 64, "the hot words fit in one line");
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/hot.h"
 #include "common/seen.h"
 
 typedef struct {
@@ -93,21 +94,18 @@ void tp__seen_ended(uint64_t key, uint64_t before, bool after) {
 /* ---- streams of others ------------------------------------------------ */
 
 static _Atomic bool streams_watched;
-static _Atomic uint64_t streams_gen;
 
 void tp__seen_watch_streams(void) {
   atomic_store_explicit(&streams_watched, true, memory_order_release);
 }
 
-const _Atomic uint64_t *tp__seen_streams_counter(void) {
+bool tp__seen_streams_watched(void) {
   const char *want = getenv("TIDEPOOL_CAPTURES");
   if (want && strcmp(want, "ask") == 0)
-    return NULL;
-  return atomic_load_explicit(&streams_watched, memory_order_acquire)
-             ? &streams_gen
-             : NULL;
+    return false;
+  return atomic_load_explicit(&streams_watched, memory_order_acquire);
 }
 
 void tp__seen_streams_change(void) {
-  atomic_fetch_add(&streams_gen, 1);
+  atomic_fetch_add(&tp__hot.foreign_gone, 1);
 }

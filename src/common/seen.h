@@ -47,9 +47,9 @@ void tp__seen_ended(uint64_t key, uint64_t before, bool after);
 /* Stream destructions are seen from now on (the interposer); read once, as
  * the platform is chosen. */
 void tp__seen_watch_streams(void);
-/* The generation for the platform's hot line, or NULL where destructions
- * are not watched. */
-const _Atomic uint64_t *tp__seen_streams_counter(void);
+/* Whether they are (false under TIDEPOOL_CAPTURES=ask), for the platform's
+ * hot line; the generation is the hot line's foreign_gone. */
+bool tp__seen_streams_watched(void);
 /* Around a destruction that may end streams: before and after it. */
 void tp__seen_streams_change(void);
 

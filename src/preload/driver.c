@@ -192,6 +192,22 @@ void tp__pl_drv_ctx_restore(CUcontext ctx) {
 /* ---- where a call goes ------------------------------------------------------
  */
 
+/* The primary context the thread last found current, and its device: a
+ * primary context stays retained for the life of the process (see
+ * is_primary), so its handle names it for good, and a call that finds it
+ * current again needs no cuCtxGetDevice. */
+static TP_TLS CUcontext last_primary;
+static TP_TLS int last_ordinal;
+
+static int primary_known(CUcontext ctx) {
+  return ctx == last_primary ? last_ordinal : -1;
+}
+
+static void primary_note(CUcontext ctx, int ordinal) {
+  last_primary = ctx;
+  last_ordinal = ordinal;
+}
+
 int tp__pl_drv_enter(bool decide, CUresult *err) {
   if (tp__pl_runtime_depth > 0 || !tp__pl_drv_loaded())
     return TP_PL_DRV_PASS;
@@ -207,13 +223,18 @@ int tp__pl_drv_enter(bool decide, CUresult *err) {
     return TP_PL_DRV_PASS;
   }
   CUcontext ctx = NULL;
-  CUdevice dev = 0;
-  if (drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
-      drv.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+  if (drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
     return TP_PL_DRV_OTHER;
-  int ordinal = tp__pl_drv_ordinal(dev);
-  if (ordinal < 0 || !is_primary(ordinal, ctx))
-    return TP_PL_DRV_OTHER;
+  int ordinal = primary_known(ctx);
+  if (ordinal < 0) {
+    CUdevice dev = 0;
+    if (drv.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+      return TP_PL_DRV_OTHER;
+    ordinal = tp__pl_drv_ordinal(dev);
+    if (ordinal < 0 || !is_primary(ordinal, ctx))
+      return TP_PL_DRV_OTHER;
+    primary_note(ctx, ordinal);
+  }
   /* tidepool's first call on a thread makes the context of its device 0
    * current, and setting its device makes that device's primary context
    * current: the context current now, as checked above. */

@@ -81,8 +81,7 @@ static void foreign_gone_set(unsigned way, uint64_t gone) {
 /* The generation of others' stream destructions where they are watched,
  * read before a stream is identified; 0 where they are not. */
 static uint64_t foreign_gen_now(void) {
-  const _Atomic uint64_t *g = tp__hot.foreign_gen;
-  return g ? atomic_load_explicit(g, memory_order_acquire) : 0;
+  return atomic_load_explicit(&tp__hot.foreign_gone, memory_order_acquire);
 }
 
 int tp__current_device(void) {
@@ -236,8 +235,9 @@ static unsigned foreign_way(tp_stream_t handle) {
   return way;
 }
 
+/* *vouched: found without a question, by the generation alone. */
 static bool foreign_cached(tp_stream_t handle, bool uncaptured,
-                           tp__stream **out, bool *idle) {
+                           tp__stream **out, bool *idle, bool *vouched) {
   unsigned way = foreign_way(handle);
   if (way == TLS_WAYS || !foreign_cache.stream[way] ||
       !tp__platform->stream_identify)
@@ -247,12 +247,13 @@ static bool foreign_cached(tp_stream_t handle, bool uncaptured,
    * capture may be under way. Not so the per-thread stream's handle, which
    * names another stream in each context of the thread. */
   uint64_t gone = foreign_gen_now();
-  if (tp__hot.foreign_gen && foreign_gone_same(way, gone) &&
+  if (tp__hot.foreign_watched && foreign_gone_same(way, gone) &&
       !foreign_cache.stream[way]->thread_bound &&
       (uncaptured || tp__no_capture())) {
     *out = foreign_cache.stream[way];
     if (idle)
       *idle = true;
+    *vouched = true;
     return true;
   }
   uint64_t uid;
@@ -464,12 +465,14 @@ static tp_error_t adopt(tp_stream_t handle, tp__stream **out) {
 }
 
 /* The handle becomes the thread's latest in tp__stream_last_used. */
-static void last_note(tp_stream_t handle, tp__stream *s, uint64_t gen) {
+static void last_note(tp_stream_t handle, tp__stream *s, uint64_t gen,
+                      uint64_t gone) {
   tp__stream_last *l = &tp__stream_last_used;
-  if (l->gen != gen)
-    *l = (tp__stream_last){{handle, NULL}, {s, NULL}, gen};
+  if (l->gen != gen || l->gone != gone)
+    *l = (tp__stream_last){{handle, NULL}, {s, NULL}, gen, gone};
   else
-    *l = (tp__stream_last){{handle, l->handle[0]}, {s, l->stream[0]}, gen};
+    *l =
+        (tp__stream_last){{handle, l->handle[0]}, {s, l->stream[0]}, gen, gone};
 }
 
 tp_error_t tp__stream_get_slow(tp_stream_t handle, bool uncaptured,
@@ -478,10 +481,11 @@ tp_error_t tp__stream_get_slow(tp_stream_t handle, bool uncaptured,
     return tp__legacy_get(current_device, out);
   uint64_t gen =
       atomic_load_explicit(&tp__hot.stream_gen, memory_order_acquire);
+  uint64_t gone = foreign_gen_now();
   if (TP_LIKELY(tls_cache.gen == gen)) {
     for (unsigned i = 0; i < TLS_WAYS; i++) {
       if (tls_cache.handle[i] == handle) {
-        last_note(handle, tls_cache.stream[i], gen);
+        last_note(handle, tls_cache.stream[i], gen, gone);
         *out = tls_cache.stream[i];
         return TP_SUCCESS;
       }
@@ -490,8 +494,14 @@ tp_error_t tp__stream_get_slow(tp_stream_t handle, bool uncaptured,
     memset(&tls_cache, 0, sizeof tls_cache);
     tls_cache.gen = gen;
   }
-  if (foreign_cached(handle, uncaptured, out, idle))
+  /* A stream of the program's that the generation vouches for is one of
+   * the thread's last two as well, until a destruction moves it. */
+  bool vouched = false;
+  if (foreign_cached(handle, uncaptured, out, idle, &vouched)) {
+    if (vouched)
+      last_note(handle, *out, gen, gone);
     return TP_SUCCESS;
+  }
   tp__mutex_lock(&reg_lock);
   tp__stream *s = reg_find_handle(handle);
   bool retired = s && s->retired;
@@ -502,7 +512,7 @@ tp_error_t tp__stream_get_slow(tp_stream_t handle, bool uncaptured,
   unsigned way = tls_cache.next++ % TLS_WAYS;
   tls_cache.handle[way] = handle;
   tls_cache.stream[way] = s;
-  last_note(handle, s, gen);
+  last_note(handle, s, gen, gone);
   *out = s;
   return TP_SUCCESS;
 }

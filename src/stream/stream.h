@@ -296,7 +296,7 @@ tp_error_t tp__clock_settle(tp__clock *c, tp__stream ***done, size_t *n);
 typedef struct tp__stream_last {
   tp_stream_t handle[2];
   tp__stream *stream[2];
-  uint64_t gen;
+  uint64_t gen, gone; /* tp__hot.stream_gen and foreign_gone then */
 } tp__stream_last;
 extern TP_TLS tp__stream_last tp__stream_last_used;
 /* The legacy stream of the thread's current device, once it was made (NULL
@@ -304,13 +304,17 @@ extern TP_TLS tp__stream_last tp__stream_last_used;
  * live as long as the process. */
 extern TP_TLS tp__stream *tp__legacy_here;
 /* The stream `handle` names where the thread can tell it without a call
- * (the legacy stream for NULL, or one of its last two); NULL otherwise. */
+ * (the legacy stream for NULL, or one of its last two, where no stream
+ * was destroyed since: tidepool's own, or one of the program's whose
+ * destruction the interposer saw); NULL otherwise. */
 static inline tp__stream *tp__stream_quick(tp_stream_t handle) {
   tp__stream_last *l = &tp__stream_last_used;
   if (handle == NULL)
     return tp__legacy_here;
   if (TP_UNLIKELY(l->gen != atomic_load_explicit(&tp__hot.stream_gen,
-                                                 memory_order_acquire)))
+                                                 memory_order_acquire) ||
+                  l->gone != atomic_load_explicit(&tp__hot.foreign_gone,
+                                                  memory_order_acquire)))
     return NULL;
   if (TP_LIKELY(l->handle[0] == handle))
     return l->stream[0];
