@@ -21,10 +21,10 @@ typedef struct tp__hot {
    * captures under way (NULL where captures may begin unseen) */
   const struct tp__platform_ops *_Atomic platform;
   const _Atomic uint32_t *captures_active;
-  _Atomic uint64_t stream_gen; /* stream.c: bumped by each destruction */
-  /* common/seen.c: moved before and after each destruction of streams of
-   * the program's that is seen (common/seen.h) */
-  _Atomic uint64_t foreign_gone;
+  /* stream.c: bumped by each destruction of tidepool's streams; and
+   * common/seen.c: before and after each destruction of the program's
+   * streams that it sees (common/seen.h) */
+  _Atomic uint64_t stream_gen;
   /* platform/select.c: whether every such destruction is seen */
   bool foreign_watched;
 } tp__hot_line;

@@ -107,5 +107,5 @@ bool tp__seen_streams_watched(void) {
 }
 
 void tp__seen_streams_change(void) {
-  atomic_fetch_add(&tp__hot.foreign_gone, 1);
+  atomic_fetch_add(&tp__hot.stream_gen, 1);
 }

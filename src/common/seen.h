@@ -48,7 +48,8 @@ void tp__seen_ended(uint64_t key, uint64_t before, bool after);
  * the platform is chosen. */
 void tp__seen_watch_streams(void);
 /* Whether they are (false under TIDEPOOL_CAPTURES=ask), for the platform's
- * hot line; the generation is the hot line's foreign_gone. */
+ * hot line; the generation is the hot line's stream_gen, which tidepool's
+ * own destructions move too. */
 bool tp__seen_streams_watched(void);
 /* Around a destruction that may end streams: before and after it. */
 void tp__seen_streams_change(void);

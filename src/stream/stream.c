@@ -81,7 +81,7 @@ static void foreign_gone_set(unsigned way, uint64_t gone) {
 /* The generation of others' stream destructions where they are watched,
  * read before a stream is identified; 0 where they are not. */
 static uint64_t foreign_gen_now(void) {
-  return atomic_load_explicit(&tp__hot.foreign_gone, memory_order_acquire);
+  return atomic_load_explicit(&tp__hot.stream_gen, memory_order_acquire);
 }
 
 int tp__current_device(void) {
@@ -465,14 +465,12 @@ static tp_error_t adopt(tp_stream_t handle, tp__stream **out) {
 }
 
 /* The handle becomes the thread's latest in tp__stream_last_used. */
-static void last_note(tp_stream_t handle, tp__stream *s, uint64_t gen,
-                      uint64_t gone) {
+static void last_note(tp_stream_t handle, tp__stream *s, uint64_t gen) {
   tp__stream_last *l = &tp__stream_last_used;
-  if (l->gen != gen || l->gone != gone)
-    *l = (tp__stream_last){{handle, NULL}, {s, NULL}, gen, gone};
+  if (l->gen != gen)
+    *l = (tp__stream_last){{handle, NULL}, {s, NULL}, gen};
   else
-    *l =
-        (tp__stream_last){{handle, l->handle[0]}, {s, l->stream[0]}, gen, gone};
+    *l = (tp__stream_last){{handle, l->handle[0]}, {s, l->stream[0]}, gen};
 }
 
 tp_error_t tp__stream_get_slow(tp_stream_t handle, bool uncaptured,
@@ -481,11 +479,10 @@ tp_error_t tp__stream_get_slow(tp_stream_t handle, bool uncaptured,
     return tp__legacy_get(current_device, out);
   uint64_t gen =
       atomic_load_explicit(&tp__hot.stream_gen, memory_order_acquire);
-  uint64_t gone = foreign_gen_now();
   if (TP_LIKELY(tls_cache.gen == gen)) {
     for (unsigned i = 0; i < TLS_WAYS; i++) {
       if (tls_cache.handle[i] == handle) {
-        last_note(handle, tls_cache.stream[i], gen, gone);
+        last_note(handle, tls_cache.stream[i], gen);
         *out = tls_cache.stream[i];
         return TP_SUCCESS;
       }
@@ -499,7 +496,7 @@ tp_error_t tp__stream_get_slow(tp_stream_t handle, bool uncaptured,
   bool vouched = false;
   if (foreign_cached(handle, uncaptured, out, idle, &vouched)) {
     if (vouched)
-      last_note(handle, *out, gen, gone);
+      last_note(handle, *out, gen);
     return TP_SUCCESS;
   }
   tp__mutex_lock(&reg_lock);
@@ -512,7 +509,7 @@ tp_error_t tp__stream_get_slow(tp_stream_t handle, bool uncaptured,
   unsigned way = tls_cache.next++ % TLS_WAYS;
   tls_cache.handle[way] = handle;
   tls_cache.stream[way] = s;
-  last_note(handle, s, gen, gone);
+  last_note(handle, s, gen);
   *out = s;
   return TP_SUCCESS;
 }

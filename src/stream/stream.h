@@ -296,7 +296,7 @@ tp_error_t tp__clock_settle(tp__clock *c, tp__stream ***done, size_t *n);
 typedef struct tp__stream_last {
   tp_stream_t handle[2];
   tp__stream *stream[2];
-  uint64_t gen, gone; /* tp__hot.stream_gen and foreign_gone then */
+  uint64_t gen; /* tp__hot.stream_gen then */
 } tp__stream_last;
 extern TP_TLS tp__stream_last tp__stream_last_used;
 /* The legacy stream of the thread's current device, once it was made (NULL
@@ -312,9 +312,7 @@ static inline tp__stream *tp__stream_quick(tp_stream_t handle) {
   if (handle == NULL)
     return tp__legacy_here;
   if (TP_UNLIKELY(l->gen != atomic_load_explicit(&tp__hot.stream_gen,
-                                                 memory_order_acquire) ||
-                  l->gone != atomic_load_explicit(&tp__hot.foreign_gone,
-                                                  memory_order_acquire)))
+                                                 memory_order_acquire)))
     return NULL;
   if (TP_LIKELY(l->handle[0] == handle))
     return l->stream[0];
