@@ -762,17 +762,17 @@ static void test_per_thread_stream_contexts(void) {
 static atomic_int gate_open;
 static void gate_wait(void *arg);
 
-static void test_linked_library(void) {
+static void linked_library(bool by_proc) {
   void *plugin = dlopen(TP_PRELOAD_PLUGIN, RTLD_NOW | RTLD_LOCAL);
   REQUIRE(plugin != NULL);
   CUresult (*begin)(CUstream);
   CUresult (*end)(CUstream, CUgraph *);
   CUresult (*destroy)(CUstream);
-  void *sym = dlsym(plugin, "plugin_begin");
+  void *sym = dlsym(plugin, by_proc ? "plugin_proc_begin" : "plugin_begin");
   memcpy(&begin, &sym, sizeof sym);
   sym = dlsym(plugin, "plugin_end");
   memcpy(&end, &sym, sizeof sym);
-  sym = dlsym(plugin, "plugin_destroy");
+  sym = dlsym(plugin, by_proc ? "plugin_proc_destroy" : "plugin_destroy");
   memcpy(&destroy, &sym, sizeof sym);
   REQUIRE(begin && end && destroy);
   CUmemoryPool pool = NULL;
@@ -807,6 +807,15 @@ static void test_linked_library(void) {
   CHECK_RC(cu.ctx_sync(), CUDA_SUCCESS);
   CHECK_RC(cu.stream_destroy(fresh), CUDA_SUCCESS);
   CHECK_EQ_INT(dlclose(plugin), 0);
+}
+
+/* By name, and through the driver's cuGetProcAddress called by name (a
+ * driver whose table hands out its own functions, as the one linked with
+ * -Bsymbolic of fakecuda_preload_fake_symbolic, would hand out unwrapped
+ * ones: the interposer defines cuGetProcAddress too). */
+static void test_linked_library(void) {
+  linked_library(false);
+  linked_library(true);
 }
 
 /* Captures begun and ended on several threads at once, in every mode, some

@@ -499,10 +499,12 @@ static void test_stream_destroyed_under_oom_wait(void) {
 typedef struct syncer {
   tp_stream_t stream;
   tp_event_t event;
+  atomic_int started; /* about to synchronize */
 } syncer;
 
 static void *syncer_main(void *arg) {
   syncer *y = arg;
+  atomic_store(&y->started, 1);
   CHECK_OK(y->event ? tp_event_synchronize(y->event)
                     : tp_stream_synchronize(y->stream));
   return NULL;
@@ -531,13 +533,18 @@ static void sync_covers_only_earlier(bool event) {
   REQUIRE_OK(tp_stream_synchronize(s2));
   gate_t g1, g2;
   REQUIRE_OK(hold_stream(s, &g1));
-  syncer y = {s, NULL};
+  syncer y = {s, NULL, 0};
   if (event) {
     REQUIRE_OK(tp_event_record(f, s));
     y.event = f;
   }
   pthread_t t;
   REQUIRE(pthread_create(&t, NULL, syncer_main, &y) == 0);
+  /* The synchronize must be under way before the later work is queued:
+   * the thread is seen to start, then given time to enter the wait (a
+   * machine too loaded for that fails the test, with the hold's 30 s). */
+  while (!atomic_load(&y.started))
+    check_sleep_ms(1);
   check_sleep_ms(50); /* the synchronize waits for s's held work */
   REQUIRE_OK(hold_stream(s2, &g2));
   CHECK_OK(tp_memset_async(x, 0x11, 4u << 20, s2));

@@ -25,8 +25,9 @@ typedef struct tp__hot {
    * common/seen.c: before and after each destruction of the program's
    * streams that it sees (common/seen.h) */
   _Atomic uint64_t stream_gen;
-  /* platform/select.c: whether every such destruction is seen */
-  bool foreign_watched;
+  /* platform/select.c: whether every such destruction is seen; cleared
+   * for good by common/seen.c where one may not be after all */
+  _Atomic bool foreign_watched;
 } tp__hot_line;
 _Static_assert(sizeof(tp__hot_line) == 64, "the hot words fit in one line");
 

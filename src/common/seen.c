@@ -25,10 +25,15 @@ void tp__seen_watch(void) {
   atomic_store_explicit(&watched, true, memory_order_release);
 }
 
+/* The streams' trust goes too, and the generation moves once more, so that
+ * no stream vouched for before stays in a thread's caches. */
 void tp__seen_unwatch(void) {
   static atomic_flag once = ATOMIC_FLAG_INIT;
-  if (!atomic_flag_test_and_set(&once))
-    atomic_fetch_add(&under_way, 1);
+  if (atomic_flag_test_and_set(&once))
+    return;
+  atomic_fetch_add(&under_way, 1);
+  atomic_store_explicit(&tp__hot.foreign_watched, false, memory_order_release);
+  atomic_fetch_add(&tp__hot.stream_gen, 1);
 }
 
 const _Atomic uint32_t *tp__seen_counter(void) {

@@ -13,9 +13,10 @@
  * chosen after it (read once, as the platform is chosen);
  * TIDEPOOL_CAPTURES=ask overrides it. */
 void tp__seen_watch(void);
-/* A capture may begin unseen from now on (the interposer could not put its
- * hooks in place): the count stays above zero for good, and every
- * allocation asks. */
+/* A capture may begin, and a stream be destroyed, unseen from now on (the
+ * interposer could not put its hooks in place): the count stays above zero
+ * for good, every allocation asks, and streams of the program's are asked
+ * their ids again. */
 void tp__seen_unwatch(void);
 /* The count for the platform's hot line: NULL where captures are not
  * watched, and each allocation must ask. */

@@ -33,7 +33,8 @@ TP_API tp_error_t tp_get_last_platform_error(int *code, const char **name) {
 static void chosen(const tp__platform_ops *ops) {
   tp__hot.captures_active =
       ops->captures_active ? ops->captures_active : tp__seen_counter();
-  tp__hot.foreign_watched = tp__seen_streams_watched();
+  atomic_store_explicit(&tp__hot.foreign_watched, tp__seen_streams_watched(),
+                        memory_order_relaxed);
   atomic_store_explicit(&tp__platform, ops, memory_order_release);
 }
 

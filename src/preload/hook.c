@@ -242,6 +242,29 @@ static CUresult get_proc_v2(const char *symbol, void **pfn, int version,
   return r;
 }
 
+/* The driver's own names of cuGetProcAddress, which a library linked
+ * against libcuda calls directly (driver_exports.txt): tidepool's version,
+ * whose answers are the wrappers; should the driver lack one, its own,
+ * after which a capture or a destruction may go unseen. The first ABI's
+ * name is the one cuda.h now maps to the second's. */
+TP_PL_EXPORT CUresult CUDAAPI
+cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                    cuuint64_t flags, CUdriverProcAddressQueryResult *status) {
+  TP_PL_DRV_NAME(r_gpa_v2, get_proc_v2(symbol, pfn, version, flags, status),
+                 tp__seen_unwatch(), PFN_cuGetProcAddress_v12000,
+                 "cuGetProcAddress_v2", (symbol, pfn, version, flags, status));
+}
+
+TP_PL_EXPORT CUresult CUDAAPI
+gpa_v1_name(const char *symbol, void **pfn, int version,
+            cuuint64_t flags) __asm__("cuGetProcAddress");
+TP_PL_EXPORT CUresult CUDAAPI gpa_v1_name(const char *symbol, void **pfn,
+                                          int version, cuuint64_t flags) {
+  TP_PL_DRV_NAME(r_gpa_v1, get_proc_v1(symbol, pfn, version, flags),
+                 tp__seen_unwatch(), PFN_cuGetProcAddress_v11030,
+                 "cuGetProcAddress", (symbol, pfn, version, flags));
+}
+
 /* ---- dlsym and dlvsym ---------------------------------------------------- */
 
 /* The driver's cuGetProcAddress, from the object `sym` (a driver function)

@@ -247,7 +247,8 @@ static bool foreign_cached(tp_stream_t handle, bool uncaptured,
    * capture may be under way. Not so the per-thread stream's handle, which
    * names another stream in each context of the thread. */
   uint64_t gone = foreign_gen_now();
-  if (tp__hot.foreign_watched && foreign_gone_same(way, gone) &&
+  if (atomic_load_explicit(&tp__hot.foreign_watched, memory_order_acquire) &&
+      foreign_gone_same(way, gone) &&
       !foreign_cache.stream[way]->thread_bound &&
       (uncaptured || tp__no_capture())) {
     *out = foreign_cache.stream[way];
