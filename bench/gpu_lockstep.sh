@@ -64,10 +64,11 @@ fi
 ((left > 240)) && left=240
 t0=$SECONDS
 TIDEPOOL_PLATFORM=cuda timeout "$left" ctest -j6 --timeout 180 \
-  -E 'fuzz|^test_replay|^test_trace|soak' >"$OUT/ctest_cuda.txt" 2>&1
+  -E 'fuzz|^test_replay|^test_trace|soak|no_platform' \
+  --output-on-failure >"$OUT/ctest_cuda.txt" 2>&1
 echo "== ctest, cuda: exit $? after $((SECONDS - t0)) s (limit $left)"
 grep -E "tests passed|Failed|\*\*\*|Timeout" "$OUT/ctest_cuda.txt" | head -40
-LD_PRELOAD=$B/libtidepool_preload.so timeout 30 ./test_preload_driver cuda \
+LD_PRELOAD=$B/libtidepool_preload.so timeout 30 src/preload/test_preload_driver cuda \
   >"$OUT/preload_driver.txt" 2>&1
 echo "== test_preload_driver cuda: exit $?"
 tail -3 "$OUT/preload_driver.txt"

@@ -564,16 +564,15 @@ TP_API tp_error_t tp_stream_create(tp_stream_t *stream, unsigned flags);
  * work. On cuda a handle used once the stream is gone is the driver's to
  * judge, as in CUDA (a stream tidepool did not make may have taken its
  * value); on host it answers INVALID_VALUE. The stream that began a
- * capture (tp_stream_begin_capture) still under way is destroyed all the
- * same, answering STREAM_CAPTURE_UNSUPPORTED: its capture is invalidated
- * and can never end, so the memory it allocated goes as a failed
- * capture's. A stream that only joined a capture leaves it quietly, its
+ * capture (tp_stream_begin_capture) still under way is destroyed, as the
+ * driver destroys it (an H100, driver 580: success): its capture is
+ * invalidated and can never end, so the memory it allocated goes as a
+ * failed capture's. A stream that only joined a capture leaves it quietly, its
  * work staying in the graph (CUDA's graphMemoryNodes sample destroys such a
  * stream once joined back; one not joined back makes the end fail with
  * STREAM_CAPTURE_UNJOINED), and is not waited for: frees it made before
  * the capture become reusable at the next device synchronize.
- * Errors: INVALID_VALUE (unknown stream, the legacy default stream),
- * STREAM_CAPTURE_UNSUPPORTED (above). */
+ * Errors: INVALID_VALUE (unknown stream, the legacy default stream). */
 TP_API tp_error_t tp_stream_destroy(tp_stream_t stream);
 
 /* Waits for all work queued on the stream, then makes the frees it covered
