@@ -36,10 +36,16 @@ void tp__seen_unwatch(void) {
   atomic_fetch_add(&tp__hot.stream_gen, 1);
 }
 
-const _Atomic uint32_t *tp__seen_counter(void) {
+/* TIDEPOOL_CAPTURES=ask: every call asks, whatever is watched. */
+static bool asked_always(void) {
   const char *want = getenv("TIDEPOOL_CAPTURES");
-  if (want && strcmp(want, "ask") == 0)
+  return want && strcmp(want, "ask") == 0;
+}
+
+const _Atomic uint32_t *tp__seen_counter(void) {
+  if (asked_always())
     return NULL;
+  const char *want = getenv("TIDEPOOL_CAPTURES");
   if (want && strcmp(want, "tidepool") == 0)
     tp__seen_watch();
   else if (want && *want)
@@ -105,10 +111,8 @@ void tp__seen_watch_streams(void) {
 }
 
 bool tp__seen_streams_watched(void) {
-  const char *want = getenv("TIDEPOOL_CAPTURES");
-  if (want && strcmp(want, "ask") == 0)
-    return false;
-  return atomic_load_explicit(&streams_watched, memory_order_acquire);
+  return !asked_always() &&
+         atomic_load_explicit(&streams_watched, memory_order_acquire);
 }
 
 void tp__seen_streams_change(void) {

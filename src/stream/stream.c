@@ -56,7 +56,7 @@ static TP_TLS struct {
   tp_stream_t handle[TLS_WAYS];
   uint64_t uid[TLS_WAYS];
   tp__stream *stream[TLS_WAYS];
-  /* tp__hot.foreign_gen when last found so: its low half per way, and the
+  /* tp__hot.stream_gen when last found so: its low half per way, and the
    * high half one for all (a way of another high half is stale), which
    * keeps the whole library's thread-locals small (common.h's TP_TLS). */
   uint32_t gone[TLS_WAYS];
@@ -76,12 +76,6 @@ static void foreign_gone_set(unsigned way, uint64_t gone) {
       foreign_cache.gone[w] = (uint32_t)gone - 1; /* stale */
   }
   foreign_cache.gone[way] = (uint32_t)gone;
-}
-
-/* The generation of others' stream destructions where they are watched,
- * read before a stream is identified; 0 where they are not. */
-static uint64_t foreign_gen_now(void) {
-  return atomic_load_explicit(&tp__hot.stream_gen, memory_order_acquire);
 }
 
 int tp__current_device(void) {
@@ -235,8 +229,9 @@ static unsigned foreign_way(tp_stream_t handle) {
   return way;
 }
 
-/* *vouched: found without a question, by the generation alone. */
-static bool foreign_cached(tp_stream_t handle, bool uncaptured,
+/* `gone`: tp__hot.stream_gen, read before anything is asked. *vouched:
+ * found without a question, by that generation alone. */
+static bool foreign_cached(tp_stream_t handle, uint64_t gone, bool uncaptured,
                            tp__stream **out, bool *idle, bool *vouched) {
   unsigned way = foreign_way(handle);
   if (way == TLS_WAYS || !foreign_cache.stream[way] ||
@@ -246,7 +241,6 @@ static bool foreign_cached(tp_stream_t handle, bool uncaptured,
    * last found here, the handle still names it: no driver call, unless a
    * capture may be under way. Not so the per-thread stream's handle, which
    * names another stream in each context of the thread. */
-  uint64_t gone = foreign_gen_now();
   if (atomic_load_explicit(&tp__hot.foreign_watched, memory_order_acquire) &&
       foreign_gone_same(way, gone) &&
       !foreign_cache.stream[way]->thread_bound &&
@@ -434,7 +428,8 @@ static tp__stream *bound_mine(const tp__stream_desc *d) {
  * per-thread stream) or registered. */
 static tp_error_t adopt(tp_stream_t handle, tp__stream **out) {
   tp__stream_desc d = {0};
-  uint64_t gone = foreign_gen_now();
+  uint64_t gone =
+      atomic_load_explicit(&tp__hot.stream_gen, memory_order_acquire);
   TP_FORWARD(tp__platform->stream_adopt(handle, &d));
   if (d.legacy)
     return tp__legacy_get(d.device, out);
@@ -495,7 +490,7 @@ tp_error_t tp__stream_get_slow(tp_stream_t handle, bool uncaptured,
   /* A stream of the program's that the generation vouches for is one of
    * the thread's last two as well, until a destruction moves it. */
   bool vouched = false;
-  if (foreign_cached(handle, uncaptured, out, idle, &vouched)) {
+  if (foreign_cached(handle, gen, uncaptured, out, idle, &vouched)) {
     if (vouched)
       last_note(handle, *out, gen);
     return TP_SUCCESS;
