@@ -56,15 +56,29 @@ static CUdeviceptr vmm_block(size_t size, size_t pieces, int device) {
   CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, device},
                             CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
   CUdeviceptr base = 0;
-  if (cuMemAddressReserve(&base, size, CHUNK, 0, 0) != CUDA_SUCCESS)
+  CUresult r = cuMemAddressReserve(&base, size, CHUNK, 0, 0);
+  if (r != CUDA_SUCCESS) {
+    fprintf(stderr, "null_alloc: reserving %zu bytes: error %d\n", size, r);
     return 0;
+  }
   size_t piece = size / pieces;
   for (size_t i = 0; i < pieces; i++) {
     CUmemGenericAllocationHandle h = 0;
-    if (cuMemCreate(&h, piece, &prop, 0) != CUDA_SUCCESS ||
-        cuMemMap(base + i * piece, piece, 0, h, 0) != CUDA_SUCCESS ||
-        cuMemSetAccess(base + i * piece, piece, &access, 1) != CUDA_SUCCESS) {
-      fprintf(stderr, "null_alloc: VMM block of %zu bytes failed\n", size);
+    const char *what = "cuMemCreate";
+    r = cuMemCreate(&h, piece, &prop, 0);
+    if (r == CUDA_SUCCESS) {
+      what = "cuMemMap";
+      r = cuMemMap(base + i * piece, piece, 0, h, 0);
+    }
+    if (r == CUDA_SUCCESS) {
+      what = "cuMemSetAccess";
+      r = cuMemSetAccess(base + i * piece, piece, &access, 1);
+    }
+    if (r != CUDA_SUCCESS) {
+      fprintf(stderr,
+              "null_alloc: VMM block of %zu bytes, piece %zu of %zu: %s "
+              "error %d\n",
+              size, i, pieces, what, r);
       return 0; /* a benchmark's allocator: what was made stays */
     }
     (void)cuMemRelease(h); /* the mapping keeps the memory */

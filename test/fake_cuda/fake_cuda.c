@@ -1387,12 +1387,19 @@ static bool event_done(CUevent e) {
   return !e->recorded || e->s->done >= e->seq;
 }
 
-/* An event last recorded in a capture has no completion to ask about. */
+/* An event last recorded in a capture has no completion to ask about, and
+ * asking costs that capture its validity (an H100, driver 580: a query of
+ * an event recorded in a global capture, in relaxed mode, and the capture's
+ * end answered INVALIDATED). */
 static CUresult event_sync_begin(CUevent e) {
   if (!event_ok(e))
     return CUDA_ERROR_INVALID_HANDLE;
-  if (e->cap_id)
+  if (e->cap_id) {
+    capture *c = capture_find(e->cap_id);
+    if (c)
+      invalidate(c);
     return CUDA_ERROR_CAPTURED_EVENT;
+  }
   if (unsafe_barred())
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   return CUDA_SUCCESS;

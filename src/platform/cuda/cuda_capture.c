@@ -487,6 +487,9 @@ tp_error_t tp__cu_capture_detach(tp__pgraph *graph, void *tie) {
 }
 
 tp_error_t tp__cu_capture_event_record(tp__pevent *ev, tp__pstream *ps) {
+  /* Marked before the record, which may have reached the capture even
+   * where it failed: such an event is only ever handed back to the driver. */
+  ev->captured = true;
   TP_CU_ON_STREAM(ps, tp__cu.cuEventRecord(ev->ev, s_));
 }
 

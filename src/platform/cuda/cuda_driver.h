@@ -105,6 +105,9 @@ extern tp__cu_api tp__cu;
 struct tp__pevent {
   CUevent ev; /* NULL only in a shell on the free list */
   int device;
+  /* Last recorded in a capture: never asked about, since the question
+   * invalidates that capture (an H100, driver 580). */
+  bool captured;
   struct tp__pevent *next;
 };
 

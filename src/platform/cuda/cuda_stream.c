@@ -372,9 +372,10 @@ tp_error_t tp__cu_event_destroy(tp__pevent *ev) {
    * to the driver, which frees it once its work is done, and only its
    * shell is kept. */
   CUresult r = CUDA_SUCCESS;
-  if (event_query_relaxed(ev->ev) != CUDA_SUCCESS) {
+  if (ev->captured || event_query_relaxed(ev->ev) != CUDA_SUCCESS) {
     r = tp__cu.cuEventDestroy(ev->ev);
     ev->ev = NULL;
+    ev->captured = false;
   }
   tp__spin_lock(&d->ev_lock);
   bool keep = d->ev_free_count < TP_CU_EVENT_FREE_MAX;
