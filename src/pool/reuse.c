@@ -138,8 +138,8 @@ uint32_t tp__reuse_small(const tp__reuse *r, tp__stream *a, unsigned cls,
     uint32_t n = tp__slabs_take_ready(r->slabs, cls, out, want);
     if (n)
       return n;
-    if (tp__slabs_take_pending(r->slabs, cls, &now, out))
-      return 1;
+    if ((n = tp__slabs_take_pending(r->slabs, cls, &now, out, want)) != 0)
+      return n;
     switch (step) {
     case 0:
       if (r->opportunistic)
@@ -148,8 +148,8 @@ uint32_t tp__reuse_small(const tp__reuse *r, tp__stream *a, unsigned cls,
     case 1: *err = slab_new(r, a, cls, false); break;
     case 2:
       if (r->internal_deps &&
-          tp__slabs_take_pending(r->slabs, cls, &later, out))
-        return 1;
+          (n = tp__slabs_take_pending(r->slabs, cls, &later, out, 1)) != 0)
+        return n;
       *err = slab_new(r, a, cls, true);
       break;
     default: break;

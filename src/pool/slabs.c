@@ -89,26 +89,79 @@ uint32_t tp__slabs_take_ready(tp__slabs *ss, unsigned cls, tp__centry *out,
   return n;
 }
 
+/* The hold of stream s; the newest are likeliest, and are last. */
+static tp__slab_hold *hold_find(const tp__slabs *ss, const tp__stream *s) {
+  for (uint32_t i = ss->nholds; i-- > 0;)
+    if (ss->holds[i].stream == s)
+      return &ss->holds[i];
+  return NULL;
+}
+
+/* Counts one more pending block of s, taking the reference where it is the
+ * first; false, nothing counted, for want of memory. */
+static bool hold_add(tp__slabs *ss, tp__stream *s) {
+  tp__slab_hold *h = hold_find(ss, s);
+  if (!h) {
+    if (!TP_ARRAY_ROOM(ss->holds, ss->nholds, ss->capholds))
+      return false;
+    tp__stream_ref(s);
+    h = &ss->holds[ss->nholds++];
+    *h = (tp__slab_hold){s, 0};
+  }
+  h->n++;
+  return true;
+}
+
+static void hold_drop(tp__slabs *ss, tp__stream *s) {
+  tp__slab_hold *h = hold_find(ss, s);
+  if (--h->n)
+    return;
+  *h = ss->holds[--ss->nholds];
+  tp__stream_unref(s);
+}
+
 static void pending_remove(tp__slabs *ss, unsigned cls, uint32_t i) {
   tp__pending *v = ss->pending[cls];
   if (v[i].tag.stream)
-    tp__stream_unref(v[i].tag.stream);
+    hold_drop(ss, v[i].tag.stream);
   v[i] = v[--ss->npending[cls]];
 }
 
-bool tp__slabs_take_pending(tp__slabs *ss, unsigned cls, const tp__taker *t,
-                            tp__centry *out) {
-  for (uint32_t i = 0; i < ss->npending[cls]; i++) {
+/* A class's pending list this long came from a burst of frees (a stream
+ * caches 64 blocks a class): the taker's own pending blocks then leave in a
+ * batch, so that a burst of allocations takes the slow path once in 16
+ * instead of every time. Shorter lists, as in a training step, leave one
+ * block a call: batches there were mostly given back unused by the next
+ * large slow path (bench/RESULTS.md, "Small slow paths taking their
+ * stream's pending blocks in a batch"). */
+#define PENDING_BURST 256u
+
+uint32_t tp__slabs_take_pending(tp__slabs *ss, unsigned cls, const tp__taker *t,
+                                tp__centry *out, uint32_t want) {
+  if (ss->npending[cls] < PENDING_BURST)
+    want = 1;
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < ss->npending[cls] && n < want;) {
     tp__pending *e = &ss->pending[cls][i];
-    if (!tp__stream_may_use(t->a, &e->tag, t->follow) &&
-        (!t->deps || tp__stream_make_wait(t->a, &e->tag) != TP_SUCCESS))
+    /* The first block may be anyone's the taker may use; the rest are its
+     * own frees, which keep their tags in the cache entries so that a
+     * drain gives them back pending as they were. */
+    bool own = e->tag.stream == t->a;
+    if (n > 0 ? !own
+              : !tp__stream_may_use(t->a, &e->tag, t->follow) &&
+                    (!t->deps ||
+                     tp__stream_make_wait(t->a, &e->tag) != TP_SUCCESS)) {
+      i++;
       continue;
-    out[0] = (tp__centry){e->slab->base + (uintptr_t)e->idx * e->slab->bsize,
-                          e->slab, 0, 0};
-    pending_remove(ss, cls, i);
-    return true;
+    }
+    bool kept = n > 0;
+    out[n] =
+        (tp__centry){e->slab->base + (uintptr_t)e->idx * e->slab->bsize,
+                     e->slab, kept ? e->tag.epoch : 0, kept ? e->tag.lseq : 0};
+    n++;
+    pending_remove(ss, cls, i); /* the last entry moves to i */
   }
-  return false;
+  return n;
 }
 
 /* ---- making and unmaking
@@ -220,14 +273,14 @@ void tp__slabs_put(tp__slabs *ss, unsigned cls, const tp__centry *e,
     return;
   }
   if (!TP_ARRAY_ROOM(ss->pending[cls], ss->npending[cls],
-                     ss->cappending[cls])) {
+                     ss->cappending[cls]) ||
+      !hold_add(ss, s)) {
     /* No room to remember the tag: wait for the free instead of losing it. */
     (void)tp__stream_wait_host(&t);
     bit_set(slab, idx);
     list_add(ss, slab);
     return;
   }
-  tp__stream_ref(s);
   ss->pending[cls][ss->npending[cls]++] = (tp__pending){slab, idx, t};
 }
 
@@ -284,4 +337,24 @@ void tp__slabs_fini(tp__slabs *ss) {
     ss->spare = s->next;
     free(s);
   }
+  free(ss->holds);
+  ss->holds = NULL;
+  ss->nholds = ss->capholds = 0;
+}
+
+bool tp__slabs_holds_agree(const tp__slabs *ss) {
+  uint64_t total = 0, named = 0;
+  for (uint32_t h = 0; h < ss->nholds; h++) {
+    uint64_t n = 0;
+    for (unsigned cls = 0; cls < TP_NCLASSES; cls++)
+      for (uint32_t i = 0; i < ss->npending[cls]; i++)
+        n += ss->pending[cls][i].tag.stream == ss->holds[h].stream;
+    if (n != ss->holds[h].n || n == 0)
+      return false;
+    total += n;
+  }
+  for (unsigned cls = 0; cls < TP_NCLASSES; cls++)
+    for (uint32_t i = 0; i < ss->npending[cls]; i++)
+      named += ss->pending[cls][i].tag.stream != NULL;
+  return total == named;
 }

@@ -191,6 +191,8 @@ int tp__pool_walk(tp__pool *p, bool check_used, char *why, size_t len) {
       CHECK_OR_FAIL(s->cls == cls && s->nfree > 0 && s->block &&
                         s->block->slab == s,
                     "partial list of class %u holds a bad slab", cls);
+  CHECK_OR_FAIL(tp__slabs_holds_agree(&p->slabs),
+                "the pending blocks' stream references disagree with them");
   uint64_t u = tp__pool_used(p);
   CHECK_OR_FAIL(!check_used || u == used,
                 "used is %llu but live allocations ask %llu",

@@ -455,10 +455,74 @@ static void test_reuse_large(void) {
   reuse_scenarios(4 * MiB);
 }
 
+/* Whether p is one of v[0..n). */
+static int among(void *const *v, int n, const void *p) {
+  for (int i = 0; i < n; i++)
+    if (v[i] == p)
+      return 1;
+  return 0;
+}
+
+/* Bursts: two held streams each free many small blocks of one size, which
+ * stay pending; a burst of allocations on one of them may take its own
+ * frees (stream order), never the other's while no policy allows it, and
+ * every block handed out is distinct from every live one. Freed blocks of
+ * a burst leave the pool in batches (slabs.c), which must not sweep up the
+ * other stream's frees with the taker's own. */
+static void test_reuse_burst(void) {
+  enum { N = 600 };
+  const size_t size = 1000;
+  tp_pool_t pool = device_pool(0);
+  REQUIRE(pool != NULL);
+  set_u64(pool, TP_POOL_ATTR_RELEASE_THRESHOLD, UINT64_MAX);
+  set_policies(pool, 0, 0, 0);
+  tp_stream_t a = stream_new(TP_STREAM_NON_BLOCKING);
+  tp_stream_t b = stream_new(TP_STREAM_NON_BLOCKING);
+  static void *va[N], *vb[N], *again[N];
+  for (int i = 0; i < N; i++) {
+    REQUIRE_OK(tp_malloc_from_pool_async(&va[i], size, pool, a));
+    REQUIRE_OK(tp_malloc_from_pool_async(&vb[i], size, pool, b));
+  }
+  CHECK_OK(tp_stream_synchronize(a));
+  CHECK_OK(tp_stream_synchronize(b));
+  gate_t ga, gb;
+  REQUIRE_OK(hold_stream(a, &ga));
+  REQUIRE_OK(hold_stream(b, &gb));
+  /* Interleaved, so that the pool's pending blocks of the two streams lie
+   * side by side. */
+  for (int i = 0; i < N; i++) {
+    CHECK_OK(tp_free_async(va[i], a));
+    CHECK_OK(tp_free_async(vb[i], b));
+  }
+  int foreign = 0, twice = 0;
+  for (int i = 0; i < N; i++) {
+    if (!CHECK_OK(tp_malloc_from_pool_async(&again[i], size, pool, b)))
+      break;
+    foreign += among(va, N, again[i]);
+    twice += among(again, i, again[i]);
+  }
+  if (foreign)
+    CHECK_FAIL("%d of %d blocks allocated on b were a's pending frees", foreign,
+               N);
+  CHECK_EQ_INT(twice, 0);
+  CHECK_EQ_U64(used_of(pool), (uint64_t)N * size);
+  for (int i = 0; i < N; i++)
+    CHECK_OK(tp_free_async(again[i], b));
+  release(&ga);
+  release(&gb);
+  CHECK_OK(tp_stream_synchronize(a));
+  CHECK_OK(tp_stream_synchronize(b));
+  CHECK_EQ_U64(used_of(pool), 0);
+  stream_done(a);
+  stream_done(b);
+  CHECK_OK(tp_pool_destroy(pool));
+}
+
 int main(int argc, char **argv) {
   static const conformance_test_t tests[] = {
       CONFORMANCE_TEST(test_reuse_small),
       CONFORMANCE_TEST(test_reuse_large),
+      CONFORMANCE_TEST(test_reuse_burst),
   };
   return conformance_main(argc, argv, "reuse", tests, CONFORMANCE_COUNT(tests));
 }
