@@ -89,41 +89,44 @@ uint32_t tp__slabs_take_ready(tp__slabs *ss, unsigned cls, tp__centry *out,
   return n;
 }
 
-/* The hold of stream s; the newest are likeliest, and are last. */
-static tp__slab_hold *hold_find(const tp__slabs *ss, const tp__stream *s) {
-  for (uint32_t i = ss->nholds; i-- > 0;)
-    if (ss->holds[i].stream == s)
-      return &ss->holds[i];
-  return NULL;
-}
-
-/* Counts one more pending block of s, taking the reference where it is the
- * first; false, nothing counted, for want of memory. */
-static bool hold_add(tp__slabs *ss, tp__stream *s) {
-  tp__slab_hold *h = hold_find(ss, s);
-  if (!h) {
-    if (!TP_ARRAY_ROOM(ss->holds, ss->nholds, ss->capholds))
-      return false;
-    tp__stream_ref(s);
-    h = &ss->holds[ss->nholds++];
-    *h = (tp__slab_hold){s, 0};
+/* The hold slot of stream s, made (with the stream's reference) where s
+ * has none; UINT32_MAX for want of memory. Slots stay where they are while
+ * used, so that a pending block names its own; a burst gives back the
+ * blocks of one stream, which the last slot found answers at once. */
+static uint32_t hold_add(tp__slabs *ss, tp__stream *s) {
+  uint32_t slot = ss->hold_last, empty = UINT32_MAX;
+  if (slot >= ss->nholds || ss->holds[slot].stream != s) {
+    for (slot = 0; slot < ss->nholds && ss->holds[slot].stream != s; slot++)
+      if (!ss->holds[slot].stream && empty == UINT32_MAX)
+        empty = slot;
   }
-  h->n++;
-  return true;
+  if (slot == ss->nholds) {
+    if (empty == UINT32_MAX) {
+      if (!TP_ARRAY_ROOM(ss->holds, ss->nholds, ss->capholds))
+        return UINT32_MAX;
+      empty = ss->nholds++;
+    }
+    slot = empty;
+    tp__stream_ref(s);
+    ss->holds[slot] = (tp__slab_hold){s, 0};
+  }
+  ss->holds[slot].n++;
+  ss->hold_last = slot;
+  return slot;
 }
 
-static void hold_drop(tp__slabs *ss, tp__stream *s) {
-  tp__slab_hold *h = hold_find(ss, s);
+static void hold_drop(tp__slabs *ss, uint32_t slot) {
+  tp__slab_hold *h = &ss->holds[slot];
   if (--h->n)
     return;
-  *h = ss->holds[--ss->nholds];
-  tp__stream_unref(s);
+  tp__stream_unref(h->stream);
+  h->stream = NULL;
 }
 
 static void pending_remove(tp__slabs *ss, unsigned cls, uint32_t i) {
   tp__pending *v = ss->pending[cls];
   if (v[i].tag.stream)
-    hold_drop(ss, v[i].tag.stream);
+    hold_drop(ss, v[i].hold);
   v[i] = v[--ss->npending[cls]];
 }
 
@@ -272,16 +275,17 @@ void tp__slabs_put(tp__slabs *ss, unsigned cls, const tp__centry *e,
     list_add(ss, slab);
     return;
   }
+  uint32_t hold = UINT32_MAX;
   if (!TP_ARRAY_ROOM(ss->pending[cls], ss->npending[cls],
                      ss->cappending[cls]) ||
-      !hold_add(ss, s)) {
+      (hold = hold_add(ss, s)) == UINT32_MAX) {
     /* No room to remember the tag: wait for the free instead of losing it. */
     (void)tp__stream_wait_host(&t);
     bit_set(slab, idx);
     list_add(ss, slab);
     return;
   }
-  ss->pending[cls][ss->npending[cls]++] = (tp__pending){slab, idx, t};
+  ss->pending[cls][ss->npending[cls]++] = (tp__pending){slab, idx, hold, t};
 }
 
 void tp__slabs_settle(tp__slabs *ss, bool poll, bool release_empty) {
@@ -343,18 +347,22 @@ void tp__slabs_fini(tp__slabs *ss) {
 }
 
 bool tp__slabs_holds_agree(const tp__slabs *ss) {
-  uint64_t total = 0, named = 0;
-  for (uint32_t h = 0; h < ss->nholds; h++) {
-    uint64_t n = 0;
-    for (unsigned cls = 0; cls < TP_NCLASSES; cls++)
-      for (uint32_t i = 0; i < ss->npending[cls]; i++)
-        n += ss->pending[cls][i].tag.stream == ss->holds[h].stream;
-    if (n != ss->holds[h].n || n == 0)
-      return false;
-    total += n;
+  uint32_t *seen = calloc(ss->nholds ? ss->nholds : 1, sizeof *seen);
+  if (!seen)
+    return true; /* nothing to count with: not a disagreement */
+  bool ok = true;
+  for (unsigned cls = 0; ok && cls < TP_NCLASSES; cls++) {
+    for (uint32_t i = 0; ok && i < ss->npending[cls]; i++) {
+      const tp__pending *e = &ss->pending[cls][i];
+      if (!e->tag.stream)
+        continue;
+      ok = e->hold < ss->nholds && ss->holds[e->hold].stream == e->tag.stream;
+      if (ok)
+        seen[e->hold]++;
+    }
   }
-  for (unsigned cls = 0; cls < TP_NCLASSES; cls++)
-    for (uint32_t i = 0; i < ss->npending[cls]; i++)
-      named += ss->pending[cls][i].tag.stream != NULL;
-  return total == named;
+  for (uint32_t h = 0; ok && h < ss->nholds; h++)
+    ok = seen[h] == ss->holds[h].n && (seen[h] > 0) == !!ss->holds[h].stream;
+  free(seen);
+  return ok;
 }

@@ -37,13 +37,15 @@ _Static_assert((TP_SLAB_MAX_BLOCKS & (TP_SLAB_MAX_BLOCKS - 1)) == 0 &&
 typedef struct tp__pending {
   tp__slab *slab;
   uint32_t idx;
+  uint32_t hold; /* the slot of the tag's stream in the holds */
   tp__tag tag;
 } tp__pending;
 
 /* A stream that pending blocks' tags name, and how many name it: one
  * reference stands for all of them, so that a block's way through the
  * pending list takes no atomic operation (two a block were a fifth of an
- * allocation's time when 10,000 were made at once). */
+ * allocation's time when 10,000 were made at once). A slot whose stream is
+ * NULL is free. */
 typedef struct tp__slab_hold {
   tp__stream *stream;
   uint32_t n;
@@ -56,7 +58,7 @@ typedef struct tp__slabs {
   tp__pending *pending[TP_NCLASSES];
   uint32_t npending[TP_NCLASSES], cappending[TP_NCLASSES];
   tp__slab_hold *holds;
-  uint32_t nholds, capholds;
+  uint32_t nholds, capholds, hold_last;
 } tp__slabs;
 
 /* The index of the block at `addr` in slab `s`, or -1 when `addr` is not
