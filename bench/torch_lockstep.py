@@ -114,7 +114,8 @@ def bootstrap_median(values, block=20, rounds=2000, seed=7):
 
 def parent(args):
     cfg = dict(vocab=32000, d_model=768, layers=12, heads=12, shapes=ttb.SHAPES,
-               seed=args.seed, dropout=0.1, amp=True, device="cuda")
+               seed=args.seed, dropout=0.1, amp=True, device="cuda",
+               model=args.model)
     names = args.allocators.split(",")
     ref = args.reference or names[0]
     if ref not in names:
@@ -146,8 +147,9 @@ def parent(args):
         else:
             sys.exit(f"{n}: the child ended before it was ready")
     facts = ttb.gpu_facts()
-    print(f"== torch_lockstep: {len(names)} allocators in lockstep, {args.steps} steps, "
-          f"warm-up {args.warmup}, GPU {facts}, pinned to {args.pin or 'no CPUs'}",
+    print(f"== torch_lockstep: model {args.model}, {len(names)} allocators in lockstep, "
+          f"{args.steps} steps, warm-up {args.warmup}, GPU {facts}, "
+          f"pinned to {args.pin or 'no CPUs'}",
           flush=True)
 
     times = {n: [] for n in names}
@@ -186,7 +188,8 @@ def parent(args):
     print(f"\n{'allocator':<16} {'backend':<16} {'median ms':>9} {'vs ' + ref:>14} "
           f"{'95% interval':>16} {'res/alloc':>9} {'host ms':>8} {'cpu ms':>7}  losses")
     report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": facts,
-              "steps": args.steps, "warmup": w, "reference": ref, "pin": args.pin,
+              "model": args.model, "steps": args.steps, "warmup": w,
+              "reference": ref, "pin": args.pin,
               "allocators": {}}
     for n in names:
         ts = times[n][w:]
@@ -228,6 +231,8 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--model", default="gpt", choices=ttb.MODELS,
+                    help="what every child trains (torch_train_bench.py's MODELS)")
     ap.add_argument("--pin", help="CPUs for every child, e.g. 2-5")
     ap.add_argument("--lib", help="libtidepool.so for tidepool's children")
     ap.add_argument("--lib2", help="a second libtidepool.so, for the children named "

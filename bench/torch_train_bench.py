@@ -102,10 +102,57 @@ QUICK_SHAPES = [(8, 64), (4, 128), (16, 32), (2, 256), (6, 96)]
 # The child: one allocator, one training run.
 # ---------------------------------------------------------------------------
 
+# The models cfg["model"] names: "gpt", this file's own decoder (the
+# default), or a model of the transformers package built from a config with
+# random weights, of the same width, depth and vocabulary: "hf-bert" (BERT
+# with its masked-LM head, an encoder) or "hf-gpt2". Every one maps token
+# ids (B, T) to logits (B, T, vocab), which train_step scores against the
+# next tokens.
+MODELS = ("gpt", "hf-bert", "hf-gpt2")
+
+
+def build_hf_model(torch, cfg, kind):
+    """A transformers model with eager attention (the same kernels in every
+    process, so that losses compare step by step), wrapped to return its
+    logits."""
+    import transformers
+    d, drop = cfg["d_model"], cfg["dropout"]
+    longest = max(t for _, t in cfg["shapes"])
+    if kind == "hf-bert":
+        conf = transformers.BertConfig(
+            vocab_size=cfg["vocab"], hidden_size=d,
+            num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
+            intermediate_size=4 * d, max_position_embeddings=longest,
+            hidden_dropout_prob=drop, attention_probs_dropout_prob=drop)
+        make = transformers.BertForMaskedLM
+    else:
+        conf = transformers.GPT2Config(
+            vocab_size=cfg["vocab"], n_embd=d, n_layer=cfg["layers"],
+            n_head=cfg["heads"], n_positions=longest, resid_pdrop=drop,
+            embd_pdrop=drop, attn_pdrop=drop)
+        make = transformers.GPT2LMHeadModel
+    conf._attn_implementation = "eager"
+    inner = make(conf)
+
+    class Logits(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, idx):
+            return self.m(input_ids=idx).logits
+
+    return Logits(inner)
+
+
 def build_model(torch, cfg):
     """A GPT-2-style decoder: learned positions, pre-norm blocks, attention
     written out with matmuls (deterministic, and its T x T score tensors
-    are the allocations that vary most with the shape), tied output head."""
+    are the allocations that vary most with the shape), tied output head.
+    Or another of MODELS, as cfg["model"] says."""
+    kind = cfg.get("model", "gpt")
+    if kind != "gpt":
+        return build_hf_model(torch, cfg, kind)
     nn = torch.nn
     F = torch.nn.functional
 

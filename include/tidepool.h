@@ -800,10 +800,10 @@ TP_API tp_error_t tp_graph_instantiate(tp_graph_exec_t *exec, tp_graph_t graph,
  * call. Errors: INVALID_VALUE (unknown or destroyed exec, unknown stream,
  * an allocation of the graph still live from an earlier launch without
  * AUTO_FREE_ON_LAUNCH, an allocation of another graph that this graph
- * frees and that is not live), NOT_SUPPORTED (a launch into a capture: on
- * host always, on cuda for a graph with allocations or frees),
- * STREAM_CAPTURE_INVALIDATED (a launch into an invalidated capture),
- * STREAM_CAPTURE_IMPLICIT (the legacy stream during a blocking capture).
+ * frees and that is not live), STREAM_CAPTURE_UNSUPPORTED (a launch into
+ * a capture, valid or invalidated, as the driver answers: a valid one is
+ * invalidated by it), STREAM_CAPTURE_IMPLICIT (the legacy stream during a
+ * blocking capture).
  * Thread-safe, but one exec's launches must not race each other; a launch
  * that races tp_graph_exec_destroy of its exec is queued whole or answers
  * INVALID_VALUE. */

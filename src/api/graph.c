@@ -350,13 +350,16 @@ static tp_error_t launch(exec_slot *exec, tp_stream_t stream) {
   tp__stream *s;
   TP_FORWARD(tp__stream_get(stream, &s));
   /* Graph memory is booked per launch of its exec, which a launch captured
-   * into another graph would escape. */
+   * into another graph would escape. The driver refuses every graph launch
+   * into a capture, valid or invalidated, and invalidates a valid one (an
+   * H100, driver 580): so does tidepool, before the driver sees it. */
   if (tp__gmem_has_allocations(exec->gm)) {
     tp_capture_status_t status;
     TP_FORWARD(tp__capture_status_of(s, &status, NULL));
-    TP_RETURN_IF(status == TP_CAPTURE_STATUS_INVALIDATED,
-                 TP_ERROR_STREAM_CAPTURE_INVALIDATED);
-    TP_RETURN_IF(status != TP_CAPTURE_STATUS_NONE, TP_ERROR_NOT_SUPPORTED);
+    if (status != TP_CAPTURE_STATUS_NONE) {
+      (void)tp__platform->capture_invalidate(s->ps);
+      return TP_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
   }
   /* Where the stream cannot be made to wait (the launch's stream is gone,
    * say), the host waits instead: never a launch over the other's. */

@@ -2091,6 +2091,9 @@ FK_API CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec,
   fexec *e = (fexec *)(void *)hGraphExec;
   CUresult r = exec_ok(hGraphExec) ? enqueue_begin(hStream, &s, &c)
                                    : CUDA_ERROR_INVALID_VALUE;
+  /* Refused in any capture, an invalidated one too (an H100, driver 580). */
+  if (r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+    r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (r == CUDA_SUCCESS && c) {
     invalidate(c);
     r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;

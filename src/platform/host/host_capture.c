@@ -696,17 +696,19 @@ static void launch_drop(void *arg) {
   exec_unref(arg);
 }
 
-/* A launch into a capture would be a child-graph node, which the host
- * platform does not record; into an invalidated capture it is refused as
- * any other work there is. */
+/* A launch into a capture, valid or invalidated, is refused with
+ * STREAM_CAPTURE_UNSUPPORTED and invalidates a valid one, as the driver's
+ * is (an H100, driver 580). */
 tp_error_t tp__host_graph_launch(tp__pexec *e, tp__pstream *ps) {
   TP_RETURN_IF(!e || !ps, TP_ERROR_INVALID_VALUE);
   if (TP_UNLIKELY(tp__host_stream_capture_involved(ps))) {
     pthread_mutex_lock(&mu);
     tp__host_member *m = member_of(ps);
-    tp_error_t err = !m                  ? legacy_refusal(ps)
-                     : m->c->invalidated ? TP_ERROR_STREAM_CAPTURE_INVALIDATED
-                                         : TP_ERROR_NOT_SUPPORTED;
+    tp_error_t err = TP_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (m)
+      m->c->invalidated = true;
+    else
+      err = legacy_refusal(ps);
     pthread_mutex_unlock(&mu);
     TP_FORWARD(err);
   }
