@@ -31,7 +31,10 @@ the driver spin.
     python3 bench/torch_lockstep.py --allocators expandable,tidepool,tidepool/25000 \\
         --steps 300 --pin 2-5 [--lib build/libtidepool.so] [--reference expandable]
 
-Needs PyTorch and a GPU.
+--model hf-bert (or hf-gpt2) trains a model of the transformers package
+instead, built from a config of the same size with random weights.
+
+Needs PyTorch and a GPU (and transformers for the hf- models).
 """
 
 import argparse

@@ -6,7 +6,8 @@ driver's pool), and tidepool through integrations/pytorch/tidepool_torch.py.
 
 Every process trains the same model (random weights, same seed) on the same
 random token batches, whose (batch, sequence) shapes change from step to step
-so that the allocators see varied sizes. Each reports the median step time,
+so that the allocators see varied sizes (--model hf-bert or hf-gpt2: a model of
+the transformers package instead, same size, random weights). Each reports the median step time,
 its peak reserved and peak allocated memory, the device's own peak (from
 cudaMemGetInfo) and the loss of every step; the parent checks that the four
 loss sequences are identical step by step, since an allocator must change
@@ -456,7 +457,8 @@ def parent(args):
     else:
         cfg = dict(vocab=32000, d_model=768, layers=12, heads=12, shapes=SHAPES)
         steps, rounds = 300, 2
-    cfg.update(seed=args.seed, dropout=0.1, amp=not args.no_amp, device=args.device)
+    cfg.update(seed=args.seed, dropout=0.1, amp=not args.no_amp, device=args.device,
+               model=args.model)
     cfg["steps"] = args.steps or steps
     rounds = args.rounds or rounds
     for k in ("vocab", "d_model", "layers", "heads"):
@@ -470,7 +472,8 @@ def parent(args):
             sys.exit(f"unknown allocator {n!r}; known: {', '.join(ALLOCATORS)}, "
                      "tidepool/SLACK, tidepool/nohooks, tidepool/lib2")
 
-    print(f"== torch_train_bench: {cfg['layers']} layers, d_model {cfg['d_model']}, "
+    print(f"== torch_train_bench: model {cfg['model']}, {cfg['layers']} layers, "
+          f"d_model {cfg['d_model']}, "
           f"{cfg['heads']} heads, vocab {cfg['vocab']}, {len(cfg['shapes'])} shapes, "
           f"{cfg['steps']} steps x {rounds} round(s), warmup {warmup}, "
           f"{'bf16 autocast' if cfg['amp'] and cfg['device'] == 'cuda' else 'fp32'}, "
@@ -644,6 +647,9 @@ def main():
     ap.add_argument("--pin", help="CPUs every run is bound to, e.g. 2-5 (default: "
                     "wherever the scheduler puts it)")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--model", default="gpt", choices=MODELS,
+                    help="what every run trains: this file's GPT (default), or a "
+                    "transformers model with random weights")
     ap.add_argument("--vocab", type=int)
     ap.add_argument("--d-model", dest="d_model", type=int)
     ap.add_argument("--layers", type=int)
