@@ -1260,6 +1260,88 @@ static void test_launch_into_invalidated_capture(void) {
   CHECK_OK(tp_stream_destroy(s2));
 }
 
+/* Launches of a graph with memory race captures that begin and end on the
+ * same stream: a launch and an end take effect in some order, so a launch
+ * refused as made into a capture (STREAM_CAPTURE_UNSUPPORTED) must leave
+ * that capture invalidated. A counter moved before each begin and after
+ * each end tells which capture a refused launch fell wholly inside. The
+ * refusal asked the status and invalidated in two steps: a capture that
+ * ended between them ended valid (the fake driver, 2 runs of 3 with 2,000
+ * captures; a helper's race). */
+enum { RACE_CAPTURES = 3000 };
+typedef struct launch_race {
+  tp_graph_exec_t x;
+  tp_stream_t s;
+  atomic_int stop, gen;
+  atomic_uchar hit[RACE_CAPTURES];
+} launch_race;
+
+static void *race_launcher(void *arg) {
+  launch_race *r = arg;
+  while (!atomic_load(&r->stop)) {
+    int g0 = atomic_load(&r->gen);
+    tp_error_t err = tp_graph_launch(r->x, r->s);
+    int g1 = atomic_load(&r->gen);
+    if (err == TP_ERROR_STREAM_CAPTURE_UNSUPPORTED && g0 == g1 && (g0 & 1))
+      atomic_store(&r->hit[g0 / 2], 1);
+    else if (err != TP_SUCCESS && err != TP_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+      CHECK_OK(err);
+  }
+  return NULL;
+}
+
+static void test_launch_races_capture_end(void) {
+  static launch_race r;
+  memset(&r, 0, sizeof r);
+  r.s = new_stream(TP_STREAM_NON_BLOCKING);
+  void *p = NULL;
+  REQUIRE_OK(tp_stream_begin_capture(r.s, TP_CAPTURE_MODE_GLOBAL));
+  CHECK_OK(tp_malloc_async(&p, 4096, r.s));
+  CHECK_OK(tp_memset_async(p, 1, 4096, r.s));
+  CHECK_OK(tp_free_async(p, r.s));
+  tp_graph_t g = NULL;
+  REQUIRE_OK(tp_stream_end_capture(r.s, &g));
+  REQUIRE_OK(tp_graph_instantiate(&r.x, g, 0));
+  void *scratch = NULL;
+  REQUIRE_OK(tp_malloc_async(&scratch, 64, r.s));
+  CHECK_OK(tp_stream_synchronize(r.s));
+  pthread_t t;
+  REQUIRE(pthread_create(&t, NULL, race_launcher, &r) == 0);
+  int bad = 0;
+  for (int i = 0; i < RACE_CAPTURES; i++) {
+    atomic_fetch_add(&r.gen, 1);
+    if (!CHECK_OK(tp_stream_begin_capture(r.s, TP_CAPTURE_MODE_RELAXED))) {
+      atomic_fetch_add(&r.gen, 1);
+      continue;
+    }
+    (void)tp_memset_async(scratch, 0, 64, r.s);
+    tp_graph_t g2 = NULL;
+    tp_error_t err = tp_stream_end_capture(r.s, &g2);
+    int gen = atomic_fetch_add(&r.gen, 1);
+    if (err == TP_SUCCESS && atomic_load(&r.hit[gen / 2]))
+      bad++;
+    if (err != TP_SUCCESS)
+      CHECK_ERR(err, TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+    if (g2)
+      CHECK_OK(tp_graph_destroy(g2));
+  }
+  atomic_store(&r.stop, 1);
+  pthread_join(t, NULL);
+  if (bad)
+    CHECK_FAIL("%d captures ended valid after a launch into them was "
+               "refused",
+               bad);
+  CHECK_OK(tp_stream_synchronize(r.s));
+  CHECK_OK(tp_free_async(scratch, r.s));
+  CHECK_OK(tp_graph_exec_destroy(r.x));
+  CHECK_OK(tp_graph_destroy(g));
+  CHECK_OK(tp_stream_synchronize(r.s));
+  CHECK_OK(tp_stream_destroy(r.s));
+  CHECK_OK(tp_device_synchronize());
+  CHECK_EQ_U64(graph_used_settled(0), 0);
+  CHECK_OK(tp_device_graph_mem_trim(0));
+}
+
 /* The stream of an exec's last launch begins a capture before the graph's
  * next exec is launched on another stream, and cannot then be recorded on
  * (nor can the legacy stream, way 1, while a blocking stream captures):
@@ -2363,6 +2445,7 @@ int main(void) {
   RUN_TEST(test_accounts);
   RUN_TEST(test_capturing_stream_destroyed);
   RUN_TEST(test_joined_stream_destroyed);
+  RUN_TEST(test_launch_races_capture_end);
   RUN_TEST(test_memory_outlives_launch);
   RUN_TEST(test_other_device);
   RUN_TEST(test_threads);

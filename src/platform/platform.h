@@ -248,7 +248,10 @@ typedef struct tp__platform_ops {
                                uint64_t *id);
   /* Tidepool refused work on ps under the capture rules: invalidate the
    * capture CUDA would (ps's own; for the legacy stream, the blocking
-   * captures of its device). */
+   * captures of its device). SUCCESS where a capture was under way (valid
+   * or invalidated) at the moment of the invalidation, ILLEGAL_STATE where
+   * none was: a capture that ended just before is not touched, and the
+   * caller, who saw it under way, must not refuse in its name. */
   tp_error_t (*capture_invalidate)(tp__pstream *ps);
   /* Marks the current position of the capturing stream ps: adds an empty
    * node after all the work captured on it so far, which becomes the

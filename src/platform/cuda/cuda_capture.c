@@ -215,9 +215,21 @@ tp_error_t tp__cu_capture_invalidate(tp__pstream *ps) {
     status = TP_CAPTURE_STATUS_ACTIVE;
   else
     TP_FORWARD(err);
-  if (status != TP_CAPTURE_STATUS_ACTIVE)
+  TP_RETURN_IF(status == TP_CAPTURE_STATUS_NONE, TP_ERROR_ILLEGAL_STATE);
+  if (status == TP_CAPTURE_STATUS_INVALIDATED)
     return TP_SUCCESS;
-  TP_CU_ON_STREAM(ps, ((void)tp__cu.cuStreamQuery(s_), CUDA_SUCCESS));
+  /* The query's own answer says whether a capture was under way when it
+   * was asked: the capture seen above may have ended since. */
+  CUstream s;
+  tp__cu_scope scope;
+  TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
+  CUresult r = tp__cu.cuStreamQuery(s);
+  tp__cu_scope_leave(&scope);
+  return r == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED ||
+                 r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
+                 r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+             ? TP_SUCCESS
+             : TP_ERROR_ILLEGAL_STATE;
 }
 
 /* The capture's graph and the stream's dependency set; *deps is the

@@ -378,12 +378,13 @@ tp_error_t tp__host_capture_invalidate(tp__pstream *ps) {
   TP_RETURN_IF(!ps, TP_ERROR_INVALID_VALUE);
   pthread_mutex_lock(&mu);
   tp__host_member *m = member_of(ps);
+  tp_error_t err = TP_SUCCESS;
   if (m)
     m->c->invalidated = true;
-  else
-    (void)legacy_refusal(ps);
+  else if (legacy_refusal(ps) == TP_SUCCESS)
+    err = TP_ERROR_ILLEGAL_STATE;
   pthread_mutex_unlock(&mu);
-  return TP_SUCCESS;
+  return err;
 }
 
 tp_error_t tp__host_capture_node(tp__pstream *ps, const tp__host_node *work,
