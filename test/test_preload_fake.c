@@ -186,6 +186,18 @@ static uint64_t attr(CUmemoryPool pool, CUmemPool_attribute a) {
   return v;
 }
 
+/* An allocation and free on s while s captures: the driver is asked (the
+ * capture was seen), and the graph's memory is not the pool's. */
+static void check_graph_alloc(CUmemoryPool pool, CUstream s) {
+  uint64_t used = attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+  unsigned long long asked = cu.capture_questions();
+  CUdeviceptr g = 0;
+  CHECK_RC(cu.alloc(&g, MiB, s), CUDA_SUCCESS);
+  CHECK(cu.capture_questions() > asked);
+  CHECK_EQ_U64(attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), used);
+  CHECK_RC(cu.free(g, s), CUDA_SUCCESS);
+}
+
 static void set_int(CUmemoryPool pool, CUmemPool_attribute a, int v) {
   CHECK_RC(cu.pool_set_attr(pool, a, &v), CUDA_SUCCESS);
 }
@@ -735,13 +747,7 @@ static void test_per_thread_stream_contexts(void) {
   CUgraph graph = NULL;
   CHECK_RC(cu.end_capture(pt, &graph), CUDA_ERROR_ILLEGAL_STATE);
   REQUIRE_RC(cu.ctx_set(ctx_of_test), CUDA_SUCCESS);
-  uint64_t used = attr(pool0, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
-  unsigned long long asked = cu.capture_questions();
-  CUdeviceptr g = 0;
-  CHECK_RC(cu.alloc(&g, MiB, pt), CUDA_SUCCESS);
-  CHECK(cu.capture_questions() > asked);
-  CHECK_EQ_U64(attr(pool0, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), used);
-  CHECK_RC(cu.free(g, pt), CUDA_SUCCESS);
+  check_graph_alloc(pool0, pt);
   REQUIRE_RC(cu.end_capture(pt, &graph), CUDA_SUCCESS);
   CHECK_RC(cu.graph_destroy(graph), CUDA_SUCCESS);
 
@@ -780,13 +786,7 @@ static void linked_library(bool by_proc) {
   CUstream s = new_stream();
   (void)pairs_ask(s, 1);
   REQUIRE_RC(begin(s), CUDA_SUCCESS);
-  uint64_t used = attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
-  unsigned long long asked = cu.capture_questions();
-  CUdeviceptr g = 0;
-  CHECK_RC(cu.alloc(&g, MiB, s), CUDA_SUCCESS);
-  CHECK(cu.capture_questions() > asked);
-  CHECK_EQ_U64(attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT), used);
-  CHECK_RC(cu.free(g, s), CUDA_SUCCESS);
+  check_graph_alloc(pool, s);
   CUgraph graph = NULL;
   REQUIRE_RC(end(s, &graph), CUDA_SUCCESS);
   CHECK_RC(cu.graph_destroy(graph), CUDA_SUCCESS);
