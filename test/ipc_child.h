@@ -30,6 +30,11 @@
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
 #define CHILD_TIMEOUT_MS 30000
+/* How long a child waits for its next command. A test may spend long
+ * between one child's commands while it starts others (test_ipc_limits'
+ * 17 importers under a loaded ctest on an H100: 181 s), and a test that
+ * died closes the socket, which ends the wait at once. */
+#define CHILD_IDLE_MS 600000
 
 /* ========================================================================
  * Helpers shared by both sides
@@ -145,12 +150,12 @@ static inline int ctl_send(int sock, const ctl *c, int fd) {
   return sendmsg(sock, &m, MSG_NOSIGNAL) == (ssize_t)sizeof *c ? 0 : -1;
 }
 
-/* Waits for one message; -1 on timeout, end or error. */
-static inline int ctl_recv(int sock, ctl *c, int *fd) {
+/* Waits up to timeout_ms for one message; -1 on timeout, end or error. */
+static inline int ctl_recv(int sock, ctl *c, int *fd, int timeout_ms) {
   struct pollfd pf = {.fd = sock, .events = POLLIN};
   int r;
   do
-    r = poll(&pf, 1, CHILD_TIMEOUT_MS);
+    r = poll(&pf, 1, timeout_ms);
   while (r < 0 && errno == EINTR);
   if (r <= 0)
     return -1;
@@ -363,7 +368,7 @@ static inline int importer_main(const char *mode, int sock) {
   for (;;) {
     ctl c;
     int fd = -1;
-    if (ctl_recv(sock, &c, &fd) != 0) {
+    if (ctl_recv(sock, &c, &fd, CHILD_IDLE_MS) != 0) {
       CHECK_FAIL("no command from the exporter");
       break;
     }
@@ -411,7 +416,7 @@ static inline int exporter_main(int sock) {
   REQUIRE_OK_EXIT(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
   for (;;) {
     ctl c, r;
-    if (ctl_recv(sock, &c, NULL) != 0) {
+    if (ctl_recv(sock, &c, NULL, CHILD_IDLE_MS) != 0) {
       CHECK_FAIL("no command from the test");
       break;
     }
@@ -517,8 +522,8 @@ static inline int spawn(child *c, const char *mode, const char *env) {
 /* Sends a command and returns the child's answer, its whole reply in *r
  * and the descriptor that came with it in *rfd (when asked for). */
 static inline tp_error_t ask_reply(child *c, ctl *q, int fd, ctl *r, int *rfd) {
-  if (ctl_send(c->sock, q, fd) != 0 || ctl_recv(c->sock, r, rfd) != 0 ||
-      r->op != CMD_REPLY) {
+  if (ctl_send(c->sock, q, fd) != 0 ||
+      ctl_recv(c->sock, r, rfd, CHILD_TIMEOUT_MS) != 0 || r->op != CMD_REPLY) {
     CHECK_FAIL("the child did not answer command %d", q->op);
     return TP_ERROR_NOT_READY;
   }

@@ -1291,6 +1291,20 @@ static void *race_launcher(void *arg) {
 }
 
 static void test_launch_races_capture_end(void) {
+  /* The driver itself does not survive this race: a stream used from one
+   * thread while another begins and ends relaxed captures on it crashes
+   * it (an H100, driver 580: cuStreamQuery, cuGraphLaunch,
+   * cuStreamGetCaptureInfo, cuEventRecord and cuStreamWaitEvent each died
+   * of SIGSEGV within 5,000 captures, in each of 4 rounds; only
+   * cuStreamIsCapturing lived: bench/capture_race.c).
+   * The host platform and the fake driver keep the promise. */
+  void (*live)(void) = NULL;
+  const dl_sym fake[] = {{&live, "fake_cuda_live"}};
+  if (!check_on_host() && dl_table_load("libcuda.so.1", fake, 1) != NULL) {
+    printf("   (the driver crashes in this race; host and the fake driver "
+           "only)\n");
+    return;
+  }
   static launch_race r;
   memset(&r, 0, sizeof r);
   r.s = new_stream(TP_STREAM_NON_BLOCKING);
