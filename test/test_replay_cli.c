@@ -2,9 +2,9 @@
  * before and after the traces and as --opt=value, JSON that escapes odd
  * file names, an out-of-memory that names the trace line and the device's
  * size, skipped frees and double allocations in the human output, a
- * directory, plots and Perfetto files of several traces, the lag
- * measurement, a snapshot's comparison with PyTorch's allocator, and the
- * answers to bad options. */
+ * directory, plots and Perfetto files of several traces, repeated passes
+ * through one pool, the lag measurement, a snapshot's comparison with
+ * PyTorch's allocator, and the answers to bad options. */
 #include <stdbool.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -268,6 +268,80 @@ static void test_plots(void) {
     CHECK_FAIL("the SVG holds the byte 0xff");
 }
 
+/* A trace of two streams that leaves allocations live at its end, makes an
+ * allocation of 0 bytes and frees one it never made: what a pass must
+ * leave behind as it found it for the next to start alike. */
+static const char steps[] = "action,addr,size,stream\n"
+                            "alloc,1,1048576,0\n"
+                            "alloc,2,3000,1\n"
+                            "alloc,3,0,0\n"
+                            "free_requested,3,0,0\n"
+                            "free_requested,9,100,0\n"
+                            "alloc,4,4194304,1\n"
+                            "free_requested,1,1048576,0\n"
+                            "alloc,5,2097152,0\n"
+                            "free_requested,4,4194304,1\n"
+                            "free_requested,5,2097152,0\n"
+                            "alloc,6,8192,0\n";
+
+/* The number after "key": in a JSON line, or UINT64_MAX where the key is
+ * missing (which no figure checked here can be). */
+static uint64_t json_u64(const char *json, const char *key) {
+  char want[64];
+  snprintf(want, sizeof want, "\"%s\":", key);
+  const char *at = strstr(json, want);
+  return at ? strtoull(at + strlen(want), NULL, 10) : UINT64_MAX;
+}
+
+/* --passes replays the trace again through the same pool: the first pass's
+ * figures stay what a run of one pass gives, the later passes' operations
+ * are summed, the live allocations a pass leaves are freed before the
+ * next (or the peak in use would grow), and a run of one pass prints no
+ * new key. */
+static void test_passes(void) {
+  write_file("steps.csv", steps);
+  static const char *const bad[] = {"0", "101", "x", "-1", "''", "' 2'"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char args[64];
+    snprintf(args, sizeof args, "steps.csv --passes %s", bad[i]);
+    CHECK_EQ_INT(run(NULL, args, out, sizeof out), 2);
+    expect_in(out, "--passes takes a count of passes from 1 to 100");
+  }
+  CHECK_EQ_INT(run(NULL, "steps.csv --passes=", out, sizeof out), 2);
+  expect_in(out, "--passes takes a count");
+
+  CHECK_EQ_INT(run(NULL, "steps.csv --json", out, sizeof out), 0);
+  if (strstr(out, "\"passes\"") || strstr(out, "warm_"))
+    CHECK_FAIL("a run of one pass prints the passes' keys:\n%s", out);
+  uint64_t ops = json_u64(out, "ops"), used = json_u64(out, "peak_used");
+  uint64_t allocs = json_u64(out, "allocs"), maps = json_u64(out, "chunk_maps");
+  CHECK_EQ_U64(ops, 9);
+  CHECK_EQ_U64(allocs, 6);
+  CHECK_EQ_U64(json_u64(out, "skipped_frees"), 1);
+
+  CHECK_EQ_INT(run(NULL, "--passes 3 steps.csv --json", out, sizeof out), 0);
+  CHECK_EQ_U64(json_u64(out, "passes"), 3);
+  CHECK_EQ_U64(json_u64(out, "ops"), ops);
+  CHECK_EQ_U64(json_u64(out, "warm_ops"), 2 * ops);
+  CHECK_EQ_U64(json_u64(out, "allocs"), allocs);
+  CHECK_EQ_U64(json_u64(out, "peak_used"), used);
+  CHECK_EQ_U64(json_u64(out, "chunk_maps"), maps);
+  CHECK_EQ_U64(json_u64(out, "skipped_frees"), 1);
+  /* The pool keeps what it mapped (threshold max): the same trace again
+   * needs no chunk more. */
+  CHECK_EQ_U64(json_u64(out, "warm_maps"), 0);
+  CHECK_EQ_U64(json_u64(out, "warm_unmaps"), 0);
+  if (json_u64(out, "warm_ops_per_s") == UINT64_MAX ||
+      json_u64(out, "warm_seconds") == UINT64_MAX)
+    CHECK_FAIL("the JSON lacks the later passes' speed:\n%s", out);
+
+  CHECK_EQ_INT(run(NULL, "steps.csv --passes=3", out, sizeof out), 0);
+  expect_in(out, "\n  passes 2-3: ");
+  expect_in(out, " ops/s, 0 maps, 0 unmaps\n");
+  CHECK_EQ_INT(run(NULL, "steps.csv --passes=2", out, sizeof out), 0);
+  expect_in(out, "\n  pass 2: ");
+}
+
 static void test_measure_lag(void) {
   write_file("rec.csv", "action,addr,size,stream,done\n"
                         "alloc,1,100,0,-1\n"
@@ -317,6 +391,7 @@ int main(void) {
   RUN_TEST(test_notes);
   RUN_TEST(test_directory);
   RUN_TEST(test_plots);
+  RUN_TEST(test_passes);
   RUN_TEST(test_measure_lag);
   RUN_TEST(test_snapshot);
   char cmd[300];

@@ -1,6 +1,7 @@
 /* tidepool-replay's command line: options (anywhere, --opt=value too),
- * loading the traces, the summary table with its notes, JSON lines, the lag
- * measurement of recorded traces, and the plot and Perfetto files. */
+ * loading the traces, the summary table with its notes and the figures of
+ * repeated passes, JSON lines, the lag measurement of recorded traces, and
+ * the plot and Perfetto files. */
 #include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
@@ -36,6 +37,13 @@ static void usage(FILE *f) {
       "                        work queued on a stream completes once N more\n"
       "                        operations have been issued (0: an ideal\n"
       "                        device; default %u)\n"
+      "  --passes N            replay each trace N times in a row through\n"
+      "                        the same pool (1 to 100; default 1); the\n"
+      "                        figures stay the first pass's, and a line\n"
+      "                        under each row gives passes 2 to N, on the\n"
+      "                        pool the first grew (the steady state of a\n"
+      "                        training loop); --plot and --perfetto show\n"
+      "                        the first pass\n"
       "  --measure-lag         replay nothing; print how far behind the\n"
       "                        device ran in a trace recorded with the\n"
       "                        completion column (traces/README.md)\n"
@@ -165,6 +173,34 @@ static void notes(const trace *t, const replay_result *r) {
            mib(r->peak_reserved), r->ratio);
 }
 
+/* The passes after the first, where there were any: the JSON keys (maps
+ * only for tidepool, whose counters the driver's pool lacks), or a line
+ * under a row of the table. A run of one pass prints nothing more than it
+ * always did. */
+static double warm_ops_per_s(const replay_result *r) {
+  return r->warm_seconds > 0 ? (double)r->warm_ops / r->warm_seconds : 0;
+}
+
+static void json_warm(const replay_result *r, unsigned passes, bool maps) {
+  if (passes <= 1)
+    return;
+  printf(",\"passes\":%u,\"warm_ops\":%zu,\"warm_seconds\":%.6f,"
+         "\"warm_ops_per_s\":%.0f",
+         passes, r->warm_ops, r->warm_seconds, warm_ops_per_s(r));
+  if (maps)
+    printf(",\"warm_maps\":%llu,\"warm_unmaps\":%llu",
+           (unsigned long long)r->warm_maps,
+           (unsigned long long)r->warm_unmaps);
+}
+
+/* "passes 2-2" would read as a range of one. */
+static void passes_label(unsigned passes, char *out, size_t len) {
+  if (passes == 2)
+    snprintf(out, len, "pass 2");
+  else
+    snprintf(out, len, "passes 2-%u", passes);
+}
+
 static void json_result(const char *name, const char *platform, const trace *t,
                         const replay_result *r, const replay_options *o) {
   double ops_per_s = r->seconds > 0 ? (double)r->ops / r->seconds : 0;
@@ -190,6 +226,7 @@ static void json_result(const char *name, const char *platform, const trace *t,
            (unsigned long long)t->user_peak_reserved,
            r->peak_used ? (double)t->user_peak_reserved / (double)r->peak_used
                         : 0.0);
+  json_warm(r, o->passes, true);
   printf("}\n");
 }
 
@@ -233,7 +270,8 @@ enum {
   OPT_PLOT,
   OPT_PERFETTO,
   OPT_AGAINST,
-  OPT_NO_PROGRESS
+  OPT_NO_PROGRESS,
+  OPT_PASSES
 };
 
 /* The exit status: 1 where a trace failed, or where the figures could not
@@ -251,6 +289,7 @@ int main(int argc, char **argv) {
   replay_options o = {.threshold = UINT64_MAX,
                       .growth_slack = UINT64_MAX,
                       .lag = REPLAY_DEFAULT_LAG,
+                      .passes = 1,
                       .progress = true};
   bool json = false, against = false, measure_lag = false;
   replay_result driver;
@@ -266,6 +305,7 @@ int main(int argc, char **argv) {
       {"perfetto", required_argument, NULL, OPT_PERFETTO},
       {"against", required_argument, NULL, OPT_AGAINST},
       {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
+      {"passes", required_argument, NULL, OPT_PASSES},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   opterr = 0;
@@ -318,6 +358,20 @@ int main(int argc, char **argv) {
         return 2;
       }
       o.lag = (unsigned)v;
+      break;
+    case OPT_PASSES:
+      errno = 0;
+      v = strtoul(optarg, &end, 10);
+      /* strtoul would take leading white space and a sign. */
+      if (!isdigit((unsigned char)*optarg) || *end || errno || v < 1 ||
+          v > 100) {
+        fprintf(stderr,
+                "tidepool-replay: --passes takes a count of passes from 1 "
+                "to 100, not '%s'\n",
+                optarg);
+        return 2;
+      }
+      o.passes = (unsigned)v;
       break;
     case OPT_AGAINST:
       if (strcmp(optarg, "driver") != 0) {
@@ -409,6 +463,8 @@ int main(int argc, char **argv) {
   /* The slack the pools had, which TIDEPOOL_GROWTH_SLACK may have chosen:
    * the same for every trace of a run. */
   char slack_text[32] = "-";
+  char passes_text[32];
+  passes_label(o.passes, passes_text, sizeof passes_text);
   if (!json)
     printf("%-20s %9s %11s %11s %7s %7s %7s %7s %10s\n", "trace", "allocs",
            "peak used", "peak resv", "ratio", "maps", "unmaps", "late",
@@ -442,6 +498,10 @@ int main(int argc, char **argv) {
              name, r.allocs, mib(r.peak_used), mib(r.peak_reserved), r.ratio,
              (unsigned long long)r.maps, (unsigned long long)r.unmaps,
              (unsigned long long)r.late_unmaps, ops_per_s);
+      if (o.passes > 1)
+        printf("  %s: %.3g ops/s, %llu maps, %llu unmaps\n", passes_text,
+               warm_ops_per_s(&r), (unsigned long long)r.warm_maps,
+               (unsigned long long)r.warm_unmaps);
       notes(&t, &r);
     }
     if (against) {
@@ -453,17 +513,25 @@ int main(int argc, char **argv) {
         printf("\",\"allocator\":\"driver\",\"lag\":%u,"
                "\"allocs\":%zu,\"ops\":%zu,\"peak_used\":%llu,"
                "\"peak_reserved\":%llu,\"ratio\":%.4f,\"seconds\":%.6f,"
-               "\"ops_per_s\":%.0f}\n",
+               "\"ops_per_s\":%.0f",
                o.lag, driver.allocs, driver.ops,
                (unsigned long long)driver.peak_used,
                (unsigned long long)driver.peak_reserved, driver.ratio,
                driver.seconds, dops);
+        json_warm(&driver, o.passes, false);
+        printf("}\n");
       } else {
         printf("%-20s %9zu %9.1fMi %9.1fMi %7.4f %7s %7s %7s %10.3g  "
                "(the driver's pool; tidepool %.1fx its speed)\n",
                "  driver", driver.allocs, mib(driver.peak_used),
                mib(driver.peak_reserved), driver.ratio, "-", "-", "-", dops,
                dops > 0 ? ops_per_s / dops : 0);
+        double warm_dops = warm_ops_per_s(&driver);
+        if (o.passes > 1)
+          printf("  %s: %.3g ops/s (the driver's pool; tidepool %.1fx its "
+                 "speed)\n",
+                 passes_text, warm_dops,
+                 warm_dops > 0 ? warm_ops_per_s(&r) / warm_dops : 0);
       }
     }
     fflush(stdout);
@@ -479,10 +547,17 @@ int main(int argc, char **argv) {
     }
     trace_free(&t);
   }
-  if (!json)
+  if (!json) {
     printf("platform %s, lag %u, growth slack %s ppm; ratio = peak reserved / "
-           "peak used; late = unmaps in the trace's second half\n",
+           "peak used; late = unmaps in the trace's second half",
            platform, o.lag, slack_text);
+    if (o.passes > 1)
+      printf(" (the first pass's; so are ops/s, maps and unmaps); %s: the "
+             "trace again through the same pool; peaks and ratio over every "
+             "pass",
+             passes_text);
+    printf("\n");
+  }
   if (plot && ncharts && write_charts(plot, charts, ncharts, true) != 0)
     failures++;
   if (perfetto && ncharts &&

@@ -1,7 +1,9 @@
 /* Replaying one trace through a fresh tidepool pool (one tidepool stream per
- * trace stream, held back by the lag model when the device runs behind):
- * peak used and reserved memory, their ratio, chunk maps and the replay's
- * speed; and the lag distribution of a recorded trace. */
+ * trace stream, held back by the lag model when the device runs behind),
+ * once or several times in a row through the same pool: peak used and
+ * reserved memory, their ratio, chunk maps and the replay's speed, of the
+ * first pass and of the passes after it; and the lag distribution of a
+ * recorded trace. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,6 +75,131 @@ static void alloc_failed(const trace *t, const trace_op *op, tp_error_t e,
              (unsigned long long)op->size, op->stream, tp_error_name(e));
 }
 
+/* What every pass over one trace works on: the pool, its streams, and the
+ * pointers that the trace's names stand for. */
+typedef struct replay_run {
+  const replay_options *o;
+  const trace *t;
+  tp_pool_t pool;
+  tp_stream_t *streams;
+  uint16_t nstreams;
+  void **ptrs;
+  bool on_host;
+  /* TP_REPLAY_BREAKDOWN: the pool's makeup at its highest reservation over
+   * every pass, which is where its ratio is made. */
+  bool breakdown;
+  uint64_t high, bd[8];
+} replay_run;
+
+/* The figures of one pass. */
+typedef struct replay_pass_result {
+  size_t ops, skipped_frees;
+  uint64_t half_unmaps; /* the unmaps made before the pass's second half */
+  double seconds;
+} replay_pass_result;
+
+/* One timed pass over the trace. It has a lag model of its own, since the
+ * model counts the operations of a pass from 0 and must have let every
+ * stream run free before the pool is drained. tl: where the pass samples
+ * its timeline, or NULL. */
+static int replay_pass(replay_run *run, replay_timeline *tl,
+                       replay_pass_result *p, char *err, size_t errlen) {
+  const replay_options *o = run->o;
+  const trace *t = run->t;
+  void **ptrs = run->ptrs;
+  memset(p, 0, sizeof *p);
+  char why[300];
+  lag_model *lag = NULL;
+  if (o->lag > 0 && lag_start(&lag, o->lag, run->streams, run->nstreams,
+                              run->on_host, why, sizeof why) != 0) {
+    snprintf(err, errlen, "%s: %s", t->path, why);
+    return -1;
+  }
+  size_t step = t->nops / 4000 + 1;
+  int rc = 0;
+  double t0 = now_s();
+  for (size_t i = 0; rc == 0 && i < t->nops; i++) {
+    const trace_op *op = &t->ops[i];
+    if (i == t->nops / 2)
+      p->half_unmaps = attr64(run->pool, TP_POOL_ATTR_CHUNK_UNMAPS);
+    bool alloc = op->action == TRACE_ALLOC;
+    if (op->action == TRACE_FREE && op->name != TRACE_NO_NAME &&
+        ptrs[op->name] == &zero_bytes) {
+      ptrs[op->name] = NULL; /* the free of an allocation of 0 bytes */
+      continue;
+    }
+    bool issue = alloc || (op->action == TRACE_FREE &&
+                           op->name != TRACE_NO_NAME && ptrs[op->name]);
+    if (op->action == TRACE_FREE && !issue)
+      p->skipped_frees++;
+    if (!issue)
+      continue;
+    if (lag && lag_before(lag, p->ops, why, sizeof why) != 0) {
+      snprintf(err, errlen, "%s: %s", t->path, why);
+      rc = -1;
+      break;
+    }
+    tp_error_t e;
+    if (alloc) {
+      e = tp_malloc_from_pool_async(&ptrs[op->name], (size_t)op->size,
+                                    run->pool, run->streams[op->stream]);
+      if (e != TP_SUCCESS) {
+        alloc_failed(t, op, e, run->pool, err, errlen);
+        rc = -1;
+      } else if (op->size == 0) {
+        ptrs[op->name] = &zero_bytes; /* NULL would read as never made */
+      }
+    } else {
+      e = tp_free_async(ptrs[op->name], run->streams[op->stream]);
+      ptrs[op->name] = NULL;
+      if (e != TP_SUCCESS) {
+        char where[300];
+        trace_where(t, op, where, sizeof where);
+        snprintf(err, errlen, "%s: free on stream %u: %s", where, op->stream,
+                 tp_error_name(e));
+        rc = -1;
+      }
+    }
+    if (rc == 0 && lag &&
+        lag_after(lag, p->ops, op->stream, alloc, why, sizeof why) != 0) {
+      snprintf(err, errlen, "%s: %s", t->path, why);
+      rc = -1;
+    }
+    p->ops++;
+    if (tl && (i % step == 0 || i + 1 == t->nops))
+      replay_timeline_add(tl, (double)i,
+                          attr64(run->pool, TP_POOL_ATTR_USED_MEM_CURRENT),
+                          attr64(run->pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT));
+    if ((i & 0xffff) == 0)
+      progress(o, t, i, false);
+    if (run->breakdown &&
+        attr64(run->pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT) > run->high) {
+      run->high = attr64(run->pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT);
+      tp__pool_breakdown(run->pool, run->bd);
+    }
+  }
+  p->seconds = now_s() - t0;
+  if (lag_stop(lag, why, sizeof why) != 0 && rc == 0) {
+    snprintf(err, errlen, "%s: %s", t->path, why);
+    rc = -1;
+  }
+  progress(o, t, t->nops, true);
+  return rc;
+}
+
+/* Frees what a pass left live (on the legacy stream, as the end of a replay
+ * always has), waits for the device and forgets the pointers, so that the
+ * next pass, like the first, begins with nothing live and nothing pending
+ * and the pool holds only what it kept. */
+static void replay_drain(replay_run *run) {
+  for (uint32_t n = 0; run->ptrs && n < run->t->nnames; n++) {
+    if (run->ptrs[n] && run->ptrs[n] != &zero_bytes)
+      (void)tp_free_async(run->ptrs[n], NULL);
+    run->ptrs[n] = NULL;
+  }
+  (void)tp_device_synchronize();
+}
+
 int replay_trace(const replay_options *o, const trace *t, replay_result *r,
                  char *err, size_t errlen) {
   memset(r, 0, sizeof *r);
@@ -125,108 +252,60 @@ int replay_trace(const replay_options *o, const trace *t, replay_result *r,
     }
   }
   const char *platform = tp_platform_name();
-  bool on_host = platform && strcmp(platform, "host") == 0;
-  lag_model *lag = NULL;
-  if (rc == 0 && o->lag > 0) {
-    char why[300];
-    if (lag_start(&lag, o->lag, streams, nstreams, on_host, why, sizeof why) !=
-        0) {
-      snprintf(err, errlen, "%s: %s", t->path, why);
-      rc = -1;
+  replay_run run = {.o = o,
+                    .t = t,
+                    .pool = pool,
+                    .streams = streams,
+                    .nstreams = nstreams,
+                    .ptrs = ptrs,
+                    .on_host = platform && strcmp(platform, "host") == 0,
+                    .breakdown = getenv("TP_REPLAY_BREAKDOWN") != NULL};
+  /* Options built without the field (0) replay once, as they always did. */
+  unsigned passes = o->passes ? o->passes : 1;
+  uint64_t maps_before_warm = 0, unmaps_before_warm = 0;
+  for (unsigned k = 0; rc == 0 && k < passes; k++) {
+    if (k == 1) {
+      maps_before_warm = attr64(pool, TP_POOL_ATTR_CHUNK_MAPS);
+      unmaps_before_warm = attr64(pool, TP_POOL_ATTR_CHUNK_UNMAPS);
     }
-  }
-  size_t step = t->nops / 4000 + 1;
-  bool breakdown = getenv("TP_REPLAY_BREAKDOWN") != NULL;
-  uint64_t high = 0, bd[8] = {0}, half_unmaps = 0;
-  double t0 = now_s();
-  for (size_t i = 0; rc == 0 && i < t->nops; i++) {
-    const trace_op *op = &t->ops[i];
-    if (i == t->nops / 2)
-      half_unmaps = attr64(pool, TP_POOL_ATTR_CHUNK_UNMAPS);
-    bool alloc = op->action == TRACE_ALLOC;
-    if (op->action == TRACE_FREE && op->name != TRACE_NO_NAME &&
-        ptrs[op->name] == &zero_bytes) {
-      ptrs[op->name] = NULL; /* the free of an allocation of 0 bytes */
-      continue;
-    }
-    bool issue = alloc || (op->action == TRACE_FREE &&
-                           op->name != TRACE_NO_NAME && ptrs[op->name]);
-    if (op->action == TRACE_FREE && !issue)
-      r->skipped_frees++;
-    if (!issue)
-      continue;
-    char why[300];
-    if (lag && lag_before(lag, r->ops, why, sizeof why) != 0) {
-      snprintf(err, errlen, "%s: %s", t->path, why);
-      rc = -1;
-      break;
-    }
-    if (alloc) {
-      e = tp_malloc_from_pool_async(&ptrs[op->name], (size_t)op->size, pool,
-                                    streams[op->stream]);
-      if (e != TP_SUCCESS) {
-        alloc_failed(t, op, e, pool, err, errlen);
-        rc = -1;
-      } else if (op->size == 0) {
-        ptrs[op->name] = &zero_bytes; /* NULL would read as never made */
-      }
+    replay_pass_result p;
+    rc = replay_pass(&run, k == 0 ? o->timeline : NULL, &p, err, errlen);
+    if (k == 0) {
+      /* Read before the drain, as a replay of one pass always read them. */
+      r->ops = p.ops;
+      r->skipped_frees = p.skipped_frees;
+      r->seconds = p.seconds;
+      r->maps = attr64(pool, TP_POOL_ATTR_CHUNK_MAPS);
+      r->unmaps = attr64(pool, TP_POOL_ATTR_CHUNK_UNMAPS);
+      r->late_unmaps = r->unmaps - p.half_unmaps;
     } else {
-      e = tp_free_async(ptrs[op->name], streams[op->stream]);
-      ptrs[op->name] = NULL;
-      if (e != TP_SUCCESS) {
-        char where[300];
-        trace_where(t, op, where, sizeof where);
-        snprintf(err, errlen, "%s: free on stream %u: %s", where, op->stream,
-                 tp_error_name(e));
-        rc = -1;
-      }
+      r->warm_ops += p.ops;
+      r->warm_seconds += p.seconds;
     }
-    if (rc == 0 && lag &&
-        lag_after(lag, r->ops, op->stream, alloc, why, sizeof why) != 0) {
-      snprintf(err, errlen, "%s: %s", t->path, why);
-      rc = -1;
-    }
-    r->ops++;
-    if (o->timeline && (i % step == 0 || i + 1 == t->nops))
-      replay_timeline_add(o->timeline, (double)i,
-                          attr64(pool, TP_POOL_ATTR_USED_MEM_CURRENT),
-                          attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT));
-    if ((i & 0xffff) == 0)
-      progress(o, t, i, false);
-    if (breakdown && attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT) > high) {
-      high = attr64(pool, TP_POOL_ATTR_RESERVED_MEM_CURRENT);
-      tp__pool_breakdown(pool, bd);
-    }
+    if (rc == 0 && k + 1 < passes)
+      replay_drain(&run);
   }
-  r->seconds = now_s() - t0;
-  char why[300];
-  if (lag_stop(lag, why, sizeof why) != 0 && rc == 0) {
-    snprintf(err, errlen, "%s: %s", t->path, why);
-    rc = -1;
+  if (passes > 1) {
+    r->warm_maps = attr64(pool, TP_POOL_ATTR_CHUNK_MAPS) - maps_before_warm;
+    r->warm_unmaps =
+        attr64(pool, TP_POOL_ATTR_CHUNK_UNMAPS) - unmaps_before_warm;
   }
-  if (breakdown)
+  if (run.breakdown)
     fprintf(stderr,
             "%s at peak reserved %.1f MiB: free %.1f, free pending %.1f, "
             "cached %.1f, large rounding %.1f, slabs %.1f (rounding %.1f, "
             "free %.1f, held %.1f) MiB\n",
-            t->path, (double)high / 1048576, (double)bd[0] / 1048576,
-            (double)bd[1] / 1048576, (double)bd[2] / 1048576,
-            (double)bd[3] / 1048576, (double)bd[4] / 1048576,
-            (double)bd[5] / 1048576, (double)bd[6] / 1048576,
-            (double)bd[7] / 1048576);
-  progress(o, t, t->nops, true);
+            t->path, (double)run.high / 1048576, (double)run.bd[0] / 1048576,
+            (double)run.bd[1] / 1048576, (double)run.bd[2] / 1048576,
+            (double)run.bd[3] / 1048576, (double)run.bd[4] / 1048576,
+            (double)run.bd[5] / 1048576, (double)run.bd[6] / 1048576,
+            (double)run.bd[7] / 1048576);
   r->peak_used = attr64(pool, TP_POOL_ATTR_USED_MEM_HIGH);
   r->peak_reserved = attr64(pool, TP_POOL_ATTR_RESERVED_MEM_HIGH);
-  r->maps = attr64(pool, TP_POOL_ATTR_CHUNK_MAPS);
   r->growth_slack = attr64(pool, TP_POOL_ATTR_GROWTH_SLACK);
-  r->unmaps = attr64(pool, TP_POOL_ATTR_CHUNK_UNMAPS);
-  r->late_unmaps = r->unmaps - half_unmaps;
   r->ratio =
       r->peak_used ? (double)r->peak_reserved / (double)r->peak_used : 0.0;
-  for (uint32_t n = 0; ptrs && n < t->nnames; n++)
-    if (ptrs[n] && ptrs[n] != &zero_bytes)
-      (void)tp_free_async(ptrs[n], NULL);
-  (void)tp_device_synchronize();
+  replay_drain(&run);
   if (rc == 0 && o->driver)
     rc = replay_driver(o, t, streams, o->driver, err, errlen);
   for (uint16_t s = 1; streams && s < nstreams; s++)

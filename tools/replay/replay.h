@@ -1,6 +1,7 @@
-/* What the replay tool's files share: options, per-trace results, the
- * sampled timeline of used and reserved bytes, and the writers of its SVG
- * plot and Perfetto counter tracks. */
+/* What the replay tool's files share: options, per-trace results (of the
+ * first pass and of the passes after it), the sampled timeline of used and
+ * reserved bytes, and the writers of its SVG plot and Perfetto counter tracks.
+ */
 #ifndef TP_REPLAY_H
 #define TP_REPLAY_H
 
@@ -26,6 +27,7 @@ typedef struct replay_options {
   uint64_t threshold;           /* the pool's release threshold */
   uint64_t growth_slack;        /* parts per million; UINT64_MAX: default */
   unsigned lag;                 /* operations the device runs behind */
+  unsigned passes;              /* times the trace is replayed; 0 means 1 */
   bool progress;                /* a progress bar on stderr */
   replay_timeline *timeline;    /* NULL: no sampling */
   struct replay_result *driver; /* non-NULL: replay through the driver too */
@@ -39,17 +41,26 @@ typedef struct replay_result {
   uint64_t late_unmaps;
   uint64_t growth_slack; /* the pool's, parts per million, as replayed */
   double ratio, seconds;
+  /* Passes 2 and on, through the pool the first pass grew: its steady
+   * state, which a training run repeating its steps spends its time in.
+   * ops, seconds, maps, unmaps and late_unmaps are the first pass's alone,
+   * so that they compare with a run of one pass; the peaks and the ratio
+   * are over every pass. */
+  size_t warm_ops;
+  uint64_t warm_maps, warm_unmaps; /* tidepool only */
+  double warm_seconds;
 } replay_result;
 
-/* Replays one trace through a fresh pool of device 0. Returns 0, or -1 with
- * a message in err (an allocation that fails names the trace's line or
- * entry and the device's size). */
+/* Replays one trace through a fresh pool of device 0, o->passes times in a
+ * row through the same pool. Returns 0, or -1 with a message in err (an
+ * allocation that fails names the trace's line or entry and the device's
+ * size). The timeline samples the first pass only. */
 int replay_trace(const replay_options *o, const trace *t, replay_result *r,
                  char *err, size_t errlen);
 
 /* The same trace through the CUDA driver's own pool (cuda platform only),
  * on the streams the tidepool replay used (cast CUstreams), with the same
- * lag model. */
+ * lag model and the same number of passes. */
 int replay_driver(const replay_options *o, const trace *t, tp_stream_t *streams,
                   replay_result *r, char *err, size_t errlen);
 
