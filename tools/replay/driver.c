@@ -194,6 +194,8 @@ int replay_driver(const replay_options *o, const trace *t, tp_stream_t *streams,
     if (k == 0) {
       r->ops = ops;
       r->seconds = seconds;
+      (void)cu.pool_get(pool, CU_POOL_USED_HIGH, &r->peak_used);
+      (void)cu.pool_get(pool, CU_POOL_RESERVED_HIGH, &r->peak_reserved);
     } else {
       r->warm_ops += ops;
       r->warm_seconds += seconds;
@@ -201,10 +203,12 @@ int replay_driver(const replay_options *o, const trace *t, tp_stream_t *streams,
     if (ret == 0 && k + 1 < passes)
       driver_drain(&run);
   }
-  (void)cu.pool_get(pool, CU_POOL_USED_HIGH, &r->peak_used);
-  (void)cu.pool_get(pool, CU_POOL_RESERVED_HIGH, &r->peak_reserved);
   r->ratio =
       r->peak_used ? (double)r->peak_reserved / (double)r->peak_used : 0.0;
+  uint64_t all_used = 0;
+  (void)cu.pool_get(pool, CU_POOL_USED_HIGH, &all_used);
+  (void)cu.pool_get(pool, CU_POOL_RESERVED_HIGH, &r->all_peak_reserved);
+  r->all_ratio = all_used ? (double)r->all_peak_reserved / (double)all_used : 0;
   driver_drain(&run);
   (void)cu.pool_destroy(pool);
   free(ptrs);

@@ -42,8 +42,9 @@ static void usage(FILE *f) {
       "                        figures stay the first pass's, and a line\n"
       "                        under each row gives passes 2 to N, on the\n"
       "                        pool the first grew (the steady state of a\n"
-      "                        training loop); --plot and --perfetto show\n"
-      "                        the first pass\n"
+      "                        training loop), and the ratio over every\n"
+      "                        pass; --plot and --perfetto show the first\n"
+      "                        pass\n"
       "  --measure-lag         replay nothing; print how far behind the\n"
       "                        device ran in a trace recorded with the\n"
       "                        completion column (traces/README.md)\n"
@@ -185,8 +186,10 @@ static void json_warm(const replay_result *r, unsigned passes, bool maps) {
   if (passes <= 1)
     return;
   printf(",\"passes\":%u,\"warm_ops\":%zu,\"warm_seconds\":%.6f,"
-         "\"warm_ops_per_s\":%.0f",
-         passes, r->warm_ops, r->warm_seconds, warm_ops_per_s(r));
+         "\"warm_ops_per_s\":%.0f,\"all_peak_reserved\":%llu,"
+         "\"all_ratio\":%.4f",
+         passes, r->warm_ops, r->warm_seconds, warm_ops_per_s(r),
+         (unsigned long long)r->all_peak_reserved, r->all_ratio);
   if (maps)
     printf(",\"warm_maps\":%llu,\"warm_unmaps\":%llu",
            (unsigned long long)r->warm_maps,
@@ -499,9 +502,10 @@ int main(int argc, char **argv) {
              (unsigned long long)r.maps, (unsigned long long)r.unmaps,
              (unsigned long long)r.late_unmaps, ops_per_s);
       if (o.passes > 1)
-        printf("  %s: %.3g ops/s, %llu maps, %llu unmaps\n", passes_text,
-               warm_ops_per_s(&r), (unsigned long long)r.warm_maps,
-               (unsigned long long)r.warm_unmaps);
+        printf("  %s: %.3g ops/s, %llu maps, %llu unmaps; ratio over every "
+               "pass %.4f\n",
+               passes_text, warm_ops_per_s(&r), (unsigned long long)r.warm_maps,
+               (unsigned long long)r.warm_unmaps, r.all_ratio);
       notes(&t, &r);
     }
     if (against) {
@@ -529,9 +533,10 @@ int main(int argc, char **argv) {
         double warm_dops = warm_ops_per_s(&driver);
         if (o.passes > 1)
           printf("  %s: %.3g ops/s (the driver's pool; tidepool %.1fx its "
-                 "speed)\n",
+                 "speed); ratio over every pass %.4f\n",
                  passes_text, warm_dops,
-                 warm_dops > 0 ? warm_ops_per_s(&r) / warm_dops : 0);
+                 warm_dops > 0 ? warm_ops_per_s(&r) / warm_dops : 0,
+                 driver.all_ratio);
       }
     }
     fflush(stdout);
@@ -552,9 +557,8 @@ int main(int argc, char **argv) {
            "peak used; late = unmaps in the trace's second half",
            platform, o.lag, slack_text);
     if (o.passes > 1)
-      printf(" (the first pass's; so are ops/s, maps and unmaps); %s: the "
-             "trace again through the same pool; peaks and ratio over every "
-             "pass",
+      printf(" (the first pass's, as is every figure of the row); %s: the "
+             "trace again through the same pool",
              passes_text);
     printf("\n");
   }

@@ -278,6 +278,8 @@ int replay_trace(const replay_options *o, const trace *t, replay_result *r,
       r->maps = attr64(pool, TP_POOL_ATTR_CHUNK_MAPS);
       r->unmaps = attr64(pool, TP_POOL_ATTR_CHUNK_UNMAPS);
       r->late_unmaps = r->unmaps - p.half_unmaps;
+      r->peak_used = attr64(pool, TP_POOL_ATTR_USED_MEM_HIGH);
+      r->peak_reserved = attr64(pool, TP_POOL_ATTR_RESERVED_MEM_HIGH);
     } else {
       r->warm_ops += p.ops;
       r->warm_seconds += p.seconds;
@@ -300,11 +302,12 @@ int replay_trace(const replay_options *o, const trace *t, replay_result *r,
             (double)run.bd[3] / 1048576, (double)run.bd[4] / 1048576,
             (double)run.bd[5] / 1048576, (double)run.bd[6] / 1048576,
             (double)run.bd[7] / 1048576);
-  r->peak_used = attr64(pool, TP_POOL_ATTR_USED_MEM_HIGH);
-  r->peak_reserved = attr64(pool, TP_POOL_ATTR_RESERVED_MEM_HIGH);
   r->growth_slack = attr64(pool, TP_POOL_ATTR_GROWTH_SLACK);
   r->ratio =
       r->peak_used ? (double)r->peak_reserved / (double)r->peak_used : 0.0;
+  uint64_t all_used = attr64(pool, TP_POOL_ATTR_USED_MEM_HIGH);
+  r->all_peak_reserved = attr64(pool, TP_POOL_ATTR_RESERVED_MEM_HIGH);
+  r->all_ratio = all_used ? (double)r->all_peak_reserved / (double)all_used : 0;
   replay_drain(&run);
   if (rc == 0 && o->driver)
     rc = replay_driver(o, t, streams, o->driver, err, errlen);

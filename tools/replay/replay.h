@@ -43,12 +43,13 @@ typedef struct replay_result {
   double ratio, seconds;
   /* Passes 2 and on, through the pool the first pass grew: its steady
    * state, which a training run repeating its steps spends its time in.
-   * ops, seconds, maps, unmaps and late_unmaps are the first pass's alone,
-   * so that they compare with a run of one pass; the peaks and the ratio
-   * are over every pass. */
+   * Every other figure is the first pass's alone, so that it compares with
+   * a run of one pass; all_peak_reserved and all_ratio are over every
+   * pass (a pool may reserve more in a later pass than in the first). */
   size_t warm_ops;
   uint64_t warm_maps, warm_unmaps; /* tidepool only */
-  double warm_seconds;
+  uint64_t all_peak_reserved;
+  double warm_seconds, all_ratio;
 } replay_result;
 
 /* Replays one trace through a fresh pool of device 0, o->passes times in a
