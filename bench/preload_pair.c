@@ -14,6 +14,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "dl_table.h"
+
 enum { BATCH = 2000, BATCHES = 31, BURST = 10000 };
 
 static double now_ns(void) {
@@ -51,6 +53,34 @@ static int pair_ns(cudaStream_t s, size_t size, double *out) {
   qsort(t, BATCHES, sizeof t[0], cmp_double);
   *out = t[BATCHES / 2];
   return cudaStreamSynchronize(s) == cudaSuccess ? 0 : -1;
+}
+
+/* What the interposer asks on each call, alone: the runtime's current
+ * device (cudaGetDevice, which it reads before every answer) and the
+ * driver's current context (cuCtxGetCurrent), ns a call, median of 31
+ * batches. `ctx_ns` is 0 where libcuda's symbol is not found. */
+static void question_ns(double *device_ns, double *ctx_ns) {
+  int (*ctx_get)(void **) = NULL;
+  const dl_sym sym[] = {{&ctx_get, "cuCtxGetCurrent"}};
+  bool have_ctx = dl_table_load("libcuda.so.1", sym, 1) == NULL;
+  double td[BATCHES], tc[BATCHES];
+  for (int b = 0; b < BATCHES; b++) {
+    int d;
+    void *c;
+    double t0 = now_ns();
+    for (int i = 0; i < BATCH; i++)
+      (void)cudaGetDevice(&d);
+    double t1 = now_ns();
+    for (int i = 0; have_ctx && i < BATCH; i++)
+      (void)ctx_get(&c);
+    double t2 = now_ns();
+    td[b] = (t1 - t0) / BATCH;
+    tc[b] = (t2 - t1) / BATCH;
+  }
+  qsort(td, BATCHES, sizeof td[0], cmp_double);
+  qsort(tc, BATCHES, sizeof tc[0], cmp_double);
+  *device_ns = td[BATCHES / 2];
+  *ctx_ns = have_ctx ? tc[BATCHES / 2] : 0;
 }
 
 /* The median over 5 rounds of BURST allocations then their frees: ns per
@@ -124,11 +154,16 @@ int main(int argc, char **argv) {
   double a = 0, f = 0;
   if (burst_ns(made, 256, &a, &f) != 0)
     return 1;
+  double qd = 0, qc = 0;
+  question_ns(&qd, &qc);
   if (json)
-    printf("\"burst_alloc\":%.1f,\"burst_free\":%.1f}\n", a, f);
+    printf("\"burst_alloc\":%.1f,\"burst_free\":%.1f,\"cudaGetDevice\":%.1f,"
+           "\"cuCtxGetCurrent\":%.1f}\n",
+           a, f, qd, qc);
   else
     printf("%d allocations of 256 B then their frees, made stream: %.1f ns "
-           "an allocation, %.1f ns a free\n",
-           BURST, a, f);
+           "an allocation, %.1f ns a free\ncudaGetDevice %.1f ns a call, "
+           "cuCtxGetCurrent %.1f ns a call\n",
+           BURST, a, f, qd, qc);
   return cudaStreamDestroy(made) == cudaSuccess ? 0 : 1;
 }
