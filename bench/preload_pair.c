@@ -2,7 +2,8 @@
  * was never changed for tidepool makes it: cudaMallocAsync then
  * cudaFreeAsync of one size on one stream, in batches, on a stream the
  * program made (a stream tidepool did not make, known by its handle), the
- * legacy default stream and the per-thread default stream; then a burst of
+ * default stream (NULL), the legacy stream named as cudaStreamLegacy and
+ * the per-thread default stream; then a burst of
  * 10,000 allocations followed by their frees. Run it as it is (the driver's
  * pool) and under tidepool-run (tidepool's): bench/gpu_preload_pair.sh
  * alternates the two and prints the ratios. Linked against the runtime
@@ -135,6 +136,7 @@ int main(int argc, char **argv) {
     const char *name;
     cudaStream_t s;
   } streams[] = {{"made", made},
+                 {"null", NULL},
                  {"legacy", cudaStreamLegacy},
                  {"per-thread", cudaStreamPerThread}};
   const size_t sizes[] = {256, (size_t)1 << 20};

@@ -944,6 +944,52 @@ static void test_devices(void) {
   CHECK_RC(cudaFreeAsync(q, NULL), cudaSuccess);
   CHECK_RC(cudaDeviceSynchronize(), cudaSuccess);
   CHECK_EQ_U64(attr(pool1, cudaMemPoolAttrUsedMemCurrent), used1);
+
+  /* cudaStreamLegacy is the legacy stream of the runtime's device too. */
+  REQUIRE_RC(cudaSetDevice(1), cudaSuccess);
+  CHECK_RC(cudaMallocAsync(&p, MiB, cudaStreamLegacy), cudaSuccess);
+  CHECK_EQ_U64(attr(pool1, cudaMemPoolAttrUsedMemCurrent), used1 + MiB);
+  CHECK_EQ_U64(attr(pool0, cudaMemPoolAttrUsedMemCurrent), used0);
+  CHECK_RC(cudaFreeAsync(p, cudaStreamLegacy), cudaSuccess);
+  CHECK_RC(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
+  CHECK_EQ_U64(attr(pool1, cudaMemPoolAttrUsedMemCurrent), used1);
+  CHECK_RC(cudaSetDevice(0), cudaSuccess);
+
+  /* A primary context made current through the driver makes its device the
+   * runtime's, which the interposer reads from the context. */
+  void *libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(libcuda != NULL);
+  int (*device_get)(int *, int) = NULL;
+  int (*retain)(void **, int) = NULL;
+  int (*set_current)(void *) = NULL;
+  void *sym = driver_own(libcuda, "cuDeviceGet");
+  memcpy(&device_get, &sym, sizeof sym);
+  sym = driver_own(libcuda, "cuDevicePrimaryCtxRetain");
+  memcpy(&retain, &sym, sizeof sym);
+  sym = driver_own(libcuda, "cuCtxSetCurrent");
+  memcpy(&set_current, &sym, sizeof sym);
+  REQUIRE(device_get && retain && set_current);
+  int dev1 = -1;
+  void *ctx1 = NULL;
+  REQUIRE_EQ_INT(device_get(&dev1, 1), 0);
+  REQUIRE_EQ_INT(retain(&ctx1, dev1), 0);
+  for (int round = 0; round < 2; round++) { /* the second finds it known */
+    REQUIRE_EQ_INT(set_current(ctx1), 0);
+    int d = -1;
+    CHECK_RC(cudaGetDevice(&d), cudaSuccess);
+    CHECK_EQ_INT(d, 1);
+    CHECK_RC(cudaMallocAsync(&p, MiB, NULL), cudaSuccess);
+    CHECK_EQ_U64(attr(pool1, cudaMemPoolAttrUsedMemCurrent), used1 + MiB);
+    CHECK_EQ_U64(attr(pool0, cudaMemPoolAttrUsedMemCurrent), used0);
+    CHECK_RC(cudaFreeAsync(p, NULL), cudaSuccess);
+    CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+    CHECK_RC(cudaSetDevice(0), cudaSuccess);
+    CHECK_RC(cudaMallocAsync(&p, MiB, NULL), cudaSuccess);
+    CHECK_EQ_U64(attr(pool0, cudaMemPoolAttrUsedMemCurrent), used0 + MiB);
+    CHECK_RC(cudaFreeAsync(p, NULL), cudaSuccess);
+    CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+  }
+  dlclose(libcuda);
 }
 
 /* ---- main ------------------------------------------------------------------

@@ -309,17 +309,33 @@ bool tp__pl_host_requested(void) {
 
 /* ---- calling into tidepool ----------------------------------------------- */
 
+static _Atomic(int (*)(void)) context_device;
+
+void tp__pl_set_context_device(int (*fn)(void)) {
+  atomic_store_explicit(&context_device, fn, memory_order_release);
+}
+
 cudaError_t tp__pl_enter(bool answering) {
   get_device_fn get_device = next_cudaGetDevice();
   if (!get_device)
     return TP_PL_NO_RUNTIME;
-  /* The runtime's device is read before tidepool is touched: a thread's
-   * first call into tidepool makes device 0's context current, which would
-   * change the runtime's answer. */
-  int device = 0;
-  cudaError_t r = get_device(&device);
-  if (r != cudaSuccess)
-    return r;
+  /* Where a primary context is current, the runtime's device is its
+   * device, which the driver layer tells from one cuCtxGetCurrent: 8-11 ns
+   * against cudaGetDevice's 45-58 (an H100, bench/preload_pair.c), twice a
+   * pair. Otherwise the runtime is asked, before tidepool is touched: a
+   * thread's first call into tidepool makes device 0's context current,
+   * which would change the runtime's answer. */
+  int (*from_context)(void) =
+      tp__pl_mode() == TP_PL_CUDA
+          ? atomic_load_explicit(&context_device, memory_order_acquire)
+          : NULL;
+  int device = from_context ? from_context() : -1;
+  if (device < 0) {
+    device = 0;
+    cudaError_t r = get_device(&device);
+    if (r != cudaSuccess)
+      return r;
+  }
   int ours = -1;
   tp_error_t err = tp_get_device(&ours);
   if (err == TP_SUCCESS && ours != device)
@@ -332,8 +348,13 @@ cudaError_t tp__pl_enter(bool answering) {
 tp_stream_t tp__pl_stream(cudaStream_t stream, bool per_thread) {
   if (per_thread && stream == NULL)
     stream = cudaStreamPerThread;
-  /* The host platform knows the legacy stream only as NULL. */
-  if (tp__pl_mode() == TP_PL_HOST && stream == cudaStreamLegacy)
+  /* NULL names the legacy stream of tidepool's current device, which the
+   * caller made the runtime's (tp__pl_enter) or the current context's
+   * (tp__pl_drv_enter): the stream cudaStreamLegacy names there, found
+   * without a call, where the handle itself would be adopted anew at each
+   * call (on cuda; the host platform knows the legacy stream only as
+   * NULL). */
+  if (stream == cudaStreamLegacy)
     stream = NULL;
   return (tp_stream_t)stream;
 }

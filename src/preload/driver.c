@@ -54,6 +54,8 @@ tp__pl_fn tp__pl_drv_fetch(PFN_cuGetProcAddress_v12000 get_proc,
 /* Copies a fetched function into its typed field; false when missing. */
 #define DRV_SET(field, fn) (memcpy(&(field), &(fn), sizeof(field)), fn != NULL)
 
+static int context_device(void);
+
 bool tp__pl_drv_load(PFN_cuGetProcAddress_v12000 get_proc) {
   int state = atomic_load_explicit(&drv_state, memory_order_acquire);
   if (state != 0)
@@ -74,6 +76,8 @@ bool tp__pl_drv_load(PFN_cuGetProcAddress_v12000 get_proc) {
     fn = tp__pl_drv_fetch(get_proc, "cuStreamGetCaptureInfo", 12030, false);
     (void)DRV_SET(drv.cuStreamGetCaptureInfo, fn);
     atomic_store_explicit(&drv_state, complete ? 1 : -1, memory_order_release);
+    if (complete)
+      tp__pl_set_context_device(context_device);
   }
   pthread_mutex_unlock(&drv_lock);
   return atomic_load_explicit(&drv_state, memory_order_acquire) > 0;
@@ -208,6 +212,33 @@ static void primary_note(CUcontext ctx, int ordinal) {
   last_ordinal = ordinal;
 }
 
+/* The ordinal of the device whose primary context is current on the
+ * calling thread (the context in *ctx); -1 where no context is, or another
+ * one. One cuCtxGetCurrent where the thread found the same context before. */
+static int current_primary(CUcontext *out) {
+  CUcontext ctx = NULL;
+  if (drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+    return -1;
+  *out = ctx;
+  int ordinal = primary_known(ctx);
+  if (ordinal >= 0)
+    return ordinal;
+  CUdevice dev = 0;
+  if (drv.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+    return -1;
+  ordinal = tp__pl_drv_ordinal(dev);
+  if (ordinal < 0 || !is_primary(ordinal, ctx))
+    return -1;
+  primary_note(ctx, ordinal);
+  return ordinal;
+}
+
+/* For the runtime's entry points (tp__pl_set_context_device). */
+static int context_device(void) {
+  CUcontext ctx = NULL;
+  return current_primary(&ctx);
+}
+
 int tp__pl_drv_enter(bool decide, CUresult *err) {
   if (tp__pl_runtime_depth > 0 || !tp__pl_drv_loaded())
     return TP_PL_DRV_PASS;
@@ -223,18 +254,9 @@ int tp__pl_drv_enter(bool decide, CUresult *err) {
     return TP_PL_DRV_PASS;
   }
   CUcontext ctx = NULL;
-  if (drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+  int ordinal = current_primary(&ctx);
+  if (ordinal < 0)
     return TP_PL_DRV_OTHER;
-  int ordinal = primary_known(ctx);
-  if (ordinal < 0) {
-    CUdevice dev = 0;
-    if (drv.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
-      return TP_PL_DRV_OTHER;
-    ordinal = tp__pl_drv_ordinal(dev);
-    if (ordinal < 0 || !is_primary(ordinal, ctx))
-      return TP_PL_DRV_OTHER;
-    primary_note(ctx, ordinal);
-  }
   /* tidepool's first call on a thread makes the context of its device 0
    * current, and setting its device makes that device's primary context
    * current: the context current now, as checked above. */

@@ -115,6 +115,11 @@ bool tp__pl_switched_off(void);
  * runtime has recorded it), or tidepool's, recorded as the last error only
  * when `answering` (a call tidepool answers, not one it only observes). */
 cudaError_t tp__pl_enter(bool answering);
+/* The driver layer's answer to "which device's primary context is current
+ * on this thread" (-1: none, or it cannot tell cheaply), which tp__pl_enter
+ * takes for the runtime's device where it has one: the runtime works in the
+ * context current on the thread. Set once the driver's table is loaded. */
+void tp__pl_set_context_device(int (*fn)(void));
 
 /* The stream tidepool should see for a runtime stream; `per_thread` for the
  * _ptsz entry points, where NULL means the per-thread default stream. */
