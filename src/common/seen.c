@@ -27,10 +27,13 @@ void tp__seen_watch(void) {
 
 /* The streams' trust goes too, and the generation moves once more, so that
  * no stream vouched for before stays in a thread's caches. */
-void tp__seen_unwatch(void) {
+static _Atomic(const char *) unwatched_why;
+
+void tp__seen_unwatch(const char *why) {
   static atomic_flag once = ATOMIC_FLAG_INIT;
   if (atomic_flag_test_and_set(&once))
     return;
+  atomic_store_explicit(&unwatched_why, why, memory_order_release);
   atomic_fetch_add(&under_way, 1);
   atomic_store_explicit(&tp__hot.foreign_watched, false, memory_order_release);
   atomic_fetch_add(&tp__hot.stream_gen, 1);
@@ -55,6 +58,13 @@ const _Atomic uint32_t *tp__seen_counter(void) {
             want);
   return atomic_load_explicit(&watched, memory_order_acquire) ? &under_way
                                                               : NULL;
+}
+
+void tp__seen_state(bool *counted, bool *streams_seen, const char **why) {
+  *why = atomic_load_explicit(&unwatched_why, memory_order_acquire);
+  *counted = !asked_always() &&
+             atomic_load_explicit(&watched, memory_order_acquire) && !*why;
+  *streams_seen = tp__seen_streams_watched();
 }
 
 void tp__seen_begin(void) {

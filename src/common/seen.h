@@ -14,10 +14,14 @@
  * TIDEPOOL_CAPTURES=ask overrides it. */
 void tp__seen_watch(void);
 /* A capture may begin, and a stream be destroyed, unseen from now on (the
- * interposer could not put its hooks in place): the count stays above zero
- * for good, every allocation asks, and streams of the program's are asked
- * their ids again. */
-void tp__seen_unwatch(void);
+ * interposer could not put its hooks in place, `why`): the count stays
+ * above zero for good, every allocation asks, and streams of the program's
+ * are asked their ids again. */
+void tp__seen_unwatch(const char *why);
+/* What the calls do now, for a report: whether captures are counted (else
+ * every allocation asks), whether stream destructions are seen, and the
+ * reason the first tp__seen_unwatch gave (NULL where none came). */
+void tp__seen_state(bool *counted, bool *streams_seen, const char **why);
 /* The count for the platform's hot line: NULL where captures are not
  * watched, and each allocation must ask. */
 const _Atomic uint32_t *tp__seen_counter(void);

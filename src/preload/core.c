@@ -159,6 +159,15 @@ static void report(void) {
           tp__pl_counter(TP_PL_COUNT_FORWARDED),
           tp__pl_counter(TP_PL_COUNT_SYNC), tp__pl_counter(TP_PL_COUNT_EVENT),
           tp__pl_counter(TP_PL_COUNT_DRIVER));
+  /* Whether allocations asked the driver about captures and stream ids,
+   * and why: what a pair costs depends on it. */
+  bool counted = false, streams_seen = false;
+  const char *why = NULL;
+  tp__seen_state(&counted, &streams_seen, &why);
+  fprintf(stderr, "tidepool-preload: captures %s, stream destructions %s%s%s\n",
+          counted ? "counted" : "asked on every call",
+          streams_seen ? "seen" : "unseen (ids asked)", why ? ": " : "",
+          why ? why : "");
 }
 
 static int read_request(void) {

@@ -162,9 +162,11 @@ static CUresult end_ptsz(CUstream stream, CUgraph *graph) {
 /* The names a library linked against libcuda calls (driver.h's
  * TP_PL_DRV_NAME): a begin that reaches the driver unseen keeps the count
  * above zero for good. */
+#define UNSEEN_BEGIN                                                           \
+  "a capture began by a driver name before the driver's table was filled"
 TP_PL_EXPORT CUresult CUDAAPI
 cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
-  TP_PL_DRV_NAME(r_begin, begin(hStream, mode), tp__seen_unwatch(),
+  TP_PL_DRV_NAME(r_begin, begin(hStream, mode), tp__seen_unwatch(UNSEEN_BEGIN),
                  PFN_cuStreamBeginCapture_v10010, "cuStreamBeginCapture_v2",
                  (hStream, mode));
 }
@@ -173,7 +175,8 @@ TP_PL_EXPORT CUresult CUDAAPI
 cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
 TP_PL_EXPORT CUresult CUDAAPI
 cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
-  TP_PL_DRV_NAME(r_begin_ptsz, begin_ptsz(hStream, mode), tp__seen_unwatch(),
+  TP_PL_DRV_NAME(r_begin_ptsz, begin_ptsz(hStream, mode),
+                 tp__seen_unwatch(UNSEEN_BEGIN),
                  PFN_cuStreamBeginCapture_v10010,
                  "cuStreamBeginCapture_v2_ptsz", (hStream, mode));
 }
@@ -186,7 +189,7 @@ TP_PL_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph(
       r_begin_to_graph,
       begin_to_graph(hStream, hGraph, dependencies, dependencyData,
                      numDependencies, mode),
-      tp__seen_unwatch(), PFN_cuStreamBeginCaptureToGraph_v12030,
+      tp__seen_unwatch(UNSEEN_BEGIN), PFN_cuStreamBeginCaptureToGraph_v12030,
       "cuStreamBeginCaptureToGraph",
       (hStream, hGraph, dependencies, dependencyData, numDependencies, mode));
 }
@@ -203,7 +206,7 @@ TP_PL_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(
       r_begin_to_graph_ptsz,
       begin_to_graph_ptsz(hStream, hGraph, dependencies, dependencyData,
                           numDependencies, mode),
-      tp__seen_unwatch(), PFN_cuStreamBeginCaptureToGraph_v12030,
+      tp__seen_unwatch(UNSEEN_BEGIN), PFN_cuStreamBeginCaptureToGraph_v12030,
       "cuStreamBeginCaptureToGraph_ptsz",
       (hStream, hGraph, dependencies, dependencyData, numDependencies, mode));
 }

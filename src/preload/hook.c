@@ -168,7 +168,7 @@ static bool fill(PFN_cuGetProcAddress_v12000 get_proc) {
     filling = false;
     /* Nothing is handed out: the capture entries do not count begins. */
     if (!ok)
-      tp__seen_unwatch();
+      tp__seen_unwatch("the driver's table could not be filled");
     atomic_store_explicit(&filled, ok ? 1 : -1, memory_order_release);
   }
   pthread_mutex_unlock(&fill_lock);
@@ -251,8 +251,10 @@ TP_PL_EXPORT CUresult CUDAAPI
 cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
                     cuuint64_t flags, CUdriverProcAddressQueryResult *status) {
   TP_PL_DRV_NAME(r_gpa_v2, get_proc_v2(symbol, pfn, version, flags, status),
-                 tp__seen_unwatch(), PFN_cuGetProcAddress_v12000,
-                 "cuGetProcAddress_v2", (symbol, pfn, version, flags, status));
+                 tp__seen_unwatch("cuGetProcAddress_v2 was called before the "
+                                  "driver's table was filled"),
+                 PFN_cuGetProcAddress_v12000, "cuGetProcAddress_v2",
+                 (symbol, pfn, version, flags, status));
 }
 
 TP_PL_EXPORT CUresult CUDAAPI
@@ -261,8 +263,10 @@ gpa_v1_name(const char *symbol, void **pfn, int version,
 TP_PL_EXPORT CUresult CUDAAPI gpa_v1_name(const char *symbol, void **pfn,
                                           int version, cuuint64_t flags) {
   TP_PL_DRV_NAME(r_gpa_v1, get_proc_v1(symbol, pfn, version, flags),
-                 tp__seen_unwatch(), PFN_cuGetProcAddress_v11030,
-                 "cuGetProcAddress", (symbol, pfn, version, flags));
+                 tp__seen_unwatch("cuGetProcAddress was called before the "
+                                  "driver's table was filled"),
+                 PFN_cuGetProcAddress_v11030, "cuGetProcAddress",
+                 (symbol, pfn, version, flags));
 }
 
 /* ---- dlsym and dlvsym ---------------------------------------------------- */
