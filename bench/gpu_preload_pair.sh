@@ -30,7 +30,7 @@ for ((r = 0; r < ROUNDS; r++)); do
     fi
   done
 done
-tail -1 "$OUT/pair_tidepool_report.txt"
+tail -2 "$OUT/pair_tidepool_report.txt"
 python3 - "$OUT/pair_driver.jsonl" "$OUT/pair_tidepool.jsonl" <<'EOF'
 import json, statistics, sys
 d = [json.loads(l) for l in open(sys.argv[1])]
