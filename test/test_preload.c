@@ -754,6 +754,13 @@ static void *driver_own(void *libcuda, const char *name) {
   return real_dlsym ? real_dlsym(libcuda, name) : NULL;
 }
 
+/* Fills the function pointer at `slot` with the driver's own `name`. */
+static bool driver_fn(void *libcuda, const char *name, void *slot) {
+  void *sym = driver_own(libcuda, name);
+  memcpy(slot, &sym, sizeof sym);
+  return sym != NULL;
+}
+
 /* A pool of the driver's own (made through the driver API, past the
  * interposer) stays the runtime's: allocations from it and their frees go
  * there. */
@@ -762,11 +769,8 @@ static void test_foreign_pool_driver(void) {
   REQUIRE(libcuda != NULL);
   int (*get_pool)(void **, int) = NULL;
   int (*device_get)(int *, int) = NULL;
-  void *sym = driver_own(libcuda, "cuDeviceGetDefaultMemPool");
-  memcpy(&get_pool, &sym, sizeof sym);
-  sym = driver_own(libcuda, "cuDeviceGet");
-  memcpy(&device_get, &sym, sizeof sym);
-  REQUIRE(get_pool && device_get);
+  REQUIRE(driver_fn(libcuda, "cuDeviceGetDefaultMemPool", &get_pool) &&
+          driver_fn(libcuda, "cuDeviceGet", &device_get));
   int dev = -1;
   void *driver_pool = NULL;
   REQUIRE_EQ_INT(device_get(&dev, 0), 0);
@@ -912,6 +916,19 @@ static void *alloc_on_device_1(void *arg) {
   return NULL;
 }
 
+/* Allocates a MiB on `s` and checks that it came from `want` (whose bytes
+ * in use were `want_used`), not `other` (`other_used`); frees it and waits. */
+static void mib_from(cudaStream_t s, cudaMemPool_t want, uint64_t want_used,
+                     cudaMemPool_t other, uint64_t other_used) {
+  void *p = NULL;
+  CHECK_RC(cudaMallocAsync(&p, MiB, s), cudaSuccess);
+  CHECK_EQ_U64(attr(want, cudaMemPoolAttrUsedMemCurrent), want_used + MiB);
+  CHECK_EQ_U64(attr(other, cudaMemPoolAttrUsedMemCurrent), other_used);
+  CHECK_RC(cudaFreeAsync(p, s), cudaSuccess);
+  CHECK_RC(cudaStreamSynchronize(s), cudaSuccess);
+  CHECK_EQ_U64(attr(want, cudaMemPoolAttrUsedMemCurrent), want_used);
+}
+
 static void test_devices(void) {
   int n = 0;
   REQUIRE_RC(cudaGetDeviceCount(&n), cudaSuccess);
@@ -925,13 +942,9 @@ static void test_devices(void) {
   CHECK(pool0 != pool1);
   uint64_t used0 = attr(pool0, cudaMemPoolAttrUsedMemCurrent);
   uint64_t used1 = attr(pool1, cudaMemPoolAttrUsedMemCurrent);
-  void *p = NULL, *q = NULL;
+  void *q = NULL;
   REQUIRE_RC(cudaSetDevice(1), cudaSuccess);
-  CHECK_RC(cudaMallocAsync(&p, MiB, NULL), cudaSuccess);
-  CHECK_EQ_U64(attr(pool1, cudaMemPoolAttrUsedMemCurrent), used1 + MiB);
-  CHECK_EQ_U64(attr(pool0, cudaMemPoolAttrUsedMemCurrent), used0);
-  CHECK_RC(cudaFreeAsync(p, NULL), cudaSuccess);
-  CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+  mib_from(NULL, pool1, used1, pool0, used0);
   CHECK_RC(cudaSetDevice(0), cudaSuccess);
 
   pthread_t t;
@@ -947,12 +960,7 @@ static void test_devices(void) {
 
   /* cudaStreamLegacy is the legacy stream of the runtime's device too. */
   REQUIRE_RC(cudaSetDevice(1), cudaSuccess);
-  CHECK_RC(cudaMallocAsync(&p, MiB, cudaStreamLegacy), cudaSuccess);
-  CHECK_EQ_U64(attr(pool1, cudaMemPoolAttrUsedMemCurrent), used1 + MiB);
-  CHECK_EQ_U64(attr(pool0, cudaMemPoolAttrUsedMemCurrent), used0);
-  CHECK_RC(cudaFreeAsync(p, cudaStreamLegacy), cudaSuccess);
-  CHECK_RC(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
-  CHECK_EQ_U64(attr(pool1, cudaMemPoolAttrUsedMemCurrent), used1);
+  mib_from(cudaStreamLegacy, pool1, used1, pool0, used0);
   CHECK_RC(cudaSetDevice(0), cudaSuccess);
 
   /* A primary context made current through the driver makes its device the
@@ -962,13 +970,9 @@ static void test_devices(void) {
   int (*device_get)(int *, int) = NULL;
   int (*retain)(void **, int) = NULL;
   int (*set_current)(void *) = NULL;
-  void *sym = driver_own(libcuda, "cuDeviceGet");
-  memcpy(&device_get, &sym, sizeof sym);
-  sym = driver_own(libcuda, "cuDevicePrimaryCtxRetain");
-  memcpy(&retain, &sym, sizeof sym);
-  sym = driver_own(libcuda, "cuCtxSetCurrent");
-  memcpy(&set_current, &sym, sizeof sym);
-  REQUIRE(device_get && retain && set_current);
+  REQUIRE(driver_fn(libcuda, "cuDeviceGet", &device_get) &&
+          driver_fn(libcuda, "cuDevicePrimaryCtxRetain", &retain) &&
+          driver_fn(libcuda, "cuCtxSetCurrent", &set_current));
   int dev1 = -1;
   void *ctx1 = NULL;
   REQUIRE_EQ_INT(device_get(&dev1, 1), 0);
@@ -978,16 +982,9 @@ static void test_devices(void) {
     int d = -1;
     CHECK_RC(cudaGetDevice(&d), cudaSuccess);
     CHECK_EQ_INT(d, 1);
-    CHECK_RC(cudaMallocAsync(&p, MiB, NULL), cudaSuccess);
-    CHECK_EQ_U64(attr(pool1, cudaMemPoolAttrUsedMemCurrent), used1 + MiB);
-    CHECK_EQ_U64(attr(pool0, cudaMemPoolAttrUsedMemCurrent), used0);
-    CHECK_RC(cudaFreeAsync(p, NULL), cudaSuccess);
-    CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+    mib_from(NULL, pool1, used1, pool0, used0);
     CHECK_RC(cudaSetDevice(0), cudaSuccess);
-    CHECK_RC(cudaMallocAsync(&p, MiB, NULL), cudaSuccess);
-    CHECK_EQ_U64(attr(pool0, cudaMemPoolAttrUsedMemCurrent), used0 + MiB);
-    CHECK_RC(cudaFreeAsync(p, NULL), cudaSuccess);
-    CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
+    mib_from(NULL, pool0, used0, pool1, used1);
   }
   dlclose(libcuda);
 }
