@@ -28,12 +28,18 @@ void tp__seen_watch(void) {
 /* The streams' trust goes too, and the generation moves once more, so that
  * no stream vouched for before stays in a thread's caches. */
 static _Atomic(const char *) unwatched_why;
+static _Atomic bool streams_watched;
+/* What tp__seen_counter answered when the platform was chosen: the report
+ * tells what the calls did, not what the environment says now. */
+static _Atomic int counter_answer; /* 0 not asked, 1 counted, 2 asked */
 
 void tp__seen_unwatch(const char *why) {
   static atomic_flag once = ATOMIC_FLAG_INIT;
   if (atomic_flag_test_and_set(&once))
     return;
   atomic_store_explicit(&unwatched_why, why, memory_order_release);
+  /* Cleared for a platform chosen after this too (select.c reads it). */
+  atomic_store_explicit(&streams_watched, false, memory_order_release);
   atomic_fetch_add(&under_way, 1);
   atomic_store_explicit(&tp__hot.foreign_watched, false, memory_order_release);
   atomic_fetch_add(&tp__hot.stream_gen, 1);
@@ -46,8 +52,10 @@ static bool asked_always(void) {
 }
 
 const _Atomic uint32_t *tp__seen_counter(void) {
-  if (asked_always())
+  if (asked_always()) {
+    atomic_store_explicit(&counter_answer, 2, memory_order_release);
     return NULL;
+  }
   const char *want = getenv("TIDEPOOL_CAPTURES");
   if (want && strcmp(want, "tidepool") == 0)
     tp__seen_watch();
@@ -56,15 +64,18 @@ const _Atomic uint32_t *tp__seen_counter(void) {
             "tidepool: TIDEPOOL_CAPTURES=%s is neither tidepool nor ask; "
             "ignored\n",
             want);
-  return atomic_load_explicit(&watched, memory_order_acquire) ? &under_way
-                                                              : NULL;
+  const _Atomic uint32_t *c =
+      atomic_load_explicit(&watched, memory_order_acquire) ? &under_way : NULL;
+  atomic_store_explicit(&counter_answer, c ? 1 : 2, memory_order_release);
+  return c;
 }
 
 void tp__seen_state(bool *counted, bool *streams_seen, const char **why) {
   *why = atomic_load_explicit(&unwatched_why, memory_order_acquire);
-  *counted = !asked_always() &&
-             atomic_load_explicit(&watched, memory_order_acquire) && !*why;
-  *streams_seen = tp__seen_streams_watched();
+  *counted =
+      atomic_load_explicit(&counter_answer, memory_order_acquire) == 1 && !*why;
+  *streams_seen =
+      atomic_load_explicit(&tp__hot.foreign_watched, memory_order_acquire);
 }
 
 void tp__seen_begin(void) {
@@ -113,8 +124,6 @@ void tp__seen_ended(uint64_t key, uint64_t before, bool after) {
 }
 
 /* ---- streams of others ------------------------------------------------ */
-
-static _Atomic bool streams_watched;
 
 void tp__seen_watch_streams(void) {
   atomic_store_explicit(&streams_watched, true, memory_order_release);

@@ -18,9 +18,11 @@ void tp__seen_watch(void);
  * above zero for good, every allocation asks, and streams of the program's
  * are asked their ids again. */
 void tp__seen_unwatch(const char *why);
-/* What the calls do now, for a report: whether captures are counted (else
- * every allocation asks), whether stream destructions are seen, and the
- * reason the first tp__seen_unwatch gave (NULL where none came). */
+/* What the calls do now, for a report: whether captures are counted (as
+ * decided when the platform was chosen, and not given up since; else every
+ * allocation asks), whether streams of the program's are known without
+ * asking their ids, and the reason the first tp__seen_unwatch gave (NULL
+ * where none came). */
 void tp__seen_state(bool *counted, bool *streams_seen, const char **why);
 /* The count for the platform's hot line: NULL where captures are not
  * watched, and each allocation must ask. */

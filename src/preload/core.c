@@ -161,6 +161,8 @@ static void report(void) {
           tp__pl_counter(TP_PL_COUNT_DRIVER));
   /* Whether allocations asked the driver about captures and stream ids,
    * and why: what a pair costs depends on it. */
+  if (tp__pl_mode() != TP_PL_CUDA)
+    return; /* nothing was counted or asked of the driver */
   bool counted = false, streams_seen = false;
   const char *why = NULL;
   tp__seen_state(&counted, &streams_seen, &why);
