@@ -1,7 +1,6 @@
 /* Streams and events of the cuda platform: creating and adopting streams
  * (including the legacy and per-thread special streams), stream-ordered
  * work, and events recycled through a per-device free list. */
-#include "common/hot.h"
 #include "platform/cuda/cuda_internal.h"
 
 /* Destroyed events kept per device for reuse: creating one costs more than
@@ -168,20 +167,6 @@ tp_error_t tp__cu_stream_adopt(tp_stream_t handle, tp__stream_desc *desc) {
   return TP_SUCCESS;
 }
 
-/* The id of the calling thread's per-thread stream in the context where
- * it was last asked, and the stream generation then. While every stream
- * destruction is seen (the interposer: a context's end moves the
- * generation too), the same context current and the same generation name
- * the same stream: one cuCtxGetCurrent instead of cuStreamGetId, which for
- * this handle took a pair through the interposer from about 100 to 283 ns
- * on an H100. */
-typedef struct per_thread_id {
-  CUcontext ctx;
-  uint64_t gen;
-  unsigned long long id;
-} per_thread_id;
-static TP_TLS per_thread_id per_thread_known;
-
 /* Two driver calls, where adopting takes four: the capture question first,
  * since the id is refused (and the capture invalidated) while the stream
  * captures; one where the caller knows that nothing captures. */
@@ -194,19 +179,6 @@ tp_error_t tp__cu_stream_identify(tp_stream_t handle, bool ask_capture,
    * it means; the legacy stream is never adopted. */
   TP_RETURN_IF((uintptr_t)s < TP_CU_SPECIAL_LIMIT && s != CU_STREAM_PER_THREAD,
                TP_ERROR_NOT_SUPPORTED);
-  CUcontext ctx = NULL;
-  uint64_t gen = 0;
-  bool cacheable =
-      s == CU_STREAM_PER_THREAD && !ask_capture &&
-      atomic_load_explicit(&tp__hot.foreign_watched, memory_order_acquire) &&
-      tp__cu.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx;
-  if (cacheable) {
-    gen = atomic_load_explicit(&tp__hot.stream_gen, memory_order_acquire);
-    if (per_thread_known.ctx == ctx && per_thread_known.gen == gen) {
-      *uid = per_thread_known.id;
-      return TP_SUCCESS;
-    }
-  }
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   CUresult r = ask_capture && tp__cu.cuStreamIsCapturing
                    ? tp__cu.cuStreamIsCapturing(s, &st)
@@ -219,8 +191,6 @@ tp_error_t tp__cu_stream_identify(tp_stream_t handle, bool ask_capture,
   r = tp__cu.cuStreamGetId(s, &id);
   TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
   *uid = id;
-  if (cacheable)
-    per_thread_known = (per_thread_id){ctx, gen, id};
   return TP_SUCCESS;
 }
 
