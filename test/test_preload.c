@@ -989,6 +989,88 @@ static void test_devices(void) {
   dlclose(libcuda);
 }
 
+/* A thread's per-thread stream ends with the thread (the fake driver's key
+ * destructor, as CUDA's), unseen by the interposer; a later destructor of
+ * the same thread that allocates on cudaStreamPerThread gets a new stream
+ * in the same context. A block freed on the old stream, whose free a host
+ * function still holds, must not go to the new one (no policy allows it
+ * here). A cache of the per-thread stream's id by context (f408717,
+ * reverted) handed it over. */
+static atomic_int late_gate;
+static void *late_pending;
+static pthread_key_t late_key;
+static atomic_int late_reused, late_ran;
+
+static void late_allocs(void *arg) {
+  (void)arg;
+  if (cudaSetDevice(0) != cudaSuccess)
+    return;
+  for (int k = 0; k < 4; k++) {
+    void *p = NULL;
+    if (cudaMallocAsync(&p, 4096, cudaStreamPerThread) != cudaSuccess)
+      return;
+    atomic_fetch_add(&late_reused, p == late_pending);
+    (void)cudaFreeAsync(p, cudaStreamPerThread);
+  }
+  atomic_store(&late_ran, 1);
+}
+
+static void *per_thread_then_end(void *arg) {
+  (void)arg;
+  if (cudaSetDevice(0) != cudaSuccess)
+    return NULL;
+  for (int i = 0; i < 3; i++) {
+    void *p = NULL;
+    if (cudaMallocAsync(&p, 4096, cudaStreamPerThread) == cudaSuccess)
+      (void)cudaFreeAsync(p, cudaStreamPerThread);
+  }
+  (void)cudaStreamSynchronize(cudaStreamPerThread);
+  if (cudaMallocAsync(&late_pending, 4096, cudaStreamPerThread) != cudaSuccess)
+    return NULL;
+  (void)cudaLaunchHostFunc(cudaStreamPerThread, hold_fn, &late_gate);
+  (void)cudaFreeAsync(late_pending, cudaStreamPerThread);
+  (void)pthread_setspecific(late_key, &late_gate);
+  return NULL;
+}
+
+static void test_per_thread_after_thread_end(void) {
+  void *libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  bool fake = libcuda && dlsym(libcuda, "fake_cuda_live");
+  if (libcuda)
+    dlclose(libcuda);
+  if (!fake) {
+    printf("   (needs the fake driver's thread end)\n");
+    return;
+  }
+  cudaMemPool_t pool = NULL;
+  REQUIRE_RC(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
+  int off = 0, on = 1;
+  CHECK_RC(cudaMemPoolSetAttribute(
+               pool, cudaMemPoolReuseAllowInternalDependencies, &off),
+           cudaSuccess);
+  CHECK_RC(
+      cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowOpportunistic, &off),
+      cudaSuccess);
+  atomic_store(&late_gate, 0);
+  /* Made after the driver's own key: its destructor runs after the
+   * driver's has ended the thread's streams. */
+  REQUIRE_EQ_INT(pthread_key_create(&late_key, late_allocs), 0);
+  pthread_t t;
+  REQUIRE_EQ_INT(pthread_create(&t, NULL, per_thread_then_end, NULL), 0);
+  pthread_join(t, NULL);
+  CHECK_EQ_INT(atomic_load(&late_ran), 1);
+  CHECK_EQ_INT(atomic_load(&late_reused), 0);
+  atomic_store(&late_gate, 1);
+  CHECK_RC(cudaDeviceSynchronize(), cudaSuccess);
+  (void)pthread_key_delete(late_key);
+  CHECK_RC(cudaMemPoolSetAttribute(
+               pool, cudaMemPoolReuseAllowInternalDependencies, &on),
+           cudaSuccess);
+  CHECK_RC(
+      cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowOpportunistic, &on),
+      cudaSuccess);
+}
+
 /* ---- main ------------------------------------------------------------------
  */
 
@@ -1061,6 +1143,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_ipc);
   RUN_TEST(test_devices);
   RUN_TEST(test_once);
+  RUN_TEST(test_per_thread_after_thread_end);
   if (stub_calls) {
     RUN_TEST(test_foreign_pool_stub);
   } else {
