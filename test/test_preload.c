@@ -322,19 +322,24 @@ static void test_cuda_free(void) {
     CHECK_EQ_U64(stub("cudaFree") - before, 1);
 }
 
+/* Sets both policies that let a stream reuse another's pending free
+ * (internal dependencies and opportunistic reuse) to `on`. */
+static void cross_stream_reuse(cudaMemPool_t pool, int on) {
+  CHECK_RC(cudaMemPoolSetAttribute(
+               pool, cudaMemPoolReuseAllowInternalDependencies, &on),
+           cudaSuccess);
+  CHECK_RC(
+      cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowOpportunistic, &on),
+      cudaSuccess);
+}
+
 /* A block freed on stream a, before an event that stream b waits for, is
  * reused by b while a is still held; stream c, unordered, gets other
  * memory. Only possible if tidepool learned the record and the wait. */
 static void test_event_order(void) {
   cudaMemPool_t pool = new_pool(0);
   REQUIRE(pool != NULL);
-  int off = 0;
-  CHECK_RC(cudaMemPoolSetAttribute(
-               pool, cudaMemPoolReuseAllowInternalDependencies, &off),
-           cudaSuccess);
-  CHECK_RC(
-      cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowOpportunistic, &off),
-      cudaSuccess);
+  cross_stream_reuse(pool, 0);
   cudaStream_t a = NULL, b = NULL, c = NULL;
   REQUIRE_RC(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
   REQUIRE_RC(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
@@ -1044,13 +1049,7 @@ static void test_per_thread_after_thread_end(void) {
   }
   cudaMemPool_t pool = NULL;
   REQUIRE_RC(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
-  int off = 0, on = 1;
-  CHECK_RC(cudaMemPoolSetAttribute(
-               pool, cudaMemPoolReuseAllowInternalDependencies, &off),
-           cudaSuccess);
-  CHECK_RC(
-      cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowOpportunistic, &off),
-      cudaSuccess);
+  cross_stream_reuse(pool, 0);
   atomic_store(&late_gate, 0);
   /* Made after the driver's own key: its destructor runs after the
    * driver's has ended the thread's streams. */
@@ -1063,12 +1062,7 @@ static void test_per_thread_after_thread_end(void) {
   atomic_store(&late_gate, 1);
   CHECK_RC(cudaDeviceSynchronize(), cudaSuccess);
   (void)pthread_key_delete(late_key);
-  CHECK_RC(cudaMemPoolSetAttribute(
-               pool, cudaMemPoolReuseAllowInternalDependencies, &on),
-           cudaSuccess);
-  CHECK_RC(
-      cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowOpportunistic, &on),
-      cudaSuccess);
+  cross_stream_reuse(pool, 1);
 }
 
 /* ---- main ------------------------------------------------------------------
