@@ -25,14 +25,11 @@ void tp__seen_watch(void) {
   atomic_store_explicit(&watched, true, memory_order_release);
 }
 
-/* The streams' trust goes too, and the generation moves once more, so that
- * no stream vouched for before stays in a thread's caches. */
 static _Atomic(const char *) unwatched_why;
 static _Atomic bool streams_watched;
-/* What tp__seen_counter answered when the platform was chosen: the report
- * tells what the calls did, not what the environment says now. */
-static _Atomic int counter_answer; /* 0 not asked, 1 counted, 2 asked */
 
+/* The streams' trust goes too, and the generation moves once more, so that
+ * no stream vouched for before stays in a thread's caches. */
 void tp__seen_unwatch(const char *why) {
   static atomic_flag once = ATOMIC_FLAG_INIT;
   if (atomic_flag_test_and_set(&once))
@@ -52,10 +49,8 @@ static bool asked_always(void) {
 }
 
 const _Atomic uint32_t *tp__seen_counter(void) {
-  if (asked_always()) {
-    atomic_store_explicit(&counter_answer, 2, memory_order_release);
+  if (asked_always())
     return NULL;
-  }
   const char *want = getenv("TIDEPOOL_CAPTURES");
   if (want && strcmp(want, "tidepool") == 0)
     tp__seen_watch();
@@ -64,16 +59,15 @@ const _Atomic uint32_t *tp__seen_counter(void) {
             "tidepool: TIDEPOOL_CAPTURES=%s is neither tidepool nor ask; "
             "ignored\n",
             want);
-  const _Atomic uint32_t *c =
-      atomic_load_explicit(&watched, memory_order_acquire) ? &under_way : NULL;
-  atomic_store_explicit(&counter_answer, c ? 1 : 2, memory_order_release);
-  return c;
+  return atomic_load_explicit(&watched, memory_order_acquire) ? &under_way
+                                                              : NULL;
 }
 
 void tp__seen_state(bool *counted, bool *streams_seen, const char **why) {
   *why = atomic_load_explicit(&unwatched_why, memory_order_acquire);
-  *counted =
-      atomic_load_explicit(&counter_answer, memory_order_acquire) == 1 && !*why;
+  /* What the platform took when it was chosen (select.c), not what the
+   * environment says now. */
+  *counted = tp__hot.captures_active == &under_way && !*why;
   *streams_seen =
       atomic_load_explicit(&tp__hot.foreign_watched, memory_order_acquire);
 }
