@@ -913,6 +913,14 @@ static void test_stream_ids_unasked(void) {
   CHECK_EQ_U64(cu.id_questions() - ids, 0);
   CHECK_RC(cu.stream_destroy(fresh), CUDA_SUCCESS);
   CHECK_RC(cu.stream_destroy(t), CUDA_SUCCESS);
+
+  /* The per-thread stream, met again in the same context with no
+   * destruction since, is known without its id too (the thread's exit
+   * hook guards the one end no call shows). */
+  (void)pairs_ask(CU_STREAM_PER_THREAD, 1);
+  ids = cu.id_questions();
+  CHECK_EQ_U64(pairs_ask(CU_STREAM_PER_THREAD, 100), 0);
+  CHECK_EQ_U64(cu.id_questions() - ids, 0);
 }
 
 /* A child that fork() made after the parent allocated cannot use the
