@@ -712,8 +712,18 @@ static void deferred_run(deferred *v, uint32_t n) {
   free(v);
 }
 
+/* Held while a pair's end makes the frees deferred past it. Each of them
+ * reads whether a pair is open and, where none is, uses the legacy stream:
+ * a pair begun between the two (another thread's) would have its capture
+ * of a blocking stream invalidated by a free that tidepool, not the
+ * program, made then. So a begin waits for the frees under way; those
+ * that read after it see the pair open and are deferred again. */
+static pthread_mutex_t deferred_run_lock = PTHREAD_MUTEX_INITIALIZER;
+
 TP_API void tp_torch_capture_begin(void) {
   atomic_fetch_add_explicit(&torch_captures, 1, memory_order_acq_rel);
+  pthread_mutex_lock(&deferred_run_lock);
+  pthread_mutex_unlock(&deferred_run_lock);
 }
 
 TP_API void tp_torch_capture_end(void) {
@@ -732,7 +742,9 @@ TP_API void tp_torch_capture_end(void) {
     ndeferred = capdeferred = 0;
   }
   pthread_mutex_unlock(&deferred_lock);
+  pthread_mutex_lock(&deferred_run_lock);
   deferred_run(v, nv);
+  pthread_mutex_unlock(&deferred_run_lock);
 }
 
 TP_API void tp_torch_announce_captures(void) {
