@@ -1032,7 +1032,10 @@ TP_API void tp_torch_empty_cache(void);
  * stream is deferred to its end (asking the legacy stream could cost a
  * capture its validity): a pair with no capture behind it (use_mem_pool),
  * or a begin whose end never comes, holds that memory until then, and the
- * legacy stream's allocations meanwhile grow the pool.
+ * legacy stream's allocations meanwhile grow the pool. The end that closes
+ * the last pair makes those frees; a begin on another thread meanwhile
+ * waits until they are made (or deferred again), so that none of them
+ * lands on the legacy stream after that thread's capture began.
  * tp_torch_record_stream's first call on a thread makes the context of
  * the tensor's device current (see tp_torch_alloc). */
 TP_API void tp_torch_capture_begin(void);
