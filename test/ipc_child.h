@@ -95,26 +95,28 @@ static inline int holds(const void *ptr, size_t size, uint64_t seed,
 
 /* The control channel: one message per command or reply. */
 enum {
-  CMD_POOL = 1,   /* the pool's descriptor: import it */
-  CMD_IMPORT,     /* import `rec` into `slot`; check contents when seed != 0 */
-  CMD_WRITE,      /* write pattern `seed` at [offset, offset + size) of slot */
-  CMD_EXPECT,     /* importing `rec` must fail with `expect` */
-  CMD_CORRUPT,    /* every byte of `rec` corrupted must be refused */
-  CMD_FREE,       /* free `slot` on the stream and wait */
-  CMD_FREE_HELD,  /* free `slot` behind a held stream, without waiting */
-  CMD_OPEN,       /* let the held stream go, and wait for it */
-  CMD_FREE_QUIET, /* free `slot` and poll the stream until it is done,
-                     without a synchronize (which would unmap) */
-  CMD_FLOOD,      /* import the pool `size` times over, keeping every one;
-                     reply: seed = imported, size = NOT_PERMITTED, offset =
-                     any other answer */
-  CMD_CHECK,      /* whether `slot` still holds `size` bytes of `seed` */
-  CMD_MAKE,       /* exporter mode: allocate `size` bytes of pattern `seed`;
-                     reply: the pool's descriptor and the block's record */
-  CMD_DROP,       /* exporter mode: free block `slot` and wait */
-  CMD_USED,       /* exporter mode: reply: size = the pool's used bytes */
-  CMD_FORK,       /* fork a child that makes no call and only waits (a data
-                     loader's worker, say); reply: seed = its pid */
+  CMD_POOL = 1,    /* the pool's descriptor: import it */
+  CMD_IMPORT,      /* import `rec` into `slot`; check contents when seed != 0 */
+  CMD_IMPORT_FULL, /* import `rec` with the descriptor table full (it may
+                      fail, with PLATFORM only), then as CMD_IMPORT */
+  CMD_WRITE,       /* write pattern `seed` at [offset, offset + size) of slot */
+  CMD_EXPECT,      /* importing `rec` must fail with `expect` */
+  CMD_CORRUPT,     /* every byte of `rec` corrupted must be refused */
+  CMD_FREE,        /* free `slot` on the stream and wait */
+  CMD_FREE_HELD,   /* free `slot` behind a held stream, without waiting */
+  CMD_OPEN,        /* let the held stream go, and wait for it */
+  CMD_FREE_QUIET,  /* free `slot` and poll the stream until it is done,
+                      without a synchronize (which would unmap) */
+  CMD_FLOOD,       /* import the pool `size` times over, keeping every one;
+                      reply: seed = imported, size = NOT_PERMITTED, offset =
+                      any other answer */
+  CMD_CHECK,       /* whether `slot` still holds `size` bytes of `seed` */
+  CMD_MAKE,        /* exporter mode: allocate `size` bytes of pattern `seed`;
+                      reply: the pool's descriptor and the block's record */
+  CMD_DROP,        /* exporter mode: free block `slot` and wait */
+  CMD_USED,        /* exporter mode: reply: size = the pool's used bytes */
+  CMD_FORK,        /* fork a child that makes no call and only waits (a data
+                      loader's worker, say); reply: seed = its pid */
   CMD_EXIT,
   CMD_REPLY
 };
@@ -275,8 +277,48 @@ static inline pid_t fork_sleeper(void) {
   return pid;
 }
 
+/* Imports c->rec while this process's descriptor table is full: where the
+ * exporter must pass a chunk's descriptor, the call fails for want of one
+ * (PLATFORM), and nothing is held; with room again the channel serves the
+ * next import (it took a dropped descriptor for an exporter out of step,
+ * and answered INVALID_VALUE to every later import). */
+static inline void import_full(importer *im, ctl *c) {
+  struct rlimit old, low;
+  REQUIRE_EXIT(getrlimit(RLIMIT_NOFILE, &old) == 0);
+  int top = -1, got;
+  DIR *d = opendir("/proc/self/fd");
+  REQUIRE_EXIT(d != NULL);
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    if (e->d_name[0] != '.' && (got = atoi(e->d_name)) > top)
+      top = got;
+  closedir(d);
+  low = old;
+  low.rlim_cur = (rlim_t)top + 1;
+  REQUIRE_EXIT(setrlimit(RLIMIT_NOFILE, &low) == 0);
+  int filler[256], n = 0;
+  while (n < 256 && (got = dup(0)) >= 0)
+    filler[n++] = got;
+  CHECK(got < 0 && errno == EMFILE);
+  void *q = NULL;
+  tp_error_t err = tp_pool_import_pointer(&q, im->pool, &c->rec);
+  for (int i = 0; i < n; i++)
+    close(filler[i]);
+  REQUIRE_EXIT(setrlimit(RLIMIT_NOFILE, &old) == 0);
+  if (err == TP_SUCCESS) {
+    CHECK_OK(tp_free_async(q, im->s));
+    CHECK_OK(tp_stream_synchronize(im->s));
+  } else {
+    CHECK_ERR(err, TP_ERROR_PLATFORM);
+    CHECK(q == NULL);
+  }
+}
+
 static inline tp_error_t serve_one(importer *im, ctl *c, int fd) {
   void *q = NULL;
+  if (c->op == CMD_IMPORT_FULL) {
+    import_full(im, c);
+    c->op = CMD_IMPORT; /* the table has room again */
+  }
   switch (c->op) {
   case CMD_POOL: {
     tp_error_t err = tp_pool_import_from_shareable_handle(

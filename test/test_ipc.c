@@ -475,6 +475,33 @@ static void test_remapped_chunk(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* An importer whose descriptor table is full when a chunk's descriptor
+ * comes: the import fails (on cuda over the fake driver, where chunks
+ * travel as descriptors) and the next one, with room, succeeds with the
+ * right contents; the exporter gets all its memory back. */
+static void test_import_with_descriptors_full(void) {
+  tp_stream_t s = NULL;
+  REQUIRE_OK(tp_stream_create(&s, TP_STREAM_NON_BLOCKING));
+  tp_pool_t pool = ipc_pool(0);
+  REQUIRE(pool);
+  void *x = NULL;
+  REQUIRE_OK(tp_malloc_from_pool_async(&x, 4 * MiB, pool, s));
+  fill(x, 4 * MiB, 53, s);
+  child ch;
+  start_importer(&ch, "importer", pool, TP_LOCATION_DEVICE, 0, NULL, 0);
+  REQUIRE(ch.pid > 0);
+  ctl q = {.op = CMD_IMPORT_FULL, .slot = 0, .seed = 53, .size = 4 * MiB};
+  REQUIRE_OK(tp_pool_export_pointer(&q.rec, x));
+  CHECK_OK(ask(&ch, &q, -1));
+  CHECK_OK(ask_slot(&ch, CMD_FREE, 0));
+  CHECK_EQ_INT(child_finish(&ch), 0);
+  CHECK_OK(tp_free_async(x, s));
+  CHECK_EQ_U64(wait_used(pool, 0), 0);
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_pool_destroy(pool));
+  CHECK_OK(tp_stream_destroy(s));
+}
+
 /* An importer killed while it holds blocks releases them when its channel
  * closes; the exporter keeps working and gets its memory back. */
 static void test_importer_killed(void) {
@@ -700,6 +727,7 @@ int main(int argc, char **argv) {
   RUN_TEST(test_import_churn);
   RUN_TEST(test_across_processes);
   RUN_TEST(test_remapped_chunk);
+  RUN_TEST(test_import_with_descriptors_full);
   RUN_TEST(test_importer_killed);
   RUN_TEST(test_importer_killed_with_forked_child);
   RUN_TEST(test_other_user);

@@ -154,6 +154,14 @@ tp_error_t tp__chan_reply(tp__ipc_import *m, uint16_t op, tp__wire *a,
   (void)tp__wire_wait(m->fd, POLLIN, deadline);
   pthread_mutex_lock(&m->mu);
   tp__recv_result r = tp__wire_recv(m->fd, a, fd, NULL, NULL, deadline);
+  /* A chunk's descriptor that found no room here (this process's table
+   * full) leaves the conversation in step: the call fails for want of a
+   * descriptor, and the channel serves the next one. Other replies carry
+   * none, so one dropped there was not wanted. */
+  if (r == TP_RECV_NOFD && a->op == op) {
+    TP_RETURN_IF(op == TP_OP_CHUNK_INFO, tp__platform_fail(EMFILE, "recvmsg"));
+    r = TP_RECV_OK;
+  }
   if (r == TP_RECV_EOF || r == TP_RECV_ERROR) {
     tp__chan_break(m); /* gone */
   } else if (r != TP_RECV_OK) {
@@ -191,6 +199,8 @@ void tp__chan_drain_late(tp__ipc_import *m) {
     close(fd);
   if (r == TP_RECV_AGAIN)
     return;
+  if (r == TP_RECV_NOFD) /* an import's reply carries no descriptor */
+    r = TP_RECV_OK;
   m->reply_owed = false;
   if (r == TP_RECV_OK && a.op == TP_OP_IMPORTED &&
       tp__wire_status(a.status, false) == TP_SUCCESS) {

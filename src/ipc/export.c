@@ -436,7 +436,8 @@ static bool serve_rendezvous(tp__pool *p, int fd, short revents) {
       if (priv >= 0)
         serve_connect(p, &q, priv, &u, has_cred);
       break;
-    case TP_RECV_BAD: break; /* not ours; what it carried is closed */
+    case TP_RECV_BAD: /* not ours; what it carried is closed */
+    case TP_RECV_NOFD: /* a channel that found no room here: none made */ break;
     case TP_RECV_AGAIN: return true;
     case TP_RECV_EOF:
       /* No bytes: a hang-up, or an empty message, which must not close the

@@ -509,9 +509,12 @@ static tp_error_t import_connect(int fd, int *chan, tp__wire *h, int *backing) {
   tp__recv_result r = TP_RECV_OK;
   if (err == TP_SUCCESS)
     r = tp__wire_recv(sv[0], h, backing, NULL, NULL, deadline);
-  if (err == TP_SUCCESS && r != TP_RECV_OK) /* no answer, or no exporter's */
-    err = r == TP_RECV_ERROR ? tp__platform_fail(errno, "recvmsg")
-                             : TP_ERROR_INVALID_VALUE;
+  /* No answer, or no exporter's; or the pool's backing found no room in
+   * this process's descriptor table. */
+  if (err == TP_SUCCESS && r != TP_RECV_OK)
+    err = r == TP_RECV_ERROR  ? tp__platform_fail(errno, "recvmsg")
+          : r == TP_RECV_NOFD ? tp__platform_fail(EMFILE, "recvmsg")
+                              : TP_ERROR_INVALID_VALUE;
   if (err == TP_SUCCESS && h->op != TP_OP_HELLO)
     err = TP_ERROR_INVALID_VALUE;
   if (err == TP_SUCCESS)

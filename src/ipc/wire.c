@@ -191,7 +191,12 @@ tp__recv_result tp__wire_recv(int sock, tp__wire *w, int *fd,
     if (ready == 0)
       return TP_RECV_AGAIN;
   }
-  bool bad = (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0;
+  bool bad = (m.msg_flags & MSG_TRUNC) != 0;
+  /* A control part cut short with no descriptor received: where the
+   * message is whole, the descriptor found no room here (EMFILE), which the
+   * kernel reports so; a sender of more than our buffer holds gets some
+   * through, and is refused below as one that sent too many. */
+  bool dropped = (m.msg_flags & MSG_CTRUNC) != 0;
   for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
     if (c->cmsg_level != SOL_SOCKET)
       continue;
@@ -216,12 +221,12 @@ tp__recv_result tp__wire_recv(int sock, tp__wire *w, int *fd,
   if (!bad && n == 0 && *fd < 0)
     return TP_RECV_EOF;
   bad = bad || (size_t)n != sizeof *w || w->magic != TP_WIRE_MAGIC ||
-        w->version != TP_WIRE_VERSION;
+        w->version != TP_WIRE_VERSION || (dropped && *fd >= 0);
   if (bad && *fd >= 0) {
     close(*fd);
     *fd = -1;
   }
-  return bad ? TP_RECV_BAD : TP_RECV_OK;
+  return bad ? TP_RECV_BAD : dropped ? TP_RECV_NOFD : TP_RECV_OK;
 }
 
 /* ---- descriptors a forked child closes ------------------------------------

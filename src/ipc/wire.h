@@ -161,7 +161,11 @@ typedef enum tp__recv_result {
   TP_RECV_AGAIN, /* nothing queued, or nothing before the deadline */
   TP_RECV_EOF,   /* no bytes: the peer is gone, or sent an empty message */
   TP_RECV_BAD,   /* not one of our messages; anything it carried is closed */
-  TP_RECV_ERROR  /* the system call failed; errno says why */
+  TP_RECV_ERROR, /* the system call failed; errno says why */
+  /* One of our messages, whole, but the descriptor it carried found no
+   * room in this process (its descriptor table full): the kernel dropped
+   * it. The conversation is still in step; the message is in *w. */
+  TP_RECV_NOFD
 } tp__recv_result;
 
 /* Receives one message with at most one descriptor (*fd, else -1) and, on
