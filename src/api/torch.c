@@ -209,6 +209,9 @@ static void report(const char *what, tp_error_t err, ssize_t size, int device) {
  * asked, and keeps the legacy stream's frees deferred (torch_free). */
 static atomic_bool announced;
 static _Atomic uint32_t torch_captures;
+/* Pairs ended so far: a free refused by a capture tries again where one
+ * ended during the try (torch_free). */
+static _Atomic uint64_t pair_ends;
 
 static bool uncaptured(void) {
   return atomic_load_explicit(&announced, memory_order_acquire) &&
@@ -418,6 +421,11 @@ static tp_error_t wait_recorded(const rec *streams, uint32_t n, void *stream) {
       err = tp_stream_synchronize((tp_stream_t)other_stream);
       tp__set_current_device(here);
     }
+    /* During an announced pair a device synchronize would cost a capture
+     * under way its validity (global mode, say): the free waits for the
+     * pair's end instead (a recorded stream destroyed since, say). */
+    if (err != TP_SUCCESS && side == 0 && announced_capture())
+      return TP_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (err != TP_SUCCESS && side == 0) {
       tp__set_current_device(there);
       err = tp_device_synchronize();
@@ -489,23 +497,39 @@ static void torch_free(void *ptr, ssize_t size, int device, void *stream,
      * before and made by a pair's end while another pair began. */
     bool deferred = !stream && announced_capture() &&
                     defer_free(ptr, size, device, stream, streams, n);
-    for (int attempt = 0; !deferred && attempt < 2; attempt++) {
+    while (!deferred) {
+      uint64_t ends = atomic_load_explicit(&pair_ends, memory_order_acquire);
       err = wait_recorded(streams, n, stream);
       if (err == TP_SUCCESS)
         err = tp__free_async_as(ptr, (tp_stream_t)stream, uncaptured());
       /* Refused for a capture (a live allocation of before it freed inside
        * it, or a capture invalidated already), or waiting on one: made once
        * the pairs end. Where the last pair ended between the refusal and
-       * the list's lock, the capture that refused it is over, and the free
-       * is tried once more instead. */
+       * the list's lock, the capture that refused it may be over, and the
+       * free is tried again, as long as a pair ended during the try (the
+       * next one may refuse it too, and close before the list's lock).
+       * Where none ended, the refusal was a capture's outside any pair (or
+       * the list could not grow), and stands. */
       if (err != TP_ERROR_INVALID_VALUE &&
           err != TP_ERROR_STREAM_CAPTURE_INVALIDATED &&
           err != TP_ERROR_STREAM_CAPTURE_UNSUPPORTED &&
           err != TP_ERROR_STREAM_CAPTURE_IMPLICIT)
         break;
       deferred = defer_free(ptr, size, device, stream, streams, n);
-      if (announced_capture())
+      if (deferred ||
+          atomic_load_explicit(&pair_ends, memory_order_acquire) == ends)
         break;
+    }
+    /* A deferred free whose stream was destroyed before the pairs ended:
+     * the handle is refused while the allocation lives. Its work is waited
+     * for with the whole device's, and the free made on the legacy stream
+     * (or deferred again where a pair has begun since). */
+    if (traced && !deferred && err == TP_ERROR_INVALID_VALUE && stream &&
+        pool_live(ptr, NULL) == 1) {
+      deferred = announced_capture() &&
+                 defer_free(ptr, size, device, stream, streams, n);
+      if (!deferred && (err = tp_device_synchronize()) == TP_SUCCESS)
+        err = tp__free_async_as(ptr, NULL, uncaptured());
     }
     if (deferred) {
       err = TP_SUCCESS;
@@ -693,6 +717,14 @@ static bool defer_free(void *ptr, ssize_t size, int device, void *stream,
                        rec *streams, uint32_t nstreams) {
   if (!announced_capture() || pool_live(ptr, NULL) != 1)
     return false;
+  /* The calling thread's own stream (cuda's per-thread default stream)
+   * would be another thread's at the pair's end: the legacy stream, which
+   * waits for every blocking stream's work, that one's too, stands for it,
+   * as for a record (tp_torch_record_stream). */
+  int there = -1;
+  bool bound = false;
+  if (stream && stream_facts(stream, &there, &bound) && bound)
+    stream = NULL;
   pthread_mutex_lock(&deferred_lock);
   bool kept = announced_capture();
   for (uint32_t i = 0; i < ndeferred && kept; i++)
@@ -733,6 +765,8 @@ TP_API void tp_torch_capture_end(void) {
                                                      memory_order_acq_rel,
                                                      memory_order_relaxed)) {
   }
+  if (n) /* under the lock that defer_free reads the pairs under */
+    atomic_fetch_add_explicit(&pair_ends, 1, memory_order_acq_rel);
   deferred *v = NULL;
   uint32_t nv = 0;
   if (n == 1) {
