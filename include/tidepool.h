@@ -961,7 +961,12 @@ TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream);
  * under work that may still use it. During such a capture a
  * free on the legacy stream (NULL) is always deferred so, without asking
  * whether it captures: where a blocking stream captures, both the free and
- * the question would cost that capture its validity. */
+ * the question would cost that capture its validity. So is a free that
+ * would wait for a recorded stream destroyed since (the device would be
+ * synchronized). A free so deferred on the calling thread's per-thread
+ * stream is made on the legacy stream, which follows that stream's work;
+ * one whose stream the program destroyed before the end is made there too,
+ * after a device synchronize. */
 TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream);
 
 /* The current pool's statistics of `device`: out[0] reserved bytes,
