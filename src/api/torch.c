@@ -467,13 +467,16 @@ TP_API void *tp_torch_alloc(ssize_t size, int device, void *stream) {
 }
 
 static bool defer_free(void *ptr, ssize_t size, int device, void *stream,
-                       rec *streams, uint32_t nstreams);
+                       rec *streams, uint32_t nstreams, tp__stream **held);
 
 /* `traced`: the request is in the trace already (a deferred free).
  * `streams`: the `n` streams recorded for `ptr` that a deferred free brings
- * along (malloc'd, or NULL), which this call owns. */
+ * along (malloc'd, or NULL), which this call owns. `held`: a deferred
+ * free's stream, with a reference this call owns (NULL for the legacy
+ * stream and for a fresh free). */
 static void torch_free(void *ptr, ssize_t size, int device, void *stream,
-                       bool traced, rec *streams, uint32_t n) {
+                       bool traced, rec *streams, uint32_t n,
+                       tp__stream *held) {
   int saved;
   /* A deferred free was timed when PyTorch made it. */
   bool timed_call = !traced && timing_on();
@@ -496,8 +499,20 @@ static void torch_free(void *ptr, ssize_t size, int device, void *stream,
      * waits longer than it had to, never too little), also one deferred
      * before and made by a pair's end while another pair began. */
     bool deferred = !stream && announced_capture() &&
-                    defer_free(ptr, size, device, stream, streams, n);
-    while (!deferred) {
+                    defer_free(ptr, size, device, stream, streams, n, &held);
+    /* A deferred free whose stream the program destroyed before the pairs
+     * ended: its handle is not asked (the driver may no longer know it).
+     * The work is waited for with the whole device's, and the free made on
+     * the legacy stream, or deferred again where a pair has begun since. */
+    bool gone =
+        held && atomic_load_explicit(&held->destroyed, memory_order_acquire);
+    if (gone) {
+      deferred = announced_capture() &&
+                 defer_free(ptr, size, device, stream, streams, n, &held);
+      if (!deferred && (err = tp_device_synchronize()) == TP_SUCCESS)
+        err = tp__free_async_as(ptr, NULL, uncaptured());
+    }
+    while (!deferred && !gone) {
       uint64_t ends = atomic_load_explicit(&pair_ends, memory_order_acquire);
       err = wait_recorded(streams, n, stream);
       if (err == TP_SUCCESS)
@@ -515,21 +530,10 @@ static void torch_free(void *ptr, ssize_t size, int device, void *stream,
           err != TP_ERROR_STREAM_CAPTURE_UNSUPPORTED &&
           err != TP_ERROR_STREAM_CAPTURE_IMPLICIT)
         break;
-      deferred = defer_free(ptr, size, device, stream, streams, n);
+      deferred = defer_free(ptr, size, device, stream, streams, n, &held);
       if (deferred ||
           atomic_load_explicit(&pair_ends, memory_order_acquire) == ends)
         break;
-    }
-    /* A deferred free whose stream was destroyed before the pairs ended:
-     * the handle is refused while the allocation lives. Its work is waited
-     * for with the whole device's, and the free made on the legacy stream
-     * (or deferred again where a pair has begun since). */
-    if (traced && !deferred && err == TP_ERROR_INVALID_VALUE && stream &&
-        pool_live(ptr, NULL) == 1) {
-      deferred = announced_capture() &&
-                 defer_free(ptr, size, device, stream, streams, n);
-      if (!deferred && (err = tp_device_synchronize()) == TP_SUCCESS)
-        err = tp__free_async_as(ptr, NULL, uncaptured());
     }
     if (deferred) {
       err = TP_SUCCESS;
@@ -538,6 +542,8 @@ static void torch_free(void *ptr, ssize_t size, int device, void *stream,
     leave(saved);
   }
   free(streams);
+  if (held)
+    tp__stream_unref(held);
   if (TP_UNLIKELY(timed_call))
     timed_add(2, t0);
   if (err != TP_SUCCESS)
@@ -546,7 +552,7 @@ static void torch_free(void *ptr, ssize_t size, int device, void *stream,
 
 TP_API void tp_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   if (ptr)
-    torch_free(ptr, size, device, stream, false, NULL, 0);
+    torch_free(ptr, size, device, stream, false, NULL, 0, NULL);
 }
 
 /* `op` on the current pool of `device`. A pool that another thread
@@ -705,26 +711,49 @@ typedef struct deferred {
   void *stream;
   rec *streams; /* the streams recorded for ptr, to wait for */
   uint32_t nstreams;
+  tp__stream *held; /* stream's, with a reference (NULL: the legacy one) */
 } deferred;
 static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
 static deferred *deferreds;
 static uint32_t ndeferred, capdeferred;
 
+/* `stream`'s stream with a reference, so that the end of a deferred free
+ * can tell whether the program destroyed it meanwhile without asking its
+ * handle; NULL where it cannot be found. */
+static tp__stream *stream_hold(void *stream) {
+  if (tp__api_init() != TP_SUCCESS)
+    return NULL;
+  tp__guard_enter();
+  tp__stream *s = NULL;
+  if (tp__stream_get((tp_stream_t)stream, &s) == TP_SUCCESS)
+    tp__stream_ref(s);
+  else
+    s = NULL;
+  tp__guard_exit();
+  return s;
+}
+
 /* The pair count is read under the list's lock, under which the last
  * pair's end also takes the list: a free kept here is made by that end,
- * never left for a pair that may not come. */
+ * never left for a pair that may not come. *held: the stream's, with a
+ * reference, which a kept free takes (*held becomes NULL); where NULL, one
+ * is taken here. */
 static bool defer_free(void *ptr, ssize_t size, int device, void *stream,
-                       rec *streams, uint32_t nstreams) {
+                       rec *streams, uint32_t nstreams, tp__stream **held) {
   if (!announced_capture() || pool_live(ptr, NULL) != 1)
     return false;
+  tp__stream *h = *held;
+  if (!h && stream)
+    h = stream_hold(stream);
   /* The calling thread's own stream (cuda's per-thread default stream)
    * would be another thread's at the pair's end: the legacy stream, which
    * waits for every blocking stream's work, that one's too, stands for it,
    * as for a record (tp_torch_record_stream). */
-  int there = -1;
-  bool bound = false;
-  if (stream && stream_facts(stream, &there, &bound) && bound)
+  if (h && h->thread_bound) {
     stream = NULL;
+    tp__stream_unref(h);
+    h = *held = NULL;
+  }
   pthread_mutex_lock(&deferred_lock);
   bool kept = announced_capture();
   for (uint32_t i = 0; i < ndeferred && kept; i++)
@@ -732,15 +761,19 @@ static bool defer_free(void *ptr, ssize_t size, int device, void *stream,
   kept = kept && TP_ARRAY_ROOM(deferreds, ndeferred, capdeferred);
   if (kept)
     deferreds[ndeferred++] =
-        (deferred){ptr, size, device, stream, streams, nstreams};
+        (deferred){ptr, size, device, stream, streams, nstreams, h};
   pthread_mutex_unlock(&deferred_lock);
+  if (kept)
+    *held = NULL;
+  else if (h && h != *held)
+    tp__stream_unref(h);
   return kept;
 }
 
 static void deferred_run(deferred *v, uint32_t n) {
   for (uint32_t i = 0; i < n; i++)
     torch_free(v[i].ptr, v[i].size, v[i].device, v[i].stream, true,
-               v[i].streams, v[i].nstreams);
+               v[i].streams, v[i].nstreams, v[i].held);
   free(v);
 }
 
