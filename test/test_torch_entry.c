@@ -1741,6 +1741,18 @@ static void *churn_pairs(void *arg) {
 }
 
 static void test_frees_while_pairs_churn(void) {
+  /* The driver does not survive a stream used by one thread while another
+   * begins and ends captures on it (docs/capture.md; an H100 crashed in
+   * this test too): the host platform and the fake driver only. */
+  void *libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  bool fake = libcuda && dlsym(libcuda, "fake_cuda_live");
+  if (libcuda)
+    dlclose(libcuda);
+  if (!check_on_host() && !fake) {
+    printf("   (the driver crashes in this race; host and the fake driver "
+           "only)\n");
+    return;
+  }
   tp_torch_announce_captures();
   CHECK_OK(tp_device_synchronize());
   uint64_t st[4];

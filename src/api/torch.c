@@ -794,12 +794,15 @@ TP_API void tp_torch_capture_begin(void) {
 TP_API void tp_torch_capture_end(void) {
   pthread_mutex_lock(&deferred_lock);
   uint32_t n = atomic_load_explicit(&torch_captures, memory_order_relaxed);
+  /* Counted before the pair closes: a free that finds it closed (a read
+   * without the lock, in defer_free) sees this end too. Ends are made one
+   * at a time, under the lock; begins only add. */
+  if (n)
+    atomic_fetch_add_explicit(&pair_ends, 1, memory_order_acq_rel);
   while (n && !atomic_compare_exchange_weak_explicit(&torch_captures, &n, n - 1,
                                                      memory_order_acq_rel,
                                                      memory_order_relaxed)) {
   }
-  if (n) /* under the lock that defer_free reads the pairs under */
-    atomic_fetch_add_explicit(&pair_ends, 1, memory_order_acq_rel);
   deferred *v = NULL;
   uint32_t nv = 0;
   if (n == 1) {
