@@ -276,9 +276,12 @@ static int pool_live(void *ptr, int *device) {
 }
 
 /* What a stream handle PyTorch passes is: its device, and whether it names
- * the calling thread's own stream (cuda's per-thread default stream).
- * False, with nothing written, where it cannot be told. */
-static bool stream_facts(void *stream, int *device, bool *thread_bound) {
+ * the calling thread's own stream (cuda's per-thread default stream); with
+ * `held`, the stream itself with a reference, so that a later call can
+ * tell whether the program destroyed it without asking its handle. False,
+ * with nothing written, where it cannot be told. */
+static bool stream_facts(void *stream, int *device, bool *thread_bound,
+                         tp__stream **held) {
   if (tp__api_init() != TP_SUCCESS)
     return false;
   tp__guard_enter();
@@ -287,6 +290,10 @@ static bool stream_facts(void *stream, int *device, bool *thread_bound) {
   if (found) {
     *device = s->device;
     *thread_bound = s->thread_bound;
+    if (held) {
+      tp__stream_ref(s);
+      *held = s;
+    }
   }
   tp__guard_exit();
   return found;
@@ -325,7 +332,7 @@ static int stream_device(void *stream, int fallback) {
   int d = fallback;
   bool bound;
   if (stream)
-    (void)stream_facts(stream, &d, &bound);
+    (void)stream_facts(stream, &d, &bound, NULL);
   return d;
 }
 
@@ -659,7 +666,7 @@ TP_API void tp_torch_record_stream(void *ptr, void *stream) {
    * the free must find it even where the stream is destroyed by then. */
   int device = -1;
   bool bound = false;
-  bool found = stream && stream_facts(stream, &device, &bound);
+  bool found = stream && stream_facts(stream, &device, &bound, NULL);
   if (found && bound)
     stream = NULL;
   rec want = {stream, found ? device : -1};
@@ -717,22 +724,6 @@ static pthread_mutex_t deferred_lock = PTHREAD_MUTEX_INITIALIZER;
 static deferred *deferreds;
 static uint32_t ndeferred, capdeferred;
 
-/* `stream`'s stream with a reference, so that the end of a deferred free
- * can tell whether the program destroyed it meanwhile without asking its
- * handle; NULL where it cannot be found. */
-static tp__stream *stream_hold(void *stream) {
-  if (tp__api_init() != TP_SUCCESS)
-    return NULL;
-  tp__guard_enter();
-  tp__stream *s = NULL;
-  if (tp__stream_get((tp_stream_t)stream, &s) == TP_SUCCESS)
-    tp__stream_ref(s);
-  else
-    s = NULL;
-  tp__guard_exit();
-  return s;
-}
-
 /* The pair count is read under the list's lock, under which the last
  * pair's end also takes the list: a free kept here is made by that end,
  * never left for a pair that may not come. *held: the stream's, with a
@@ -743,8 +734,10 @@ static bool defer_free(void *ptr, ssize_t size, int device, void *stream,
   if (!announced_capture() || pool_live(ptr, NULL) != 1)
     return false;
   tp__stream *h = *held;
+  int there = -1;
+  bool bound = false;
   if (!h && stream)
-    h = stream_hold(stream);
+    (void)stream_facts(stream, &there, &bound, &h);
   /* The calling thread's own stream (cuda's per-thread default stream)
    * would be another thread's at the pair's end: the legacy stream, which
    * waits for every blocking stream's work, that one's too, stands for it,
