@@ -55,6 +55,7 @@ struct tp__gmem {
   token *token;     /* what the tie's release hands back */
   bool seen;        /* tidepool ended the capture: it sees every launch */
   bool failed;      /* the capture ended in failure: no graph holds it */
+  bool ended;       /* an interposer saw the capture end well */
   bool self_held;   /* tie detached: tidepool tells when the graph goes */
   bool graph_gone;  /* self-held: its handle was destroyed */
   uint32_t running; /* self-held: destroyed execs whose launches may run */

@@ -252,10 +252,12 @@ tp_error_t tp__gmem_free_captured(tp__pstream *ps, uint64_t capture_id,
     /* Another graph's allocation: only one that outlives its launches
      * (its capture over, not freed in it), freed once per launch here.
      * The capture is over once instantiated, or once tidepool ended it
-     * well: the free need not wait for the owner's instantiation, which
+     * well (or an interposer saw the application end it well): the free
+     * need not wait for the owner's instantiation, which
      * CUDA does not ask either (a producer and a consumer captured first,
      * instantiated after). */
-    bool over = owner->sealed || (owner->seen && !owner->failed);
+    bool over =
+        owner->sealed || ((owner->seen || owner->ended) && !owner->failed);
     if (!over || al->freed_in_graph)
       err = TP_ERROR_INVALID_VALUE;
     if (err == TP_SUCCESS)
@@ -462,6 +464,18 @@ void tp__gmem_capture_failed(uint64_t capture_id) {
       set_live(gm, &gm->allocs[i], false);
     sweep();
   }
+  pthread_mutex_unlock(&lock);
+}
+
+void tp__gmem_capture_ended(uint64_t capture_id, bool ok) {
+  if (!ok) {
+    tp__gmem_capture_failed(capture_id);
+    return;
+  }
+  pthread_mutex_lock(&lock);
+  tp__gmem *gm = capture_id ? gmem_find(capture_id) : NULL;
+  if (gm)
+    gm->ended = true;
   pthread_mutex_unlock(&lock);
 }
 

@@ -110,6 +110,13 @@ void tp__gmem_adopt(tp__gmem *gm, tp__pgraph *graph);
 /* tp_stream_end_capture failed for capture_id: its graph was never
  * launched, so none of its allocations outlives it. */
 void tp__gmem_capture_failed(uint64_t capture_id);
+/* An interposer saw the application's own end of capture_id (the
+ * driver's): `ok`, it returned a graph, whose allocations that outlive it
+ * another graph may free from now on, as CUDA lets a capture free the
+ * outputs of a graph captured before, not yet instantiated; otherwise the
+ * capture ended in failure, as above. Nothing for a capture in which
+ * tidepool did not allocate. */
+void tp__gmem_capture_ended(uint64_t capture_id, bool ok);
 /* Whether tidepool must tell gm when the launches of a destroyed exec
  * complete (gm adopted and detached). */
 bool tp__gmem_self_held(const tp__gmem *gm);

@@ -9,6 +9,7 @@
  * the graphs it allocated in. */
 #include "common/seen.h"
 #include "driver.h"
+#include "graph/graph_mem.h"
 
 static _Atomic(tp__pl_fn) r_begin, r_begin_ptsz, r_begin_v1, r_begin_v1_ptsz,
     r_begin_to_graph, r_begin_to_graph_ptsz, r_end, r_end_ptsz, r_is_capturing,
@@ -140,6 +141,8 @@ static CUresult end_counted(_Atomic(tp__pl_fn) *slot, CUstream stream,
   if (!legacy) {
     (void)tp__pl_drv_capture_id(stream, per_thread, &capturing);
     tp__seen_ended(tp__pl_capture_key(stream, per_thread), before, capturing);
+    if (before && !capturing)
+      tp__gmem_capture_ended(before, r == CUDA_SUCCESS);
   }
   return r;
 }

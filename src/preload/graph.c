@@ -7,6 +7,7 @@
  * allocated in. The graph memory attributes and trim answer for both: the
  * driver's graph memory and tidepool's. */
 #include "common/seen.h"
+#include "graph/graph_mem.h"
 #include "preload.h"
 
 typedef cudaError_t (*begin_fn)(cudaStream_t, enum cudaStreamCaptureMode);
@@ -168,6 +169,8 @@ static cudaError_t end_counted(cudaStream_t stream, cudaGraph_t *graph,
   if (asked) {
     (void)capture_id(stream, per_thread, &capturing, &after);
     tp__seen_ended(tp__pl_capture_key(stream, per_thread), before, capturing);
+    if (before && !capturing)
+      tp__gmem_capture_ended(before, r == cudaSuccess);
   }
   return r;
 }
