@@ -75,6 +75,7 @@ static struct {
   PFN_cuStreamBeginCapture_v10010_ptsz begin_capture_pt;
   PFN_cuStreamEndCapture_v10000_ptsz end_capture_pt;
   PFN_cuStreamBeginCaptureToGraph_v12030 begin_to_graph;
+  PFN_cuMemPoolExportPointer_v11020 ptr_export;
   PFN_cuGraphCreate_v10000 graph_create;
   unsigned long long (*capture_questions)(void); /* the fake's own */
   unsigned long long (*id_questions)(void);      /* the fake's own */
@@ -147,6 +148,7 @@ static int load_driver(void) {
   F(graph_mem_trim, "cuDeviceGraphMemTrim", 11040);
   F(begin_to_graph, "cuStreamBeginCaptureToGraph", 12030);
   F(graph_create, "cuGraphCreate", 10000);
+  F(ptr_export, "cuMemPoolExportPointer", 11020);
 #undef F
   ok = fetch("cuStreamBeginCapture", 10010, PER_THREAD, &cu.begin_capture_pt) &&
        ok;
@@ -493,6 +495,15 @@ static void test_bad_input(void) {
   int local = 0;
   CHECK_RC(cu.free((CUdeviceptr)(uintptr_t)&local, NULL),
            CUDA_ERROR_INVALID_VALUE);
+
+  /* Exporting a pointer of a pool made without a shareable handle type is
+   * refused, as the driver refuses it, not passed to a driver that does
+   * not know the address (the fake answers NOT_SUPPORTED there). */
+  REQUIRE_RC(cu.alloc(&p, 4096, NULL), CUDA_SUCCESS);
+  CUmemPoolPtrExportData record;
+  CHECK_RC(cu.ptr_export(&record, p), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(cu.ptr_export(&record, p + 100), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(cu.free(p, NULL), CUDA_SUCCESS);
 
   /* cuMemAlloc's memory freed in stream order: the driver takes it. */
   CUdeviceptr m = 0;

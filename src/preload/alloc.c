@@ -360,8 +360,11 @@ cudaMemPoolExportPointer(struct cudaMemPoolPtrExportData *data, void *ptr) {
   tp_pool_ptr_export_data_t record;
   tp_error_t err =
       data ? tp_pool_export_pointer(&record, ptr) : TP_ERROR_INVALID_VALUE;
-  /* A pointer of a pool tidepool did not make is the runtime's to export. */
-  if (err == TP_ERROR_INVALID_VALUE && data && ptr)
+  /* A pointer of a pool tidepool did not make is the runtime's to export;
+   * one inside a live allocation of tidepool's is refused here, as the
+   * driver refuses one of a pool without a shareable handle type (the
+   * driver, asked, knows nothing of the address). */
+  if (err == TP_ERROR_INVALID_VALUE && data && ptr && !tp__pl_ptr_ours(ptr))
     FORWARD_COUNTED(cudaMemPoolExportPointer, (data, ptr));
   if (err == TP_SUCCESS)
     memcpy(data, &record, sizeof record);

@@ -356,6 +356,12 @@ cudaError_t tp__pl_enter(bool answering) {
   return answering ? tp__pl_fail(err) : tp__pl_error(err);
 }
 
+bool tp__pl_ptr_ours(const void *ptr) {
+  tp_pool_t owner = NULL;
+  return ptr && tp_pointer_get_attribute(&owner, TP_POINTER_ATTR_MEMPOOL_HANDLE,
+                                         ptr) == TP_SUCCESS;
+}
+
 tp_stream_t tp__pl_stream(cudaStream_t stream, bool per_thread) {
   if (per_thread && stream == NULL)
     stream = cudaStreamPerThread;

@@ -382,8 +382,10 @@ static CUresult ptr_export(CUmemPoolPtrExportData *data, CUdeviceptr ptr) {
   tp_error_t err = data ? tp_pool_export_pointer(&record, ptr_of(ptr))
                         : TP_ERROR_INVALID_VALUE;
   leave_on(&b);
-  /* A pointer of a pool tidepool did not make is the driver's to export. */
-  if (err == TP_ERROR_INVALID_VALUE && data && ptr)
+  /* A pointer of a pool tidepool did not make is the driver's to export
+   * (see alloc.c's cudaMemPoolExportPointer). */
+  if (err == TP_ERROR_INVALID_VALUE && data && ptr &&
+      !tp__pl_ptr_ours(ptr_of(ptr)))
     FORWARD(r_ptr_export, PFN_cuMemPoolExportPointer_v11020, (data, ptr));
   if (err == TP_SUCCESS)
     memcpy(data, &record, sizeof record);

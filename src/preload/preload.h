@@ -121,6 +121,11 @@ cudaError_t tp__pl_enter(bool answering);
  * context current on the thread. Set once the driver's table is loaded. */
 void tp__pl_set_context_device(int (*fn)(void));
 
+/* Whether `ptr` lies in a live allocation of one of tidepool's pools: a
+ * call tidepool refuses for such a pointer is answered, not passed on to
+ * a runtime or driver that knows nothing of the address. */
+bool tp__pl_ptr_ours(const void *ptr);
+
 /* The stream tidepool should see for a runtime stream; `per_thread` for the
  * _ptsz entry points, where NULL means the per-thread default stream. */
 tp_stream_t tp__pl_stream(cudaStream_t stream, bool per_thread);
