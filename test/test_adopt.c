@@ -37,10 +37,12 @@ static bool make_graph(tp_stream_t s, size_t size, unsigned long long flags,
   *pg = NULL;
   *pe = NULL;
   tp__pstream *ps = pstream_of(s);
+  uint64_t id = 0;
   return CHECK(ps != NULL) &&
          CHECK_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL)) &&
          CHECK_OK(tp_malloc_async(out, size, s)) &&
-         CHECK_OK(tp__platform->capture_end(ps, pg)) && CHECK(*pg != NULL) &&
+         CHECK_OK(tp__platform->capture_end(ps, pg, &id)) &&
+         CHECK(*pg != NULL) &&
          CHECK_OK(tp__platform->graph_instantiate(*pg, flags, NULL, NULL, pe));
 }
 
@@ -151,7 +153,8 @@ static void test_forget(void) {
   tp__pstream *ps = pstream_of(s);
   REQUIRE(ps != NULL);
   REQUIRE_OK(tp_stream_begin_capture(s, TP_CAPTURE_MODE_GLOBAL));
-  REQUIRE_OK(tp__platform->capture_end(ps, &pg));
+  uint64_t id = 0;
+  REQUIRE_OK(tp__platform->capture_end(ps, &pg, &id));
   REQUIRE_OK(tp__platform->graph_instantiate(pg, 0, NULL, NULL, &pe));
   adoptable = 1;
   CHECK_OK(tp_graph_adoptable(pg, &adoptable));

@@ -389,29 +389,38 @@ TP_API tp_error_t tp_stream_begin_capture(tp_stream_t stream,
   return TP_GUARDED(begin_capture(stream, mode));
 }
 
+/* Whether an end's answer ended its capture in failure, with no graph
+ * (ILLEGAL_STATE, say, means another thread's end came first, which may
+ * have had its graph). */
+static bool end_failed(tp_error_t err) {
+  return err == TP_ERROR_STREAM_CAPTURE_INVALIDATED ||
+         err == TP_ERROR_STREAM_CAPTURE_UNJOINED ||
+         err == TP_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+}
+
 static tp_error_t end_capture(tp_stream_t stream, tp_graph_t *graph) {
   tp__stream *s;
   TP_FORWARD(tp__stream_get(stream, &s));
-  tp_capture_status_t status = TP_CAPTURE_STATUS_NONE;
-  uint64_t id = 0;
-  if (tp__platform->capture_status(s->ps, &status, &id) != TP_SUCCESS)
-    id = 0;
+  /* The capture this stream began last, read before the end: no capture
+   * can begin on it while the one to end is under way. */
+  uint64_t began = atomic_load_explicit(&s->capture_id, memory_order_relaxed);
   tp__pgraph *pg = NULL;
-  tp_error_t err = tp__platform->capture_end(s->ps, &pg);
+  uint64_t id = 0;
+  tp_error_t err = tp__platform->capture_end(s->ps, &pg, &id);
+  /* An invalidated capture has no id the driver will tell; the one this
+   * stream began last is then the failed one (an older one, already
+   * ended, is found seen and left as it is). */
+  if (!id && err == TP_ERROR_STREAM_CAPTURE_INVALIDATED)
+    id = began;
   tp_capture_status_t after = TP_CAPTURE_STATUS_ACTIVE;
   if (tp__platform->capture_status(s->ps, &after, NULL) != TP_SUCCESS)
     after = TP_CAPTURE_STATUS_ACTIVE;
-  tp__seen_ended((uintptr_t)s, id, after != TP_CAPTURE_STATUS_NONE);
-  if (status != TP_CAPTURE_STATUS_NONE)
-    begun_note(id ? id
-                  : atomic_load_explicit(&s->capture_id, memory_order_relaxed),
-               false);
-  /* An invalidated capture has no id the driver will tell; the one this
-   * stream began last is the failed one (one that already ended is found
-   * seen and left as it is). */
-  if (err != TP_SUCCESS && status != TP_CAPTURE_STATUS_NONE)
-    tp__gmem_capture_failed(
-        id ? id : atomic_load_explicit(&s->capture_id, memory_order_relaxed));
+  (void)tp__seen_ended((uintptr_t)s, id, after != TP_CAPTURE_STATUS_NONE,
+                       err == TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  if (id)
+    begun_note(id, false);
+  if (id && end_failed(err))
+    tp__gmem_capture_failed(id);
   TP_FORWARD(err);
   return tp__graph_made(pg, id, graph);
 }

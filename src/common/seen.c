@@ -102,19 +102,35 @@ void tp__seen_began(bool ok, uint64_t key, uint64_t id) {
 /* Only a capture known by its id goes: an end that found its stream in no
  * capture, or in one whose id the driver did not tell, takes nothing out
  * (the key alone is no proof: the per-thread stream's key is the same in
- * every context of a thread, and a later thread may get it again). */
-void tp__seen_ended(uint64_t key, uint64_t before, bool after) {
-  if (after || !before)
-    return;
+ * every context of a thread, and a later thread may get it again), but
+ * for an end that ended an invalidated capture, which its stream began:
+ * then the one capture listed under the key is that one. */
+uint64_t tp__seen_ended(uint64_t key, uint64_t before, bool after,
+                        bool invalidated) {
+  if (after || (!before && !invalidated))
+    return 0;
   pthread_mutex_lock(&lock);
+  /* A capture may be listed more than once (one begin seen at two of the
+   * interposer's entries, as over the fake driver's per-thread variants):
+   * one entry goes per end, and entries of one capture are no ambiguity. */
+  size_t at = n;
+  bool ambiguous = false;
   for (size_t i = 0; i < n; i++) {
-    if (list[i].key != key || list[i].id != before)
+    if (list[i].key != key || (before && list[i].id != before))
       continue;
-    list[i] = list[--n];
+    if (at == n)
+      at = i;
+    else if (list[i].id != list[at].id)
+      ambiguous = true;
+  }
+  uint64_t id = 0;
+  if (at < n && !ambiguous) {
+    id = list[at].id;
+    list[at] = list[--n];
     atomic_fetch_sub(&under_way, 1);
-    break;
   }
   pthread_mutex_unlock(&lock);
+  return id;
 }
 
 /* ---- streams of others ------------------------------------------------ */

@@ -37,10 +37,16 @@ void tp__seen_begin(void);
 void tp__seen_began(bool ok, uint64_t key, uint64_t id);
 /* After an end on the stream keyed `key`: `before` the id of its capture
  * as the end began (0 where none or unknown), `after` whether the stream
- * still captures. A capture stops counting once the stream that began it
- * is out of it (an end on a stream that joined it leaves it counted); one
- * whose id was not known at both ends stays counted. */
-void tp__seen_ended(uint64_t key, uint64_t before, bool after);
+ * still captures, `invalidated` whether the end answered that its capture
+ * had been invalidated (the driver then tells no id). A capture stops
+ * counting once the stream that began it is out of it (an end on a stream
+ * that joined it leaves it counted). Returns the id of the capture taken
+ * out, 0 for none: the one listed with `before`, or for an invalidated
+ * capture the only one listed under `key` (none where two are: the
+ * per-thread stream's key is the same in every context of a thread). One
+ * whose id was not known at its begin stays counted. */
+uint64_t tp__seen_ended(uint64_t key, uint64_t before, bool after,
+                        bool invalidated);
 
 /* ---- streams of others ------------------------------------------------------
  * A stream tidepool did not make is told from a new one that took its

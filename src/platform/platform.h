@@ -238,8 +238,11 @@ typedef struct tp__platform_ops {
   /* Ends the capture begun on ps; *graph is NULL on failure. The graph may
    * differ from the one captured in nodes that do no work (cuda removes the
    * empty nodes of capture_point, joining what came before each to what
-   * came after), never in the order of the work. */
-  tp_error_t (*capture_end)(tp__pstream *ps, tp__pgraph **graph);
+   * came after), never in the order of the work. *id is the capture this
+   * end met, asked at the end itself, so that ends racing on one stream
+   * each know their own (0 where none was under way, or the platform no
+   * longer tells it: cuda, for an invalidated capture). */
+  tp_error_t (*capture_end)(tp__pstream *ps, tp__pgraph **graph, uint64_t *id);
   /* The question asked on every allocation: cheap. *id identifies the
    * capture for the life of the process (0 when none). STREAM_CAPTURE_
    * IMPLICIT for the legacy stream while a blocking stream of its device

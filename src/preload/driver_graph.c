@@ -140,9 +140,16 @@ static CUresult end_counted(_Atomic(tp__pl_fn) *slot, CUstream stream,
       TP_PL_DRV_CALL(*slot, PFN_cuStreamEndCapture_v10000, (stream, graph));
   if (!legacy) {
     (void)tp__pl_drv_capture_id(stream, per_thread, &capturing);
-    tp__seen_ended(tp__pl_capture_key(stream, per_thread), before, capturing);
-    if (before && !capturing)
-      tp__gmem_capture_ended(before, r == CUDA_SUCCESS);
+    /* The driver tells no id of an invalidated capture, before or after. */
+    bool invalidated = r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    uint64_t ended = tp__seen_ended(tp__pl_capture_key(stream, per_thread),
+                                    before, capturing, invalidated);
+    /* Only an answer that ended the capture tells its fate: another
+     * thread's end may have come first (ILLEGAL_STATE). */
+    bool failed = invalidated || r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED ||
+                  r == CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    if (!capturing && (r == CUDA_SUCCESS || failed))
+      tp__gmem_capture_ended(before ? before : ended, r == CUDA_SUCCESS);
   }
   return r;
 }

@@ -166,11 +166,18 @@ static cudaError_t end_counted(cudaStream_t stream, cudaGraph_t *graph,
   bool asked = capture_id(stream, per_thread, &capturing, &before);
   cudaError_t r = per_thread ? REAL(cudaStreamEndCapture_ptsz, (stream, graph))
                              : REAL(cudaStreamEndCapture, (stream, graph));
-  if (asked) {
+  /* The driver tells no id of an invalidated capture, before or after. */
+  bool invalidated = r == cudaErrorStreamCaptureInvalidated;
+  if (asked || invalidated) {
     (void)capture_id(stream, per_thread, &capturing, &after);
-    tp__seen_ended(tp__pl_capture_key(stream, per_thread), before, capturing);
-    if (before && !capturing)
-      tp__gmem_capture_ended(before, r == cudaSuccess);
+    uint64_t ended = tp__seen_ended(tp__pl_capture_key(stream, per_thread),
+                                    before, capturing, invalidated);
+    /* Only an answer that ended the capture tells its fate: another
+     * thread's end may have come first (ILLEGAL_STATE). */
+    bool failed = invalidated || r == cudaErrorStreamCaptureUnjoined ||
+                  r == cudaErrorStreamCaptureWrongThread;
+    if (!capturing && (r == cudaSuccess || failed))
+      tp__gmem_capture_ended(before ? before : ended, r == cudaSuccess);
   }
   return r;
 }

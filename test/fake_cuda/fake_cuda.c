@@ -1660,8 +1660,10 @@ FK_API CUresult CUDAAPI cuStreamGetCaptureInfo(
                          : c->invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
                                       : CU_STREAM_CAPTURE_STATUS_ACTIVE;
     bool active = c && !c->invalid;
+    /* The driver names no id once a capture is invalidated (an H200,
+     * bench/RESULTS.md). */
     if (id_out)
-      *id_out = c ? c->id : 0;
+      *id_out = active ? c->id : 0;
     if (graph_out)
       *graph_out = active ? c->g : NULL;
     if (dependencies_out)

@@ -6,6 +6,7 @@
  * every exec made from it. Captures the application begins with
  * cuStreamBeginCapture are the same captures to the driver, so all of this
  * works on them too. */
+#include <pthread.h>
 #include <string.h>
 
 #include "platform/cuda/cuda_internal.h"
@@ -29,6 +30,17 @@ _Static_assert(TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH ==
                "instantiate flags differ from the driver's");
 
 #define TP_CU_NEED(fn) TP_RETURN_IF(!tp__cu.fn, TP_ERROR_NOT_SUPPORTED)
+
+/* The driver's graphs are not thread-safe, and in a relaxed capture one
+ * thread may end the capture while another allocates or frees in it:
+ * tidepool's own reads and changes of a capture's graph (marks, walks,
+ * user objects, the end and its stripping of marks) take this lock, so
+ * that none walks a node another is destroying, and an end never sees a
+ * mark added but not yet made the stream's position (which read as a
+ * fork left unjoined). Each op asks the capture's state under it, so one
+ * that comes after an end finds the stream out of the capture. A platform
+ * lock: callers may hold any of the core's (lock.h). */
+static pthread_mutex_t graph_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* cuStreamIsCapturing is the cheapest question the driver answers about
  * capture (15 to 20 ns on an H200, against about 80 for the full
@@ -148,12 +160,22 @@ static bool unjoined_marks(CUstream s);
  * own allocation and free nodes are, so such an end is refused as the
  * driver refuses its own nodes left unjoined: the capture ends, with no
  * graph. */
-tp_error_t tp__cu_capture_end(tp__pstream *ps, tp__pgraph **graph) {
+tp_error_t tp__cu_capture_end(tp__pstream *ps, tp__pgraph **graph,
+                              uint64_t *id) {
   TP_CU_NEED(cuStreamEndCapture);
   *graph = NULL;
+  *id = 0;
   CUstream s;
   tp__cu_scope scope;
   TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
+  pthread_mutex_lock(&graph_lock);
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t cid = 0;
+  if (tp__cu.cuStreamGetCaptureInfo &&
+      tp__cu.cuStreamGetCaptureInfo(s, &st, &cid, NULL, NULL, NULL, NULL) ==
+          CUDA_SUCCESS &&
+      st != CU_STREAM_CAPTURE_STATUS_NONE)
+    *id = cid;
   bool unjoined = unjoined_marks(s);
   CUgraph g = NULL;
   CUresult r = tp__cu.cuStreamEndCapture(s, &g);
@@ -168,6 +190,7 @@ tp_error_t tp__cu_capture_end(tp__pstream *ps, tp__pgraph **graph) {
     (void)tp__cu.cuGraphDestroy(g);
   if (r == CUDA_SUCCESS)
     strip_empty_nodes(g);
+  pthread_mutex_unlock(&graph_lock);
   tp__cu_scope_leave(&scope);
   TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
   *graph = (tp__pgraph *)g;
@@ -268,7 +291,9 @@ tp_error_t tp__cu_capture_point(tp__pstream *ps, tp__pnode *node) {
   CUstream s;
   tp__cu_scope scope;
   TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
+  pthread_mutex_lock(&graph_lock);
   tp_error_t err = point(s, node);
+  pthread_mutex_unlock(&graph_lock);
   tp__cu_scope_leave(&scope);
   return err;
 }
@@ -414,7 +439,9 @@ tp_error_t tp__cu_capture_follows(tp__pstream *ps, const tp__pnode *nodes,
   CUstream s;
   tp__cu_scope scope;
   TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
+  pthread_mutex_lock(&graph_lock);
   tp_error_t err = follows(s, nodes, n, out);
+  pthread_mutex_unlock(&graph_lock);
   tp__cu_scope_leave(&scope);
   return err;
 }
@@ -476,7 +503,9 @@ tp_error_t tp__cu_capture_attach(tp__pstream *ps, void (*release)(void *),
   CUstream s;
   tp__cu_scope scope;
   TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
+  pthread_mutex_lock(&graph_lock);
   tp_error_t err = attach(s, release, arg, tie, graph);
+  pthread_mutex_unlock(&graph_lock);
   tp__cu_scope_leave(&scope);
   return err;
 }

@@ -68,7 +68,8 @@ tp_error_t tp__cu_device_uuid(int device, unsigned char uuid[16]);
 CUresult tp__cu_record_uncaptured(CUevent ev, CUstream s);
 
 tp_error_t tp__cu_capture_begin(tp__pstream *ps, tp_capture_mode_t mode);
-tp_error_t tp__cu_capture_end(tp__pstream *ps, tp__pgraph **graph);
+tp_error_t tp__cu_capture_end(tp__pstream *ps, tp__pgraph **graph,
+                              uint64_t *id);
 tp_error_t tp__cu_capture_status(tp__pstream *ps, tp_capture_status_t *status,
                                  uint64_t *id);
 tp_error_t tp__cu_capture_invalidate(tp__pstream *ps);

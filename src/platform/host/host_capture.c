@@ -306,14 +306,18 @@ tp_error_t tp__host_capture_begin(tp__pstream *ps, tp_capture_mode_t mode) {
   return err;
 }
 
-tp_error_t tp__host_capture_end(tp__pstream *ps, tp__pgraph **graph) {
-  TP_RETURN_IF(!ps || !graph, TP_ERROR_INVALID_VALUE);
+tp_error_t tp__host_capture_end(tp__pstream *ps, tp__pgraph **graph,
+                                uint64_t *id) {
+  TP_RETURN_IF(!ps || !graph || !id, TP_ERROR_INVALID_VALUE);
   *graph = NULL;
+  *id = 0;
   tp__pgraph *g = NULL;
   tp_error_t err = TP_SUCCESS;
   pthread_mutex_lock(&mu);
   tp__host_member *m = member_of(ps);
   capture *c = m ? m->c : NULL;
+  if (c)
+    *id = c->id;
   /* As the driver does: ending on a stream that joined the capture costs
    * the capture its validity, and ending from the wrong thread ends it
    * without a graph; a fork left unjoined is the answer then, since the

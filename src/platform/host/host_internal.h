@@ -229,7 +229,8 @@ void tp__host_capture_stream_gone(tp__pstream *ps);
 /* An event recorded in a capture is being destroyed. */
 void tp__host_capture_event_forget(tp__pevent *ev);
 tp_error_t tp__host_capture_begin(tp__pstream *ps, tp_capture_mode_t mode);
-tp_error_t tp__host_capture_end(tp__pstream *ps, tp__pgraph **graph);
+tp_error_t tp__host_capture_end(tp__pstream *ps, tp__pgraph **graph,
+                                uint64_t *id);
 tp_error_t tp__host_capture_status(tp__pstream *ps, tp_capture_status_t *status,
                                    uint64_t *id);
 tp_error_t tp__host_capture_invalidate(tp__pstream *ps);
