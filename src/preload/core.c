@@ -11,6 +11,7 @@
 #include <cuda.h>
 
 #include "common/seen.h"
+#include "graph/graph_mem.h"
 #include "preload.h"
 
 #ifndef TP_PL_CUDART_NODE
@@ -354,6 +355,17 @@ cudaError_t tp__pl_enter(bool answering) {
   if (err == TP_SUCCESS)
     return cudaSuccess;
   return answering ? tp__pl_fail(err) : tp__pl_error(err);
+}
+
+void tp__pl_capture_ended(uint64_t key, uint64_t before, bool capturing,
+                          cudaError_t result) {
+  /* The driver tells no id of an invalidated capture, before or after. */
+  bool invalidated = result == cudaErrorStreamCaptureInvalidated;
+  uint64_t ended = tp__seen_ended(key, before, capturing, invalidated);
+  bool failed = invalidated || result == cudaErrorStreamCaptureUnjoined ||
+                result == cudaErrorStreamCaptureWrongThread;
+  if (!capturing && (result == cudaSuccess || failed))
+    tp__gmem_capture_ended(before ? before : ended, result == cudaSuccess);
 }
 
 bool tp__pl_ptr_ours(const void *ptr) {

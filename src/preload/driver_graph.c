@@ -130,6 +130,16 @@ static tp_error_t end_capture(CUstream stream, CUgraph *graph,
  * capture it was in. The legacy stream never captures (its begin fails),
  * and asking about it while another stream captures could cost that
  * capture: it is not asked. */
+/* The capture errors have the same numbers in both APIs (an end's result
+ * goes to tp__pl_capture_ended as the runtime's). */
+_Static_assert((int)CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ==
+                       (int)cudaErrorStreamCaptureInvalidated &&
+                   (int)CUDA_ERROR_STREAM_CAPTURE_UNJOINED ==
+                       (int)cudaErrorStreamCaptureUnjoined &&
+                   (int)CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD ==
+                       (int)cudaErrorStreamCaptureWrongThread,
+               "capture errors differ between the driver and the runtime");
+
 static CUresult end_counted(_Atomic(tp__pl_fn) *slot, CUstream stream,
                             CUgraph *graph, bool per_thread) {
   bool legacy = stream == CU_STREAM_LEGACY || (!per_thread && stream == NULL);
@@ -140,16 +150,8 @@ static CUresult end_counted(_Atomic(tp__pl_fn) *slot, CUstream stream,
       TP_PL_DRV_CALL(*slot, PFN_cuStreamEndCapture_v10000, (stream, graph));
   if (!legacy) {
     (void)tp__pl_drv_capture_id(stream, per_thread, &capturing);
-    /* The driver tells no id of an invalidated capture, before or after. */
-    bool invalidated = r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    uint64_t ended = tp__seen_ended(tp__pl_capture_key(stream, per_thread),
-                                    before, capturing, invalidated);
-    /* Only an answer that ended the capture tells its fate: another
-     * thread's end may have come first (ILLEGAL_STATE). */
-    bool failed = invalidated || r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED ||
-                  r == CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
-    if (!capturing && (r == CUDA_SUCCESS || failed))
-      tp__gmem_capture_ended(before ? before : ended, r == CUDA_SUCCESS);
+    tp__pl_capture_ended(tp__pl_capture_key(stream, per_thread), before,
+                         capturing, (cudaError_t)r);
   }
   return r;
 }

@@ -7,7 +7,6 @@
  * allocated in. The graph memory attributes and trim answer for both: the
  * driver's graph memory and tidepool's. */
 #include "common/seen.h"
-#include "graph/graph_mem.h"
 #include "preload.h"
 
 typedef cudaError_t (*begin_fn)(cudaStream_t, enum cudaStreamCaptureMode);
@@ -167,17 +166,10 @@ static cudaError_t end_counted(cudaStream_t stream, cudaGraph_t *graph,
   cudaError_t r = per_thread ? REAL(cudaStreamEndCapture_ptsz, (stream, graph))
                              : REAL(cudaStreamEndCapture, (stream, graph));
   /* The driver tells no id of an invalidated capture, before or after. */
-  bool invalidated = r == cudaErrorStreamCaptureInvalidated;
-  if (asked || invalidated) {
+  if (asked || r == cudaErrorStreamCaptureInvalidated) {
     (void)capture_id(stream, per_thread, &capturing, &after);
-    uint64_t ended = tp__seen_ended(tp__pl_capture_key(stream, per_thread),
-                                    before, capturing, invalidated);
-    /* Only an answer that ended the capture tells its fate: another
-     * thread's end may have come first (ILLEGAL_STATE). */
-    bool failed = invalidated || r == cudaErrorStreamCaptureUnjoined ||
-                  r == cudaErrorStreamCaptureWrongThread;
-    if (!capturing && (r == cudaSuccess || failed))
-      tp__gmem_capture_ended(before ? before : ended, r == cudaSuccess);
+    tp__pl_capture_ended(tp__pl_capture_key(stream, per_thread), before,
+                         capturing, r);
   }
   return r;
 }

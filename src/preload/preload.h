@@ -121,6 +121,16 @@ cudaError_t tp__pl_enter(bool answering);
  * context current on the thread. Set once the driver's table is loaded. */
 void tp__pl_set_context_device(int (*fn)(void));
 
+/* After the application's own end of a capture on the stream keyed `key`
+ * (tp__pl_capture_key): `before` its capture's id as the end began (0
+ * where none or unknown), `capturing` whether the stream still captures,
+ * `result` the end's answer (the driver's capture errors have the
+ * runtime's numbers). The capture stops counting (seen.h), and graph
+ * memory learns its fate where the answer tells it: a graph, or a failure
+ * that ended it (another thread's end may have come first). */
+void tp__pl_capture_ended(uint64_t key, uint64_t before, bool capturing,
+                          cudaError_t result);
+
 /* Whether `ptr` lies in a live allocation of one of tidepool's pools: a
  * call tidepool refuses for such a pointer is answered, not passed on to
  * a runtime or driver that knows nothing of the address. */
