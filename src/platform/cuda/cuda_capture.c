@@ -34,12 +34,16 @@ _Static_assert(TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH ==
 /* The driver's graphs are not thread-safe, and in a relaxed capture one
  * thread may end the capture while another allocates or frees in it:
  * tidepool's own reads and changes of a capture's graph (marks, walks,
- * user objects, the end and its stripping of marks) take this lock, so
- * that none walks a node another is destroying, and an end never sees a
- * mark added but not yet made the stream's position (which read as a
- * fork left unjoined). Each op asks the capture's state under it, so one
- * that comes after an end finds the stream out of the capture. A platform
- * lock: callers may hold any of the core's (lock.h). */
+ * user objects, the end and its stripping of marks), and its begins and
+ * questions of a capture's id, take this lock, so that none walks a node
+ * another is destroying, and an end never sees a mark added but not yet
+ * made the stream's position (which read as a fork left unjoined). Each
+ * op asks the capture's state under it, so one that comes after an end
+ * finds the stream out of the capture. The driver itself dies of some
+ * calls on a stream racing its capture's begin or end (docs/capture.md);
+ * cuStreamIsCapturing, asked on every allocation, is not one of them and
+ * stays outside. A platform lock: callers may hold any of the core's
+ * (lock.h). */
 static pthread_mutex_t graph_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* cuStreamIsCapturing is the cheapest question the driver answers about
@@ -60,8 +64,14 @@ CUresult tp__cu_record_uncaptured(CUevent ev, CUstream s) {
 
 tp_error_t tp__cu_capture_begin(tp__pstream *ps, tp_capture_mode_t mode) {
   TP_CU_NEED(cuStreamBeginCapture);
-  TP_CU_ON_STREAM(ps,
-                  tp__cu.cuStreamBeginCapture(s_, (CUstreamCaptureMode)mode));
+  CUstream s;
+  tp__cu_scope scope;
+  TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
+  pthread_mutex_lock(&graph_lock);
+  CUresult r = tp__cu.cuStreamBeginCapture(s, (CUstreamCaptureMode)mode);
+  pthread_mutex_unlock(&graph_lock);
+  tp__cu_scope_leave(&scope);
+  return tp__cu_error(r);
 }
 
 /* The nodes before (deps) or after a node, in a fresh array; false when
@@ -215,8 +225,11 @@ tp_error_t tp__cu_capture_status(tp__pstream *ps, tp_capture_status_t *status,
   TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
   CUresult r = tp__cu.cuStreamIsCapturing(s, &st);
   if (r == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE && id &&
-      tp__cu.cuStreamGetCaptureInfo)
+      tp__cu.cuStreamGetCaptureInfo) {
+    pthread_mutex_lock(&graph_lock);
     r = tp__cu.cuStreamGetCaptureInfo(s, &st, &cid, NULL, NULL, NULL, NULL);
+    pthread_mutex_unlock(&graph_lock);
+  }
   tp__cu_scope_leave(&scope);
   TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
   *status = (tp_capture_status_t)st;
