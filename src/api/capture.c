@@ -215,27 +215,35 @@ static int capture_now(tp__stream *s, uint64_t *id, tp_error_t *err) {
 
 bool tp__graph_free(void *ptr, tp__stream *s, tp__pool **pool,
                     tp_error_t *err) {
-  uint64_t id = 0;
-  int now = capture_now(s, &id, err);
-  if (now < 0)
-    return true;
   /* A capture ended by another thread meanwhile leaves the free to the
-   * stream outside capture, even where it captures anew: booked in a new
-   * capture, the free of the old one's allocation would keep that
-   * allocation until the new graph launched, which it may never do. */
-  if (now > 0) {
-    *err = tp__gmem_free_captured(s->ps, id, ptr);
-    if (*err == TP_SUCCESS || !capture_retry(s, id, err))
+   * stream as it is now: outside capture, or in the capture another
+   * thread began since, as the driver would take its own free there (an
+   * allocation of the ended capture is then freed by the new graph, once
+   * launched); and a capture begun between the question and a free
+   * outside capture (whose event record it refuses) takes the free. */
+  for (int tries = 1;; tries++) {
+    uint64_t id = 0;
+    int now = capture_now(s, &id, err);
+    if (now < 0)
       return true;
+    if (now > 0) {
+      *err = tp__gmem_free_captured(s->ps, id, ptr);
+      if (*err == TP_SUCCESS || tries == CAPTURE_TRIES ||
+          !capture_retry(s, id, err))
+        return true;
+      continue;
+    }
+    /* Not capturing: the graph's only where no pool holds the address. */
+    *err = TP_SUCCESS;
+    if ((*pool = tp__registry_find((uintptr_t)ptr)) != NULL)
+      return false;
+    tp__graph_settle_running();
+    bool claimed = false;
+    *err = tp__gmem_free(s->ps, s->device, ptr, &claimed);
+    if (!claimed || *err != TP_ERROR_STREAM_CAPTURE_UNSUPPORTED ||
+        tries == CAPTURE_TRIES)
+      return claimed;
   }
-  /* Not capturing: the graph's only where no pool holds the address. */
-  *err = TP_SUCCESS;
-  if ((*pool = tp__registry_find((uintptr_t)ptr)) != NULL)
-    return false;
-  tp__graph_settle_running();
-  bool claimed = false;
-  *err = tp__gmem_free(s->ps, s->device, ptr, &claimed);
-  return claimed;
 }
 
 bool tp__graph_on_record(tp_event_t event, tp__stream *s, tp_error_t *err) {
@@ -417,7 +425,9 @@ static tp_error_t end_capture(tp_stream_t stream, tp_graph_t *graph) {
     after = TP_CAPTURE_STATUS_ACTIVE;
   (void)tp__seen_ended((uintptr_t)s, id, after != TP_CAPTURE_STATUS_NONE,
                        err == TP_ERROR_STREAM_CAPTURE_INVALIDATED);
-  if (id)
+  /* An end on a stream that only joined the capture (UNMATCHED) leaves it
+   * under way, invalidated, for its origin to end. */
+  if (id && (err == TP_SUCCESS || end_failed(err)))
     begun_note(id, false);
   if (id && end_failed(err))
     tp__gmem_capture_failed(id);

@@ -182,8 +182,8 @@ static tp_error_t gmem_of(tp__pstream *ps, uint64_t capture_id,
     return TP_ERROR_OUT_OF_MEMORY;
   }
   *t = (token){.gm = gm, .graph = true};
-  tp_error_t err =
-      tp__platform->capture_attach(ps, on_release, t, &gm->tie, &gm->pg);
+  tp_error_t err = tp__platform->capture_attach(ps, capture_id, on_release, t,
+                                                &gm->tie, &gm->pg);
   if (err != TP_SUCCESS) {
     free(gm);
     free(t);
@@ -217,7 +217,7 @@ tp_error_t tp__gmem_malloc(tp__pstream *ps, uint64_t capture_id,
     err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
   tp__pnode at = 0;
   if (err == TP_SUCCESS && mark)
-    err = tp__platform->capture_point(ps, &at);
+    err = tp__platform->capture_point(ps, capture_id, &at);
   if (err == TP_SUCCESS) {
     tp__gspace_marks marks;
     tp__gspace_mark(&marks);
@@ -243,7 +243,7 @@ tp_error_t tp__gmem_free_captured(tp__pstream *ps, uint64_t capture_id,
     /* Its own graph: the bytes are free after this point of the capture. */
     tp__pnode at = 0;
     err = al->freed_in_graph ? TP_ERROR_INVALID_VALUE
-                             : tp__platform->capture_point(ps, &at);
+                             : tp__platform->capture_point(ps, capture_id, &at);
     if (err == TP_SUCCESS) {
       al->freed_in_graph = true;
       al->freed_at = at;
@@ -308,8 +308,6 @@ tp_error_t tp__gmem_free(tp__pstream *ps, int device, void *ptr,
     bool unseen = al && !al->live && !al->freed_in_graph &&
                   !al->seg->gm->sealed && !al->seg->gm->seen &&
                   !al->freed_unseen && tp__platform->graph_maps_at_capture();
-    if (unseen)
-      al->freed_unseen = true;
     if (al && (al->live || unseen)) {
       gm = al->seg->gm;
     } else {
@@ -325,7 +323,11 @@ tp_error_t tp__gmem_free(tp__pstream *ps, int device, void *ptr,
     if (err != TP_SUCCESS)
       (void)tp__platform->event_destroy(ev);
   }
+  /* Booked only once the event is recorded: a record the stream refuses
+   * (a capture began on it meanwhile) changes nothing. */
   if (al && err == TP_SUCCESS) {
+    if (!al->live)
+      al->freed_unseen = true;
     if (al->free_ev)
       drop_free_ev(gm, al);
     al->free_ev = ev;

@@ -260,8 +260,10 @@ typedef struct tp__platform_ops {
    * node after all the work captured on it so far, which becomes the
    * stream's position. A node of its own, even where the stream's work ends
    * in one node: a stream forked from that node must not appear to follow
-   * what this one does after it. */
-  tp_error_t (*capture_point)(tp__pstream *ps, tp__pnode *node);
+   * what this one does after it. `id` is the capture the caller found ps
+   * in: ILLEGAL_STATE, nothing added, where ps has moved on to another
+   * (another thread ended its capture and began a new one). */
+  tp_error_t (*capture_point)(tp__pstream *ps, uint64_t id, tp__pnode *node);
   /* For each of n positions of ps's capture, whether work captured on ps
    * from now on is ordered after it: out[i] = 1 or 0. */
   tp_error_t (*capture_follows)(tp__pstream *ps, const tp__pnode *nodes,
@@ -271,9 +273,12 @@ typedef struct tp__platform_ops {
    * launches have completed, or once the capture fails. It runs on any
    * thread and must not call the platform or tidepool (cuda's user-object
    * destructor rule). *tie names the tie for capture_detach; *graph is
-   * the graph being captured, the handle its capture's end will give. */
-  tp_error_t (*capture_attach)(tp__pstream *ps, void (*release)(void *),
-                               void *arg, void **tie, tp__pgraph **graph);
+   * the graph being captured, the handle its capture's end will give.
+   * ILLEGAL_STATE, nothing tied, where ps is no longer in capture `id`
+   * (as capture_point). */
+  tp_error_t (*capture_attach)(tp__pstream *ps, uint64_t id,
+                               void (*release)(void *), void *arg, void **tie,
+                               tp__pgraph **graph);
   /* Undoes capture_attach for a graph that capture_end returned, whose
    * execs and launches tidepool therefore sees: its release will not be
    * called, and neither the graph nor its execs carry the tie any more

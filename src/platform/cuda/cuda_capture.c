@@ -268,28 +268,37 @@ tp_error_t tp__cu_capture_invalidate(tp__pstream *ps) {
              : TP_ERROR_ILLEGAL_STATE;
 }
 
-/* The capture's graph and the stream's dependency set; *deps is the
- * driver's array, good until the next call on the stream. */
-static tp_error_t capture_info(CUstream s, CUgraph *graph,
-                               const CUgraphNode **deps, size_t *n) {
+/* The graph of the capture `id` (0: whichever) the stream is in, and the
+ * stream's dependency set; *deps is the driver's array, good until the
+ * next call on the stream. ILLEGAL_STATE where the stream captures no
+ * more, or has moved on to another capture. */
+static tp_error_t capture_info_of(CUstream s, uint64_t id, CUgraph *graph,
+                                  const CUgraphNode **deps, size_t *n) {
   TP_CU_NEED(cuStreamGetCaptureInfo);
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t cid = 0;
   CUresult r =
-      tp__cu.cuStreamGetCaptureInfo(s, &st, NULL, graph, deps, NULL, n);
+      tp__cu.cuStreamGetCaptureInfo(s, &st, &cid, graph, deps, NULL, n);
   TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
   TP_RETURN_IF(st == CU_STREAM_CAPTURE_STATUS_NONE, TP_ERROR_ILLEGAL_STATE);
   TP_RETURN_IF(st == CU_STREAM_CAPTURE_STATUS_INVALIDATED,
                TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+  TP_RETURN_IF(id && cid != id, TP_ERROR_ILLEGAL_STATE);
   return TP_SUCCESS;
 }
 
-static tp_error_t point(CUstream s, tp__pnode *node) {
+static tp_error_t capture_info(CUstream s, CUgraph *graph,
+                               const CUgraphNode **deps, size_t *n) {
+  return capture_info_of(s, 0, graph, deps, n);
+}
+
+static tp_error_t point(CUstream s, uint64_t id, tp__pnode *node) {
   TP_CU_NEED(cuGraphAddEmptyNode);
   TP_CU_NEED(cuStreamUpdateCaptureDependencies);
   CUgraph g = NULL;
   const CUgraphNode *deps = NULL;
   size_t n = 0;
-  TP_FORWARD(capture_info(s, &g, &deps, &n));
+  TP_FORWARD(capture_info_of(s, id, &g, &deps, &n));
   CUgraphNode e = NULL;
   CUresult r = tp__cu.cuGraphAddEmptyNode(&e, g, deps, n);
   if (r == CUDA_SUCCESS)
@@ -300,12 +309,12 @@ static tp_error_t point(CUstream s, tp__pnode *node) {
   return TP_SUCCESS;
 }
 
-tp_error_t tp__cu_capture_point(tp__pstream *ps, tp__pnode *node) {
+tp_error_t tp__cu_capture_point(tp__pstream *ps, uint64_t id, tp__pnode *node) {
   CUstream s;
   tp__cu_scope scope;
   TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
   pthread_mutex_lock(&graph_lock);
-  tp_error_t err = point(s, node);
+  tp_error_t err = point(s, id, node);
   pthread_mutex_unlock(&graph_lock);
   tp__cu_scope_leave(&scope);
   return err;
@@ -478,15 +487,15 @@ static void holder_destroy(void *p) {
   free(h);
 }
 
-static tp_error_t attach(CUstream s, void (*release)(void *), void *arg,
-                         void **tie, tp__pgraph **graph) {
+static tp_error_t attach(CUstream s, uint64_t id, void (*release)(void *),
+                         void *arg, void **tie, tp__pgraph **graph) {
   TP_CU_NEED(cuUserObjectCreate);
   TP_CU_NEED(cuUserObjectRelease);
   TP_CU_NEED(cuGraphRetainUserObject);
   CUgraph g = NULL;
   const CUgraphNode *deps = NULL;
   size_t n = 0;
-  TP_FORWARD(capture_info(s, &g, &deps, &n));
+  TP_FORWARD(capture_info_of(s, id, &g, &deps, &n));
   holder *h = calloc(1, sizeof *h);
   TP_RETURN_IF(!h, TP_ERROR_OUT_OF_MEMORY);
   h->release = release;
@@ -511,13 +520,14 @@ static tp_error_t attach(CUstream s, void (*release)(void *), void *arg,
   return TP_SUCCESS;
 }
 
-tp_error_t tp__cu_capture_attach(tp__pstream *ps, void (*release)(void *),
-                                 void *arg, void **tie, tp__pgraph **graph) {
+tp_error_t tp__cu_capture_attach(tp__pstream *ps, uint64_t id,
+                                 void (*release)(void *), void *arg, void **tie,
+                                 tp__pgraph **graph) {
   CUstream s;
   tp__cu_scope scope;
   TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
   pthread_mutex_lock(&graph_lock);
-  tp_error_t err = attach(s, release, arg, tie, graph);
+  tp_error_t err = attach(s, id, release, arg, tie, graph);
   pthread_mutex_unlock(&graph_lock);
   tp__cu_scope_leave(&scope);
   return err;

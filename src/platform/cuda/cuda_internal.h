@@ -73,11 +73,12 @@ tp_error_t tp__cu_capture_end(tp__pstream *ps, tp__pgraph **graph,
 tp_error_t tp__cu_capture_status(tp__pstream *ps, tp_capture_status_t *status,
                                  uint64_t *id);
 tp_error_t tp__cu_capture_invalidate(tp__pstream *ps);
-tp_error_t tp__cu_capture_point(tp__pstream *ps, tp__pnode *node);
+tp_error_t tp__cu_capture_point(tp__pstream *ps, uint64_t id, tp__pnode *node);
 tp_error_t tp__cu_capture_follows(tp__pstream *ps, const tp__pnode *nodes,
                                   size_t n, unsigned char *out);
-tp_error_t tp__cu_capture_attach(tp__pstream *ps, void (*release)(void *),
-                                 void *arg, void **tie, tp__pgraph **graph);
+tp_error_t tp__cu_capture_attach(tp__pstream *ps, uint64_t id,
+                                 void (*release)(void *), void *arg, void **tie,
+                                 tp__pgraph **graph);
 tp_error_t tp__cu_capture_detach(tp__pgraph *graph, void *tie);
 tp_error_t tp__cu_capture_event_record(tp__pevent *ev, tp__pstream *ps);
 tp_error_t tp__cu_capture_event_wait(tp__pstream *ps, tp__pevent *ev);

@@ -493,12 +493,13 @@ void tp__host_capture_event_forget(tp__pevent *ev) {
   pthread_mutex_unlock(&mu);
 }
 
-tp_error_t tp__host_capture_point(tp__pstream *ps, tp__pnode *out) {
+tp_error_t tp__host_capture_point(tp__pstream *ps, uint64_t cid,
+                                  tp__pnode *out) {
   TP_RETURN_IF(!ps || !out, TP_ERROR_INVALID_VALUE);
   tp_error_t err = TP_SUCCESS;
   pthread_mutex_lock(&mu);
   tp__host_member *m = member_of(ps);
-  if (!m)
+  if (!m || m->c->id != cid)
     err = TP_ERROR_ILLEGAL_STATE;
   else if (m->c->invalidated)
     err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
@@ -541,14 +542,15 @@ tp_error_t tp__host_capture_follows(tp__pstream *ps, const tp__pnode *nodes,
   return err;
 }
 
-tp_error_t tp__host_capture_attach(tp__pstream *ps, void (*release)(void *),
-                                   void *arg, void **tie, tp__pgraph **graph) {
+tp_error_t tp__host_capture_attach(tp__pstream *ps, uint64_t id,
+                                   void (*release)(void *), void *arg,
+                                   void **tie, tp__pgraph **graph) {
   TP_RETURN_IF(!ps || !release || !tie || !graph, TP_ERROR_INVALID_VALUE);
   *tie = arg;
   tp_error_t err = TP_SUCCESS;
   pthread_mutex_lock(&mu);
   tp__host_member *m = member_of(ps);
-  tp__pgraph *g = m ? m->c->graph : NULL;
+  tp__pgraph *g = m && m->c->id == id ? m->c->graph : NULL;
   if (!g)
     err = TP_ERROR_ILLEGAL_STATE;
   else if (!TP_ARRAY_ROOM(g->releases, g->nreleases, g->capreleases))
