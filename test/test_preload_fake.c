@@ -698,6 +698,14 @@ static void test_failed_capture_memory(void) {
    * no id for it: a pair elsewhere asks nothing about capture. */
   CHECK_EQ_U64(pairs_ask(NULL, 10), 0);
   CHECK_RC(cu.stream_destroy(s), CUDA_SUCCESS);
+  /* A stream destroyed while it captures takes its capture with it: its
+   * memory goes, and it is counted no more (both stayed). */
+  s = new_stream();
+  REQUIRE_RC(cu.begin_capture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  CUdeviceptr gone = 0;
+  CHECK_RC(cu.alloc(&gone, 4 * MiB, s), CUDA_SUCCESS);
+  CHECK_RC(cu.stream_destroy(s), CUDA_SUCCESS);
+  CHECK_EQ_U64(pairs_ask(NULL, 10), 0);
   CHECK_RC(cu.ctx_sync(), CUDA_SUCCESS);
   CHECK_RC(cu.graph_mem_trim(dev0), CUDA_SUCCESS);
   CHECK_EQ_U64(graph_mem(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT), 0);

@@ -384,7 +384,7 @@ static tp_error_t begin_capture(tp_stream_t stream, tp_capture_mode_t mode) {
   if (err == TP_SUCCESS &&
       tp__platform->capture_status(s->ps, &status, &id) != TP_SUCCESS)
     id = 0;
-  tp__seen_began(err == TP_SUCCESS, (uintptr_t)s, id);
+  tp__seen_began(err == TP_SUCCESS, (uintptr_t)s, id, true);
   TP_FORWARD(err);
   atomic_store_explicit(&s->capture_id, id, memory_order_relaxed);
   begun_note(id, true);

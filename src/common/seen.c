@@ -72,20 +72,39 @@ void tp__seen_state(bool *counted, bool *streams_seen, const char **why) {
       atomic_load_explicit(&tp__hot.foreign_watched, memory_order_acquire);
 }
 
+static pthread_mutex_t capture_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+
+void tp__seen_capture_lock(void) {
+  pthread_mutex_lock(&capture_lock);
+}
+
+void tp__seen_capture_unlock(void) {
+  pthread_mutex_unlock(&capture_lock);
+}
+
 void tp__seen_begin(void) {
   atomic_fetch_add(&under_way, 1);
 }
 
-/* A capture whose id is unknown, or that finds no room in the list, is
- * never taken out: it stays counted. */
-void tp__seen_began(bool ok, uint64_t key, uint64_t id) {
+/* A capture that finds no room in the list is never taken out: it stays
+ * counted. */
+void tp__seen_began(bool ok, uint64_t key, uint64_t id, bool one_stream) {
   if (!ok) {
     atomic_fetch_sub(&under_way, 1);
     return;
   }
-  if (!id)
-    return;
   pthread_mutex_lock(&lock);
+  /* Ends that could not tell which capture they ended (an invalidated one
+   * whose id was never known, or two listed under one key) leave stale
+   * entries; a new capture of the same stream proves them over. */
+  for (size_t i = 0; one_stream && i < n;) {
+    if (list[i].key != key) {
+      i++;
+      continue;
+    }
+    list[i] = list[--n];
+    atomic_fetch_sub(&under_way, 1);
+  }
   if (n == cap) {
     size_t want = cap ? cap * 2 : 8;
     seen_capture *grown = realloc(list, want * sizeof *grown);

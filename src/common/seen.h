@@ -28,13 +28,29 @@ void tp__seen_state(bool *counted, bool *streams_seen, const char **why);
  * watched, and each allocation must ask. */
 const _Atomic uint32_t *tp__seen_counter(void);
 
+/* The capture lock: a begin or an end and its questions of the capture's
+ * id (the interposer's, of the application's captures), and tidepool's
+ * own work on a capture's graph (the cuda platform's), each hold it, so
+ * that none meets a capture that another ends or begins halfway, and none
+ * uses a graph that an end frees. Recursive: the runtime's begin and end
+ * reach the driver's through the interposer again. Nothing that takes
+ * another of tidepool's locks may be called under it. */
+void tp__seen_capture_lock(void);
+void tp__seen_capture_unlock(void);
+
 /* A begin about to reach the driver: counted at once, so that a call
  * ordered after the begin finds it. */
 void tp__seen_begin(void);
 /* The begin's outcome: `ok` with the capture's id (0 where the driver did
- * not tell it, which keeps it counted for good), on the stream keyed `key`
- * (a stream handle, mixed with the thread for a per-thread stream). */
-void tp__seen_began(bool ok, uint64_t key, uint64_t id);
+ * not tell it: invalidated at once by another thread, or a driver without
+ * the question; only an end that answers INVALIDATED takes such a capture
+ * out), on the stream keyed `key` (a stream handle, mixed with the thread
+ * for a per-thread stream). */
+/* `one_stream`: the key names one stream (not the per-thread stream's,
+ * which names one in each context of a thread), so that a capture still
+ * listed under it is over (the stream began another), taken out, counted
+ * no more. */
+void tp__seen_began(bool ok, uint64_t key, uint64_t id, bool one_stream);
 /* After an end on the stream keyed `key`: `before` the id of its capture
  * as the end began (0 where none or unknown), `after` whether the stream
  * still captures, `invalidated` whether the end answered that its capture
@@ -43,8 +59,7 @@ void tp__seen_began(bool ok, uint64_t key, uint64_t id);
  * that joined it leaves it counted). Returns the id of the capture taken
  * out, 0 for none: the one listed with `before`, or for an invalidated
  * capture the only one listed under `key` (none where two are: the
- * per-thread stream's key is the same in every context of a thread). One
- * whose id was not known at its begin stays counted. */
+ * per-thread stream's key is the same in every context of a thread). */
 uint64_t tp__seen_ended(uint64_t key, uint64_t before, bool after,
                         bool invalidated);
 

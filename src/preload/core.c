@@ -368,6 +368,13 @@ void tp__pl_capture_ended(uint64_t key, uint64_t before, bool capturing,
     tp__gmem_capture_ended(before ? before : ended, result == cudaSuccess);
 }
 
+void tp__pl_capture_stream_gone(uint64_t key, uint64_t id) {
+  /* Only a capture listed under the stream's own key is the one it began. */
+  uint64_t ended = tp__seen_ended(key, id, false, id == 0);
+  if (ended)
+    tp__gmem_capture_ended(ended, false);
+}
+
 bool tp__pl_ptr_ours(const void *ptr) {
   tp_pool_t owner = NULL;
   return ptr && tp_pointer_get_attribute(&owner, TP_POINTER_ATTR_MEMPOOL_HANDLE,
@@ -391,9 +398,14 @@ tp_stream_t tp__pl_stream(cudaStream_t stream, bool per_thread) {
 static TP_TLS char thread_mark;
 
 uint64_t tp__pl_capture_key(const void *stream, bool per_thread) {
-  bool own = stream == (const void *)cudaStreamPerThread ||
-             (per_thread && stream == NULL);
-  return own ? (uint64_t)(uintptr_t)&thread_mark : (uint64_t)(uintptr_t)stream;
+  return tp__pl_capture_key_one(stream, per_thread)
+             ? (uint64_t)(uintptr_t)stream
+             : (uint64_t)(uintptr_t)&thread_mark;
+}
+
+bool tp__pl_capture_key_one(const void *stream, bool per_thread) {
+  return !(stream == (const void *)cudaStreamPerThread ||
+           (per_thread && stream == NULL));
 }
 
 bool tp__pl_capturing(cudaStream_t stream, bool per_thread) {

@@ -42,12 +42,16 @@ static bool host_answers(CUresult *err) {
  * way. The count goes up before the begin reaches the driver, and down once
  * the stream that began a capture is out of it. */
 
+/* After a begin made under the capture lock (BEGIN): its id, asked before
+ * any other end or begin can come, then the lock given back. */
 static CUresult begun(CUresult r, CUstream stream, bool per_thread) {
   bool capturing = false;
   uint64_t id = r == CUDA_SUCCESS
                     ? tp__pl_drv_capture_id(stream, per_thread, &capturing)
                     : 0;
-  tp__seen_began(r == CUDA_SUCCESS, tp__pl_capture_key(stream, per_thread), id);
+  tp__seen_capture_unlock();
+  tp__seen_began(r == CUDA_SUCCESS, tp__pl_capture_key(stream, per_thread), id,
+                 tp__pl_capture_key_one(stream, per_thread));
   return r;
 }
 
@@ -61,6 +65,7 @@ static CUresult begun(CUresult r, CUstream stream, bool per_thread) {
     if (err_ != CUDA_SUCCESS)                                                  \
       return err_;                                                             \
     tp__seen_begin();                                                          \
+    tp__seen_capture_lock();                                                   \
     return begun((call), (stream), (per_thread));                              \
   } while (0)
 
@@ -144,12 +149,15 @@ static CUresult end_counted(_Atomic(tp__pl_fn) *slot, CUstream stream,
                             CUgraph *graph, bool per_thread) {
   bool legacy = stream == CU_STREAM_LEGACY || (!per_thread && stream == NULL);
   bool capturing = false;
+  tp__seen_capture_lock();
   uint64_t before =
       legacy ? 0 : tp__pl_drv_capture_id(stream, per_thread, &capturing);
   CUresult r =
       TP_PL_DRV_CALL(*slot, PFN_cuStreamEndCapture_v10000, (stream, graph));
-  if (!legacy) {
+  if (!legacy)
     (void)tp__pl_drv_capture_id(stream, per_thread, &capturing);
+  tp__seen_capture_unlock();
+  if (!legacy) {
     tp__pl_capture_ended(tp__pl_capture_key(stream, per_thread), before,
                          capturing, (cudaError_t)r);
   }

@@ -4,6 +4,7 @@
  * order across streams; the pairs of events are the ones observe.c keeps,
  * since a cudaEvent_t is a CUevent), and event destruction. With
  * TIDEPOOL_PRELOAD=host, streams and host functions are tidepool's own. */
+#include "common/hot.h"
 #include "common/seen.h"
 #include "driver.h"
 
@@ -231,7 +232,18 @@ static CUresult stream_destroy_in(_Atomic(tp__pl_fn) *slot, CUstream stream) {
     return tp__pl_drv_error(tp_stream_destroy((tp_stream_t)stream));
   if (err != CUDA_SUCCESS)
     return err;
-  DESTROYS(TP_PL_DRV_CALL(*slot, PFN_cuStreamDestroy_v4000, (stream)));
+  /* A stream destroyed while it captures takes the capture it began with
+   * it (asked only while a capture may be under way). */
+  bool capturing = false;
+  uint64_t id = 0;
+  if (!tp__no_capture())
+    id = tp__pl_drv_capture_id(stream, false, &capturing);
+  tp__seen_streams_change();
+  CUresult r = TP_PL_DRV_CALL(*slot, PFN_cuStreamDestroy_v4000, (stream));
+  tp__seen_streams_change();
+  if (r == CUDA_SUCCESS && capturing)
+    tp__pl_capture_stream_gone(tp__pl_capture_key(stream, false), id);
+  return r;
 }
 
 static CUresult stream_destroy(CUstream stream) {

@@ -102,12 +102,16 @@ static bool capture_id(cudaStream_t stream, bool per_thread, bool *capturing,
   return r == cudaSuccess;
 }
 
+/* After a begin made under the capture lock: its id, asked before any
+ * other end or begin can come, then the lock given back. */
 static cudaError_t begun(cudaError_t r, cudaStream_t stream, bool per_thread) {
   bool capturing;
   unsigned long long id = 0;
   if (r == cudaSuccess)
     (void)capture_id(stream, per_thread, &capturing, &id);
-  tp__seen_began(r == cudaSuccess, tp__pl_capture_key(stream, per_thread), id);
+  tp__seen_capture_unlock();
+  tp__seen_began(r == cudaSuccess, tp__pl_capture_key(stream, per_thread), id,
+                 tp__pl_capture_key_one(stream, per_thread));
   return r;
 }
 
@@ -116,6 +120,7 @@ cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
   if (host_captures())
     return begin(stream, mode, false);
   tp__seen_begin();
+  tp__seen_capture_lock();
   return begun(REAL(cudaStreamBeginCapture, (stream, mode)), stream, false);
 }
 
@@ -124,6 +129,7 @@ TP_PL_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(
   if (host_captures())
     return begin(stream, mode, true);
   tp__seen_begin();
+  tp__seen_capture_lock();
   return begun(REAL(cudaStreamBeginCapture_ptsz, (stream, mode)), stream, true);
 }
 
@@ -136,6 +142,7 @@ static cudaError_t begin_to_graph(cudaStream_t stream, cudaGraph_t graph,
   if (host_captures())
     return tp__pl_fail(TP_ERROR_NOT_SUPPORTED);
   tp__seen_begin();
+  tp__seen_capture_lock();
   cudaError_t r = per_thread ? REAL(cudaStreamBeginCaptureToGraph_ptsz,
                                     (stream, graph, deps, edges, n, mode))
                              : REAL(cudaStreamBeginCaptureToGraph,
@@ -162,15 +169,18 @@ static cudaError_t end_counted(cudaStream_t stream, cudaGraph_t *graph,
                                bool per_thread) {
   bool capturing;
   unsigned long long before = 0, after = 0;
+  tp__seen_capture_lock();
   bool asked = capture_id(stream, per_thread, &capturing, &before);
   cudaError_t r = per_thread ? REAL(cudaStreamEndCapture_ptsz, (stream, graph))
                              : REAL(cudaStreamEndCapture, (stream, graph));
   /* The driver tells no id of an invalidated capture, before or after. */
-  if (asked || r == cudaErrorStreamCaptureInvalidated) {
+  bool tell = asked || r == cudaErrorStreamCaptureInvalidated;
+  if (tell)
     (void)capture_id(stream, per_thread, &capturing, &after);
+  tp__seen_capture_unlock();
+  if (tell)
     tp__pl_capture_ended(tp__pl_capture_key(stream, per_thread), before,
                          capturing, r);
-  }
   return r;
 }
 

@@ -130,6 +130,10 @@ void tp__pl_set_context_device(int (*fn)(void));
  * that ended it (another thread's end may have come first). */
 void tp__pl_capture_ended(uint64_t key, uint64_t before, bool capturing,
                           cudaError_t result);
+/* The stream keyed `key`, in capture `id` (0: one the driver no longer
+ * names, invalidated), was destroyed: a capture it began can never end,
+ * and goes as a failed one does; one it merely joined goes on. */
+void tp__pl_capture_stream_gone(uint64_t key, uint64_t id);
 
 /* Whether `ptr` lies in a live allocation of one of tidepool's pools: a
  * call tidepool refuses for such a pointer is answered, not passed on to
@@ -145,6 +149,9 @@ tp_stream_t tp__pl_stream(cudaStream_t stream, bool per_thread);
  * a CUstream): the handle, or for the per-thread default stream (its
  * handle, or NULL to a _ptsz entry point) the calling thread's own. */
 uint64_t tp__pl_capture_key(const void *stream, bool per_thread);
+/* Whether that key names one stream (not the per-thread stream's, the same
+ * in every context of the thread). */
+bool tp__pl_capture_key_one(const void *stream, bool per_thread);
 
 /* Whether the runtime captures `stream` (or cannot say), so that an event
  * recorded or waited on there is the driver's graph's business and not

@@ -6,9 +6,9 @@
  * every exec made from it. Captures the application begins with
  * cuStreamBeginCapture are the same captures to the driver, so all of this
  * works on them too. */
-#include <pthread.h>
 #include <string.h>
 
+#include "common/seen.h"
 #include "platform/cuda/cuda_internal.h"
 
 _Static_assert((int)TP_CAPTURE_MODE_GLOBAL ==
@@ -35,16 +35,16 @@ _Static_assert(TP_GRAPH_INSTANTIATE_AUTO_FREE_ON_LAUNCH ==
  * thread may end the capture while another allocates or frees in it:
  * tidepool's own reads and changes of a capture's graph (marks, walks,
  * user objects, the end and its stripping of marks), and its begins and
- * questions of a capture's id, take this lock, so that none walks a node
- * another is destroying, and an end never sees a mark added but not yet
- * made the stream's position (which read as a fork left unjoined). Each
- * op asks the capture's state under it, so one that comes after an end
- * finds the stream out of the capture. The driver itself dies of some
- * calls on a stream racing its capture's begin or end (docs/capture.md);
+ * questions of a capture's id, hold the capture lock (common/seen.h),
+ * which the interposer's begins and ends of the application's captures
+ * hold too: none walks a node another is destroying or uses a graph an
+ * end frees, and an end never sees a mark added but not yet made the
+ * stream's position (which read as a fork left unjoined). Each op asks
+ * the capture's state under it, so one that comes after an end finds the
+ * stream out of the capture. The driver itself dies of some calls on a
+ * stream racing its capture's begin or end (docs/capture.md);
  * cuStreamIsCapturing, asked on every allocation, is not one of them and
- * stays outside. A platform lock: callers may hold any of the core's
- * (lock.h). */
-static pthread_mutex_t graph_lock = PTHREAD_MUTEX_INITIALIZER;
+ * stays outside. */
 
 /* cuStreamIsCapturing is the cheapest question the driver answers about
  * capture (15 to 20 ns on an H200, against about 80 for the full
@@ -67,9 +67,9 @@ tp_error_t tp__cu_capture_begin(tp__pstream *ps, tp_capture_mode_t mode) {
   CUstream s;
   tp__cu_scope scope;
   TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
-  pthread_mutex_lock(&graph_lock);
+  tp__seen_capture_lock();
   CUresult r = tp__cu.cuStreamBeginCapture(s, (CUstreamCaptureMode)mode);
-  pthread_mutex_unlock(&graph_lock);
+  tp__seen_capture_unlock();
   tp__cu_scope_leave(&scope);
   return tp__cu_error(r);
 }
@@ -178,7 +178,7 @@ tp_error_t tp__cu_capture_end(tp__pstream *ps, tp__pgraph **graph,
   CUstream s;
   tp__cu_scope scope;
   TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
-  pthread_mutex_lock(&graph_lock);
+  tp__seen_capture_lock();
   CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
   cuuint64_t cid = 0;
   if (tp__cu.cuStreamGetCaptureInfo &&
@@ -200,7 +200,7 @@ tp_error_t tp__cu_capture_end(tp__pstream *ps, tp__pgraph **graph,
     (void)tp__cu.cuGraphDestroy(g);
   if (r == CUDA_SUCCESS)
     strip_empty_nodes(g);
-  pthread_mutex_unlock(&graph_lock);
+  tp__seen_capture_unlock();
   tp__cu_scope_leave(&scope);
   TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
   *graph = (tp__pgraph *)g;
@@ -226,9 +226,9 @@ tp_error_t tp__cu_capture_status(tp__pstream *ps, tp_capture_status_t *status,
   CUresult r = tp__cu.cuStreamIsCapturing(s, &st);
   if (r == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE && id &&
       tp__cu.cuStreamGetCaptureInfo) {
-    pthread_mutex_lock(&graph_lock);
+    tp__seen_capture_lock();
     r = tp__cu.cuStreamGetCaptureInfo(s, &st, &cid, NULL, NULL, NULL, NULL);
-    pthread_mutex_unlock(&graph_lock);
+    tp__seen_capture_unlock();
   }
   tp__cu_scope_leave(&scope);
   TP_RETURN_IF(r != CUDA_SUCCESS, tp__cu_error(r));
@@ -313,9 +313,9 @@ tp_error_t tp__cu_capture_point(tp__pstream *ps, uint64_t id, tp__pnode *node) {
   CUstream s;
   tp__cu_scope scope;
   TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
-  pthread_mutex_lock(&graph_lock);
+  tp__seen_capture_lock();
   tp_error_t err = point(s, id, node);
-  pthread_mutex_unlock(&graph_lock);
+  tp__seen_capture_unlock();
   tp__cu_scope_leave(&scope);
   return err;
 }
@@ -461,9 +461,9 @@ tp_error_t tp__cu_capture_follows(tp__pstream *ps, const tp__pnode *nodes,
   CUstream s;
   tp__cu_scope scope;
   TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
-  pthread_mutex_lock(&graph_lock);
+  tp__seen_capture_lock();
   tp_error_t err = follows(s, nodes, n, out);
-  pthread_mutex_unlock(&graph_lock);
+  tp__seen_capture_unlock();
   tp__cu_scope_leave(&scope);
   return err;
 }
@@ -526,9 +526,9 @@ tp_error_t tp__cu_capture_attach(tp__pstream *ps, uint64_t id,
   CUstream s;
   tp__cu_scope scope;
   TP_FORWARD(tp__cu_stream_begin(ps, &s, &scope));
-  pthread_mutex_lock(&graph_lock);
+  tp__seen_capture_lock();
   tp_error_t err = attach(s, id, release, arg, tie, graph);
-  pthread_mutex_unlock(&graph_lock);
+  tp__seen_capture_unlock();
   tp__cu_scope_leave(&scope);
   return err;
 }
