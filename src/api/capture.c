@@ -136,7 +136,10 @@ static tp_error_t kind_of(tp_pool_t pool, tp__gmem_kind *kind) {
  * anew) and the call should ask again; otherwise `*err` becomes the answer
  * the stream's state gives: its capture invalidated, or the stream gone
  * (INVALID_VALUE, as for a call racing tp_stream_destroy). */
-#define CAPTURE_TRIES 8
+/* Each try that asks again follows another thread's end or begin on the
+ * stream: the bound is a safety net, far above what threads that end and
+ * begin captures on one stream back to back took (8 ran out on 16 cores). */
+#define CAPTURE_TRIES 10000
 static bool capture_retry(tp__stream *s, uint64_t id, tp_error_t *err) {
   if (*err != TP_ERROR_ILLEGAL_STATE &&
       *err != TP_ERROR_STREAM_CAPTURE_INVALIDATED)

@@ -262,6 +262,11 @@ tp_error_t tp__gmem_free_captured(tp__pstream *ps, uint64_t capture_id,
       err = TP_ERROR_INVALID_VALUE;
     if (err == TP_SUCCESS)
       err = gmem_of(ps, capture_id, &gm);
+    /* The capture the caller found may have ended and been instantiated
+     * meanwhile, its plan fixed (the owner itself, so that a free booked
+     * there would hold its own graph for good): the caller asks again. */
+    if (err == TP_SUCCESS && (gm->sealed || gm == owner))
+      err = TP_ERROR_STREAM_CAPTURE_INVALIDATED;
     for (uint32_t i = 0; err == TP_SUCCESS && i < gm->nforeign; i++)
       if (gm->foreign[i].owner == owner && gm->foreign[i].alloc == index)
         err = TP_ERROR_INVALID_VALUE;
@@ -320,6 +325,14 @@ tp_error_t tp__gmem_free(tp__pstream *ps, int device, void *ptr,
     err = tp__platform->event_create(device, &ev);
   if (al && err == TP_SUCCESS) {
     err = tp__platform->event_record(ev, ps);
+    /* A capture another thread began on ps around the record may have
+     * taken it, and such an event never completes: the caller tries again,
+     * in that capture. */
+    tp_capture_status_t st = TP_CAPTURE_STATUS_NONE;
+    if (err == TP_SUCCESS &&
+        (tp__platform->capture_status(ps, &st, NULL) != TP_SUCCESS ||
+         st != TP_CAPTURE_STATUS_NONE))
+      err = TP_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (err != TP_SUCCESS)
       (void)tp__platform->event_destroy(ev);
   }
