@@ -73,13 +73,20 @@ void tp__seen_state(bool *counted, bool *streams_seen, const char **why) {
 }
 
 static pthread_mutex_t capture_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+static TP_TLS unsigned capture_depth;
 
 void tp__seen_capture_lock(void) {
   pthread_mutex_lock(&capture_lock);
+  capture_depth++;
 }
 
 void tp__seen_capture_unlock(void) {
+  capture_depth--;
   pthread_mutex_unlock(&capture_lock);
+}
+
+bool tp__seen_capture_held(void) {
+  return capture_depth > 0;
 }
 
 void tp__seen_begin(void) {

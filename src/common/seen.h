@@ -37,6 +37,9 @@ const _Atomic uint32_t *tp__seen_counter(void);
  * another of tidepool's locks may be called under it. */
 void tp__seen_capture_lock(void);
 void tp__seen_capture_unlock(void);
+/* Whether the calling thread holds it (an outer begin or end: the
+ * runtime's around the driver's, or a driver's variant around another). */
+bool tp__seen_capture_held(void);
 
 /* A begin about to reach the driver: counted at once, so that a call
  * ordered after the begin finds it. */

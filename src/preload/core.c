@@ -362,6 +362,11 @@ void tp__pl_capture_ended(uint64_t key, uint64_t before, bool capturing,
   /* The driver tells no id of an invalidated capture, before or after. */
   bool invalidated = result == cudaErrorStreamCaptureInvalidated;
   uint64_t ended = tp__seen_ended(key, before, capturing, invalidated);
+  /* Graph memory takes a lock that is taken before the capture lock: an
+   * end inside another of this thread's, which still holds the capture
+   * lock, leaves it to that one. */
+  if (tp__seen_capture_held())
+    return;
   bool failed = invalidated || result == cudaErrorStreamCaptureUnjoined ||
                 result == cudaErrorStreamCaptureWrongThread;
   if (!capturing && (result == cudaSuccess || failed))
