@@ -3,6 +3,7 @@
  * launches and the lock; graph_space.c owns addresses and mapping. */
 #include <pthread.h>
 
+#include "common/seen.h"
 #include "graph/graph_internal.h"
 
 #define ALIGN ((size_t)512) /* allocation step and alignment, as the pools' */
@@ -324,15 +325,13 @@ tp_error_t tp__gmem_free(tp__pstream *ps, int device, void *ptr,
   if (al)
     err = tp__platform->event_create(device, &ev);
   if (al && err == TP_SUCCESS) {
+    /* Under the capture lock, which begins hold: a capture begun on ps
+     * between the platform's question and its record would take the
+     * event, which then never completes. A capture under way refuses the
+     * record, and the caller tries again, in that capture. */
+    tp__seen_capture_lock();
     err = tp__platform->event_record(ev, ps);
-    /* A capture another thread began on ps around the record may have
-     * taken it, and such an event never completes: the caller tries again,
-     * in that capture. */
-    tp_capture_status_t st = TP_CAPTURE_STATUS_NONE;
-    if (err == TP_SUCCESS &&
-        (tp__platform->capture_status(ps, &st, NULL) != TP_SUCCESS ||
-         st != TP_CAPTURE_STATUS_NONE))
-      err = TP_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    tp__seen_capture_unlock();
     if (err != TP_SUCCESS)
       (void)tp__platform->event_destroy(ev);
   }

@@ -357,27 +357,49 @@ cudaError_t tp__pl_enter(bool answering) {
   return answering ? tp__pl_fail(err) : tp__pl_error(err);
 }
 
+/* What an end inside another of this thread's learned for graph memory,
+ * told by the outer one once it has released the capture lock (graph
+ * memory's lock is taken before the capture lock). */
+static TP_TLS uint64_t deferred_id;
+static TP_TLS bool deferred_ok;
+
+/* Tells graph memory that capture `id` (0: none) ended, `ok` or in
+ * failure; inside an outer begin or end of this thread, keeps it for that
+ * one, and outside, also tells what such an inner one kept. */
+static void tell_graph_memory(uint64_t id, bool ok) {
+  if (tp__seen_capture_held()) {
+    if (id) {
+      deferred_id = id;
+      deferred_ok = ok;
+    }
+    return;
+  }
+  if (id)
+    tp__gmem_capture_ended(id, ok);
+  if (deferred_id && deferred_id != id)
+    tp__gmem_capture_ended(deferred_id, deferred_ok);
+  deferred_id = 0;
+}
+
 void tp__pl_capture_ended(uint64_t key, uint64_t before, bool capturing,
                           cudaError_t result) {
   /* The driver tells no id of an invalidated capture, before or after. */
   bool invalidated = result == cudaErrorStreamCaptureInvalidated;
   uint64_t ended = tp__seen_ended(key, before, capturing, invalidated);
-  /* Graph memory takes a lock that is taken before the capture lock: an
-   * end inside another of this thread's, which still holds the capture
-   * lock, leaves it to that one. */
-  if (tp__seen_capture_held())
-    return;
   bool failed = invalidated || result == cudaErrorStreamCaptureUnjoined ||
                 result == cudaErrorStreamCaptureWrongThread;
-  if (!capturing && (result == cudaSuccess || failed))
-    tp__gmem_capture_ended(before ? before : ended, result == cudaSuccess);
+  bool told = !capturing && (result == cudaSuccess || failed);
+  tell_graph_memory(told ? (before ? before : ended) : 0,
+                    result == cudaSuccess);
 }
 
 void tp__pl_capture_stream_gone(uint64_t key, uint64_t id) {
   /* Only a capture listed under the stream's own key is the one it began. */
-  uint64_t ended = tp__seen_ended(key, id, false, id == 0);
-  if (ended)
-    tp__gmem_capture_ended(ended, false);
+  tell_graph_memory(tp__seen_ended(key, id, false, id == 0), false);
+}
+
+void tp__pl_capture_tell(void) {
+  tell_graph_memory(0, false);
 }
 
 bool tp__pl_ptr_ours(const void *ptr) {

@@ -233,16 +233,24 @@ static CUresult stream_destroy_in(_Atomic(tp__pl_fn) *slot, CUstream stream) {
   if (err != CUDA_SUCCESS)
     return err;
   /* A stream destroyed while it captures takes the capture it began with
-   * it (asked only while a capture may be under way). */
-  bool capturing = false;
+   * it (asked only while a capture may be under way), under the capture
+   * lock: another thread's stream that takes the handle at once and
+   * begins a capture on it must come after. */
+  bool ask = !tp__no_capture(), capturing = false;
   uint64_t id = 0;
-  if (!tp__no_capture())
+  if (ask) {
+    tp__seen_capture_lock();
     id = tp__pl_drv_capture_id(stream, false, &capturing);
+  }
   tp__seen_streams_change();
   CUresult r = TP_PL_DRV_CALL(*slot, PFN_cuStreamDestroy_v4000, (stream));
   tp__seen_streams_change();
-  if (r == CUDA_SUCCESS && capturing)
-    tp__pl_capture_stream_gone(tp__pl_capture_key(stream, false), id);
+  if (ask) {
+    if (r == CUDA_SUCCESS && capturing)
+      tp__pl_capture_stream_gone(tp__pl_capture_key(stream, false), id);
+    tp__seen_capture_unlock();
+    tp__pl_capture_tell();
+  }
   return r;
 }
 

@@ -178,9 +178,10 @@ static cudaError_t end_counted(cudaStream_t stream, cudaGraph_t *graph,
   if (tell)
     (void)capture_id(stream, per_thread, &capturing, &after);
   tp__seen_capture_unlock();
-  if (tell)
-    tp__pl_capture_ended(tp__pl_capture_key(stream, per_thread), before,
-                         capturing, r);
+  /* Called also with nothing to tell of its own (a stream still counted
+   * as capturing), for what the driver's end inside this one kept. */
+  tp__pl_capture_ended(tp__pl_capture_key(stream, per_thread), before,
+                       tell ? capturing : true, r);
   return r;
 }
 

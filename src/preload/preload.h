@@ -132,8 +132,11 @@ void tp__pl_capture_ended(uint64_t key, uint64_t before, bool capturing,
                           cudaError_t result);
 /* The stream keyed `key`, in capture `id` (0: one the driver no longer
  * names, invalidated), was destroyed: a capture it began can never end,
- * and goes as a failed one does; one it merely joined goes on. */
+ * and goes as a failed one does; one it merely joined goes on. Under the
+ * capture lock, graph memory is told by tp__pl_capture_tell once the
+ * lock is released (as by any end that follows on this thread). */
 void tp__pl_capture_stream_gone(uint64_t key, uint64_t id);
+void tp__pl_capture_tell(void);
 
 /* Whether `ptr` lies in a live allocation of one of tidepool's pools: a
  * call tidepool refuses for such a pointer is answered, not passed on to
