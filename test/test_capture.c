@@ -662,6 +662,99 @@ static void test_forbidden_during_capture(void) {
   CHECK_OK(tp_stream_destroy(s));
 }
 
+/* What another thread does beside a capture (H100, driver 580, the
+ * driver's own answers of 2026-12-06). Its allocations and frees on its own
+ * stream, the pool's growth, reuse across streams and trims are tidepool's
+ * calls and cost no capture, not even a global one (the driver's own
+ * cuMemAllocAsync on another stream invalidates a global capture there).
+ * Its device synchronize invalidates every capture, of every mode. */
+typedef struct beside {
+  tp_stream_t s;
+  tp_error_t first_bad;
+  bool sync;
+  tp_error_t synced;
+} beside_t;
+
+static void *beside_main(void *arg) {
+  beside_t *b = arg;
+  if (b->sync) {
+    b->synced = tp_device_synchronize();
+    return NULL;
+  }
+  tp_pool_t pool;
+  tp_error_t err = tp_device_get_default_mem_pool(&pool, 0);
+  tp_stream_t other = NULL;
+  if (err == TP_SUCCESS)
+    err = tp_stream_create(&other, TP_STREAM_NON_BLOCKING);
+  for (int i = 0; i < 8 && err == TP_SUCCESS; i++) {
+    gate_t gate = {-1};
+    void *p = NULL, *q = NULL;
+    /* A free pending on one stream, an allocation on another that asks
+     * whether it completed, a growth, and a trim. */
+    if ((err = hold_stream(b->s == other ? NULL : other, &gate)) != TP_SUCCESS)
+      break;
+    err = tp_malloc_async(&p, (size_t)(i + 1) * MiB, other);
+    if (err == TP_SUCCESS)
+      err = tp_free_async(p, other);
+    release(&gate);
+    if (err == TP_SUCCESS)
+      err = tp_malloc_async(&q, (size_t)(i + 1) * MiB, NULL);
+    if (err == TP_SUCCESS)
+      err = tp_free_async(q, NULL);
+    if (err == TP_SUCCESS)
+      err = tp_malloc_async(&q, (size_t)(9 + i) * MiB, other);
+    if (err == TP_SUCCESS)
+      err = tp_free_async(q, other);
+    if (err == TP_SUCCESS)
+      err = tp_pool_trim_to(pool, 0);
+  }
+  if (other)
+    (void)tp_stream_destroy(other);
+  b->first_bad = err;
+  return NULL;
+}
+
+static void test_other_thread_beside_capture(void) {
+  const tp_capture_mode_t modes[] = {TP_CAPTURE_MODE_GLOBAL,
+                                     TP_CAPTURE_MODE_THREAD_LOCAL,
+                                     TP_CAPTURE_MODE_RELAXED};
+  tp_stream_t s = new_stream(TP_STREAM_NON_BLOCKING);
+  for (int m = 0; m < 3; m++) {
+    for (int sync = 0; sync <= 1; sync++) {
+      char label[64];
+      snprintf(label, sizeof label, "mode %d, %s", (int)modes[m],
+               sync ? "device synchronize" : "allocations");
+      check_context(label);
+      beside_t b = {s, TP_SUCCESS, sync != 0, TP_SUCCESS};
+      REQUIRE_OK(tp_stream_begin_capture(s, modes[m]));
+      void *p = NULL;
+      CHECK_OK(tp_malloc_async(&p, MiB, s));
+      pthread_t t;
+      REQUIRE(pthread_create(&t, NULL, beside_main, &b) == 0);
+      pthread_join(t, NULL);
+      /* In an invalidated capture, the free is refused as the end is. */
+      if (p)
+        CHECK_ERR(tp_free_async(p, s),
+                  sync ? TP_ERROR_STREAM_CAPTURE_INVALIDATED : TP_SUCCESS);
+      tp_graph_t graph = NULL;
+      tp_error_t end = tp_stream_end_capture(s, &graph);
+      if (sync) {
+        CHECK_EQ_INT(b.synced, TP_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        CHECK_EQ_INT(end, TP_ERROR_STREAM_CAPTURE_INVALIDATED);
+      } else {
+        CHECK_OK(b.first_bad);
+        CHECK_OK(end);
+      }
+      if (graph)
+        CHECK_OK(tp_graph_destroy(graph));
+      check_context(NULL);
+    }
+  }
+  CHECK_OK(tp_stream_synchronize(s));
+  CHECK_OK(tp_stream_destroy(s));
+  CHECK_EQ_U64(graph_used_settled(0), 0);
+}
+
 /* Ending a capture from another thread: refused, and the capture is over,
  * unless relaxed. */
 static void test_wrong_thread(void) {
@@ -2527,6 +2620,7 @@ int main(void) {
   RUN_TEST(test_auto_free);
   RUN_TEST(test_free_in_other_graph);
   RUN_TEST(test_forbidden_during_capture);
+  RUN_TEST(test_other_thread_beside_capture);
   RUN_TEST(test_wrong_thread);
   RUN_TEST(test_end_races_allocation);
   RUN_TEST(test_end_races_calls);

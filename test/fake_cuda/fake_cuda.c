@@ -1287,6 +1287,14 @@ FK_API CUresult CUDAAPI cuCtxSynchronize(void) {
   lock();
   CUresult r =
       unsafe_barred() ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+  /* Whatever the modes: a capture of the context, any thread's, is
+   * invalidated and the call refused, even from a thread in relaxed mode
+   * (H100, driver 580, .device's unsafe-call probe of 2026-12-06). */
+  for (capture *c = captures; c; c = c->next)
+    if (c->origin->ctx == current) {
+      invalidate(c);
+      r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
   /* Every stream's work queued before the call; a stream keeps counting
    * after it, so its count now is the target. */
   for (fstream *s = all_streams; s && r == CUDA_SUCCESS; s = s->all_next) {

@@ -452,6 +452,29 @@ tp_error_t tp__host_capture_check_sync(void) {
   return refused ? TP_ERROR_STREAM_CAPTURE_UNSUPPORTED : TP_SUCCESS;
 }
 
+/* A device synchronize is refused, and every capture with a stream on the
+ * device invalidated, whatever the captures' modes and the calling
+ * thread's: what the driver answered on an H100 (driver 580, 2026-12-06),
+ * where a thread's relaxed mode changed nothing either. */
+tp_error_t tp__host_capture_check_device_sync(int device) {
+  if (TP_LIKELY(!atomic_load_explicit(&tp__host_captures_active,
+                                      memory_order_acquire)))
+    return TP_SUCCESS;
+  bool refused = false;
+  pthread_mutex_lock(&mu);
+  for (capture *c = active; c; c = c->next) {
+    for (tp__host_member *m = c->members; m; m = m->next) {
+      if (m->device == device) {
+        c->invalidated = true;
+        refused = true;
+        break;
+      }
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return refused ? TP_ERROR_STREAM_CAPTURE_UNSUPPORTED : TP_SUCCESS;
+}
+
 /* The origin leaving in the middle of a capture invalidates it, and since
  * such a capture can never be ended, it ends here; a stream that joined it
  * leaves quietly, its nodes staying in the graph (one it did not join back

@@ -221,9 +221,13 @@ tp_error_t tp__host_capture_node(tp__pstream *ps, const tp__host_node *node,
  * a device with a blocking capture: the error CUDA gives, invalidating the
  * capture (SUCCESS when the capture ended meanwhile). */
 tp_error_t tp__host_capture_refuse(tp__pstream *ps);
-/* Whether a device-wide synchronize is allowed now under the modes of the
- * captures in progress; invalidates those that forbid it. */
+/* Whether a synchronize of a stream or an event that takes part in no
+ * capture is allowed now under the modes of the captures in progress;
+ * invalidates those that forbid it. */
 tp_error_t tp__host_capture_check_sync(void);
+/* Whether a synchronize of the whole device is allowed now: never while a
+ * capture has a stream on it, which it invalidates. */
+tp_error_t tp__host_capture_check_device_sync(int device);
 /* A capturing stream is being destroyed. */
 void tp__host_capture_stream_gone(tp__pstream *ps);
 /* An event recorded in a capture is being destroyed. */

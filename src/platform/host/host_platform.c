@@ -121,7 +121,7 @@ static tp_error_t host_stream_query(tp__pstream *ps) {
 static tp_error_t host_device_synchronize(int device) {
   TP_RETURN_IF(device < 0 || device >= tp__host_devices,
                TP_ERROR_INVALID_DEVICE);
-  TP_FORWARD(tp__host_capture_check_sync());
+  TP_FORWARD(tp__host_capture_check_device_sync(device));
   return tp__host_device_synchronize(device);
 }
 
