@@ -817,8 +817,20 @@ static void test_once(void) {
   unsigned long stream_syncs = driver_stub("cuStreamSynchronize");
   unsigned long ctx_syncs = driver_stub("cuCtxSynchronize");
   unsigned long records = driver_stub("cuEventRecord");
+  /* Over the fake driver, outside the host mode: the device is waited for
+   * once, the application's synchronize being tidepool's too. */
+  void *lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  void *sym = lib ? dlsym(lib, "fake_cuda_ctx_syncs") : NULL;
+  unsigned long long (*fake_ctx_syncs)(void) = NULL;
+  if (expected_mode != MODE_HOST)
+    memcpy(&fake_ctx_syncs, &sym, sizeof sym);
+  unsigned long long fake_before = fake_ctx_syncs ? fake_ctx_syncs() : 0;
   CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
   CHECK_RC(cudaDeviceSynchronize(), cudaSuccess);
+  if (fake_ctx_syncs)
+    CHECK_EQ_U64(fake_ctx_syncs() - fake_before, 1);
+  if (lib)
+    dlclose(lib);
   CHECK_EQ_U64(counter(C_SYNC) - syncs, 2);
   cudaStream_t s = NULL;
   REQUIRE_RC(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);

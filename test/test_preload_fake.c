@@ -39,6 +39,7 @@ static struct {
   PFN_cuDevicePrimaryCtxRetain_v7000 primary_retain;
   PFN_cuCtxSetCurrent_v4000 ctx_set;
   PFN_cuCtxSynchronize_v2000 ctx_sync;
+  PFN_cuCtxSynchronize_v13000 ctx_sync_v2;
   PFN_cuStreamCreate_v2000 stream_create;
   PFN_cuStreamDestroy_v4000 stream_destroy;
   PFN_cuStreamSynchronize_v2000 stream_sync;
@@ -79,6 +80,7 @@ static struct {
   PFN_cuGraphCreate_v10000 graph_create;
   unsigned long long (*capture_questions)(void); /* the fake's own */
   unsigned long long (*id_questions)(void);      /* the fake's own */
+  unsigned long long (*ctx_syncs)(void);         /* the fake's own */
 } cu;
 
 static int fetch(const char *name, int version, cuuint64_t flags, void *out) {
@@ -113,6 +115,7 @@ static int load_driver(void) {
   F(primary_retain, "cuDevicePrimaryCtxRetain", 7000);
   F(ctx_set, "cuCtxSetCurrent", 4000);
   F(ctx_sync, "cuCtxSynchronize", 2000);
+  F(ctx_sync_v2, "cuCtxSynchronize", 13000);
   F(stream_create, "cuStreamCreate", 2000);
   F(stream_destroy, "cuStreamDestroy", 4000);
   F(stream_sync, "cuStreamSynchronize", 2000);
@@ -157,7 +160,9 @@ static int load_driver(void) {
   memcpy(&cu.capture_questions, &sym, sizeof sym);
   sym = dlsym(libcuda, "fake_cuda_id_questions");
   memcpy(&cu.id_questions, &sym, sizeof sym);
-  return ok && cu.capture_questions && cu.id_questions;
+  sym = dlsym(libcuda, "fake_cuda_ctx_syncs");
+  memcpy(&cu.ctx_syncs, &sym, sizeof sym);
+  return ok && cu.capture_questions && cu.id_questions && cu.ctx_syncs;
 }
 
 /* ---- the interposer's diagnostics --------------------------------------- */
@@ -1009,6 +1014,36 @@ static void test_stream_ids_unasked(void) {
   CHECK_EQ_U64(cu.id_questions() - ids, 0);
 }
 
+/* The application's context synchronize is tidepool's too: the device is
+ * waited for once (a second cuCtxSynchronize right after would invalidate
+ * every capture another thread began in between, whatever its mode), and
+ * the frees it covers complete: memory freed behind a held host function
+ * goes back at the release threshold of 0. In both of the driver's forms. */
+static void test_ctx_sync_once(void) {
+  CUmemoryPool pool = NULL;
+  REQUIRE_RC(cu.default_pool(&pool, dev0), CUDA_SUCCESS);
+  uint64_t zero = 0;
+  CHECK_RC(cu.pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero),
+           CUDA_SUCCESS);
+  CUstream s = new_stream();
+  for (int v2 = 0; v2 <= 1; v2++) {
+    CHECK_RC(cu.ctx_sync(), CUDA_SUCCESS);
+    uint64_t r0 = attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+    CUdeviceptr p = 0;
+    REQUIRE_RC(cu.alloc(&p, 3 * MiB, s), CUDA_SUCCESS);
+    CHECK(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) >= r0 + 4 * MiB);
+    atomic_store(&gate_open, 0);
+    REQUIRE_RC(cu.launch_host_func(s, gate_wait, NULL), CUDA_SUCCESS);
+    CHECK_RC(cu.free(p, s), CUDA_SUCCESS);
+    atomic_store(&gate_open, 1);
+    unsigned long long before = cu.ctx_syncs();
+    CHECK_RC(v2 ? cu.ctx_sync_v2(NULL) : cu.ctx_sync(), CUDA_SUCCESS);
+    CHECK_EQ_U64(cu.ctx_syncs() - before, 1);
+    CHECK_EQ_U64(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), r0);
+  }
+  CHECK_RC(cu.stream_destroy(s), CUDA_SUCCESS);
+}
+
 /* A child that fork() made after the parent allocated cannot use the
  * parent's CUDA: the driver answers CUDA_ERROR_NOT_INITIALIZED, and so
  * must the interposer (it answered NOT_PERMITTED). The parent goes on. */
@@ -1064,6 +1099,7 @@ int main(void) {
   RUN_TEST(test_capture_count_threads);
   RUN_TEST(test_linked_library);
   RUN_TEST(test_per_thread_stream_contexts);
+  RUN_TEST(test_ctx_sync_once);
   RUN_TEST(test_forked_child);
   return check_done();
 }

@@ -163,18 +163,24 @@ TP_API tp_error_t tp_stream_wait_event(tp_stream_t stream, tp_event_t event,
   return TP_GUARDED(stream_wait_event(stream, event));
 }
 
-TP_API tp_error_t tp_device_synchronize(void) {
+tp_error_t tp__device_synchronize_by(tp_error_t (*wait)(int device, void *arg),
+                                     void *arg) {
   TP_FORWARD(tp__api_init());
   int device = tp__current_device();
   tp__stream **v;
   size_t n;
   TP_FORWARD(tp__streams_list(device, &v, &n));
   uint64_t *epochs = malloc((n ? n : 1) * sizeof *epochs);
+  if (!epochs) {
+    for (size_t i = 0; i < n; i++)
+      tp__stream_unref(v[i]);
+    free(v);
+    return TP_ERROR_OUT_OF_MEMORY;
+  }
   uint64_t ticket = tp__device_sync_begin(device);
-  for (size_t i = 0; epochs && i < n; i++)
+  for (size_t i = 0; i < n; i++)
     epochs[i] = tp__stream_advance(v[i]);
-  tp_error_t err = epochs ? tp__platform->device_synchronize(device)
-                          : TP_ERROR_OUT_OF_MEMORY;
+  tp_error_t err = wait(device, arg);
   if (err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS)
     tp__device_sync_done(device, ticket);
   for (size_t i = 0; i < n; i++) {
@@ -192,6 +198,15 @@ TP_API tp_error_t tp_device_synchronize(void) {
   free(v);
   tp__pools_drop_lost();
   return err;
+}
+
+static tp_error_t platform_wait(int device, void *arg) {
+  (void)arg;
+  return tp__platform->device_synchronize(device);
+}
+
+TP_API tp_error_t tp_device_synchronize(void) {
+  return tp__device_synchronize_by(platform_wait, NULL);
 }
 
 /* ---- events -------------------------------------------------------------- */

@@ -4,6 +4,7 @@
  * order across streams; the pairs of events are the ones observe.c keeps,
  * since a cudaEvent_t is a CUevent), and event destruction. With
  * TIDEPOOL_PRELOAD=host, streams and host functions are tidepool's own. */
+#include "api/api.h"
 #include "common/hot.h"
 #include "common/seen.h"
 #include "driver.h"
@@ -50,28 +51,55 @@ static CUresult stream_sync_ptsz(CUstream stream) {
       stream, true, TP_PL_DRV_CALL(r_stream_sync_ptsz, stream_fn, (stream)));
 }
 
-static CUresult device_synchronized(CUresult r) {
-  if (r != CUDA_SUCCESS || !observing())
-    return r;
-  (void)tp_device_synchronize();
-  tp__pl_drv_count(TP_PL_COUNT_SYNC);
-  return r;
+/* The application's context synchronize is tidepool's wait (see
+ * tp__device_synchronize_by): `v2` for CUDA 13's form, with its context. */
+typedef struct app_sync {
+  bool v2, made;
+  CUcontext ctx;
+  CUresult r;
+} app_sync;
+
+static CUresult app_sync_call(app_sync *a) {
+  return a->v2 ? TP_PL_DRV_CALL(r_ctx_sync_v2, PFN_cuCtxSynchronize_v13000,
+                                (a->ctx))
+               : TP_PL_DRV_CALL(r_ctx_sync, PFN_cuCtxSynchronize_v2000, ());
+}
+
+static tp_error_t app_device_wait(int device, void *arg) {
+  (void)device;
+  app_sync *a = arg;
+  a->r = app_sync_call(a);
+  a->made = true;
+  return a->r == CUDA_SUCCESS                 ? TP_SUCCESS
+         : a->r == CUDA_ERROR_ILLEGAL_ADDRESS ? TP_ERROR_ILLEGAL_ADDRESS
+                                              : TP_ERROR_PLATFORM;
+}
+
+static CUresult device_synchronize(app_sync *a) {
+  if (observing()) {
+    (void)tp__device_synchronize_by(app_device_wait, a);
+    if (a->made) {
+      if (a->r == CUDA_SUCCESS)
+        tp__pl_drv_count(TP_PL_COUNT_SYNC);
+      return a->r;
+    }
+  }
+  return app_sync_call(a);
 }
 
 static CUresult ctx_sync(void) {
-  return device_synchronized(
-      TP_PL_DRV_CALL(r_ctx_sync, PFN_cuCtxSynchronize_v2000, ()));
+  app_sync a = {false, false, NULL, CUDA_SUCCESS};
+  return device_synchronize(&a);
 }
 
 /* CUDA 13's form names its context; only the calling thread's current one
  * (or NULL, which means it) is followed, the others are left to the driver
  * and tidepool learns of their work later. */
 static CUresult ctx_sync_v2(CUcontext ctx) {
-  CUresult r =
-      TP_PL_DRV_CALL(r_ctx_sync_v2, PFN_cuCtxSynchronize_v13000, (ctx));
+  app_sync a = {true, false, ctx, CUDA_SUCCESS};
   if (ctx && ctx != tp__pl_drv_ctx_save())
-    return r;
-  return device_synchronized(r);
+    return app_sync_call(&a);
+  return device_synchronize(&a);
 }
 
 static CUresult event_sync(CUevent event) {

@@ -3,6 +3,7 @@
  * complete, memory falls to the release threshold), event records and
  * waits (stream order across streams), and event destruction. With
  * TIDEPOOL_PRELOAD=host, streams and host functions are tidepool's own. */
+#include "api/api.h"
 #include "common/seen.h"
 #include "preload.h"
 
@@ -78,7 +79,35 @@ TP_PL_EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream) {
                             REAL(cudaStreamSynchronize_ptsz, (stream)));
 }
 
+/* The runtime's device synchronize is tidepool's wait (see
+ * tp__device_synchronize_by), outside the host mode, where tidepool's own
+ * answers for its captures. */
+typedef struct app_sync {
+  cudaError_t r;
+  bool made;
+} app_sync;
+
+static tp_error_t app_device_wait(int device, void *arg) {
+  (void)device;
+  app_sync *a = arg;
+  a->r = REAL(cudaDeviceSynchronize, ());
+  a->made = true;
+  return a->r == cudaSuccess               ? TP_SUCCESS
+         : a->r == cudaErrorIllegalAddress ? TP_ERROR_ILLEGAL_ADDRESS
+                                           : TP_ERROR_PLATFORM;
+}
+
 TP_PL_EXPORT cudaError_t cudaDeviceSynchronize(void) {
+  if (tp__pl_on() && !tp__pl_host_requested() &&
+      tp__pl_enter(false) == cudaSuccess) {
+    app_sync a = {cudaSuccess, false};
+    (void)tp__device_synchronize_by(app_device_wait, &a);
+    if (a.made) {
+      if (a.r == cudaSuccess)
+        tp__pl_count(TP_PL_COUNT_SYNC);
+      return a.r;
+    }
+  }
   cudaError_t r = REAL(cudaDeviceSynchronize, ());
   if (r != cudaSuccess || !tp__pl_on() || tp__pl_enter(false) != cudaSuccess)
     return r;

@@ -1280,7 +1280,16 @@ FK_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
   return r;
 }
 
+/* How many context synchronizes the process made, for the interposer's
+ * test that the application's is the only one. */
+static _Atomic unsigned long long ctx_syncs;
+
+FK_API unsigned long long fake_cuda_ctx_syncs(void) {
+  return atomic_load(&ctx_syncs);
+}
+
 FK_API CUresult CUDAAPI cuCtxSynchronize(void) {
+  atomic_fetch_add(&ctx_syncs, 1);
   NEED_INIT();
   if (!current)
     return CUDA_ERROR_INVALID_CONTEXT;
