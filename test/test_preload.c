@@ -820,15 +820,22 @@ static void test_once(void) {
   /* Over the fake driver, outside the host mode: the device is waited for
    * once, the application's synchronize being tidepool's too. */
   void *lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-  void *sym = lib ? dlsym(lib, "fake_cuda_ctx_syncs") : NULL;
   unsigned long long (*fake_ctx_syncs)(void) = NULL;
+  unsigned long long (*fake_stream_syncs)(void) = NULL;
+  void *sym = lib ? dlsym(lib, "fake_cuda_ctx_syncs") : NULL;
   if (expected_mode != MODE_HOST)
     memcpy(&fake_ctx_syncs, &sym, sizeof sym);
-  unsigned long long fake_before = fake_ctx_syncs ? fake_ctx_syncs() : 0;
+  sym = lib ? dlsym(lib, "fake_cuda_stream_syncs") : NULL;
+  if (expected_mode != MODE_HOST)
+    memcpy(&fake_stream_syncs, &sym, sizeof sym);
+  unsigned long long fake_ctx = fake_ctx_syncs ? fake_ctx_syncs() : 0;
+  unsigned long long fake_streams = fake_stream_syncs ? fake_stream_syncs() : 0;
   CHECK_RC(cudaStreamSynchronize(NULL), cudaSuccess);
   CHECK_RC(cudaDeviceSynchronize(), cudaSuccess);
-  if (fake_ctx_syncs)
-    CHECK_EQ_U64(fake_ctx_syncs() - fake_before, 1);
+  if (fake_ctx_syncs && fake_stream_syncs) {
+    CHECK_EQ_U64(fake_ctx_syncs() - fake_ctx, 1);
+    CHECK_EQ_U64(fake_stream_syncs() - fake_streams, 1);
+  }
   if (lib)
     dlclose(lib);
   CHECK_EQ_U64(counter(C_SYNC) - syncs, 2);

@@ -81,6 +81,7 @@ static struct {
   unsigned long long (*capture_questions)(void); /* the fake's own */
   unsigned long long (*id_questions)(void);      /* the fake's own */
   unsigned long long (*ctx_syncs)(void);         /* the fake's own */
+  unsigned long long (*stream_syncs)(void);      /* the fake's own */
 } cu;
 
 static int fetch(const char *name, int version, cuuint64_t flags, void *out) {
@@ -162,7 +163,10 @@ static int load_driver(void) {
   memcpy(&cu.id_questions, &sym, sizeof sym);
   sym = dlsym(libcuda, "fake_cuda_ctx_syncs");
   memcpy(&cu.ctx_syncs, &sym, sizeof sym);
-  return ok && cu.capture_questions && cu.id_questions && cu.ctx_syncs;
+  sym = dlsym(libcuda, "fake_cuda_stream_syncs");
+  memcpy(&cu.stream_syncs, &sym, sizeof sym);
+  return ok && cu.capture_questions && cu.id_questions && cu.ctx_syncs &&
+         cu.stream_syncs;
 }
 
 /* ---- the interposer's diagnostics --------------------------------------- */
@@ -1014,19 +1018,20 @@ static void test_stream_ids_unasked(void) {
   CHECK_EQ_U64(cu.id_questions() - ids, 0);
 }
 
-/* The application's context synchronize is tidepool's too: the device is
- * waited for once (a second cuCtxSynchronize right after would invalidate
- * every capture another thread began in between, whatever its mode), and
- * the frees it covers complete: memory freed behind a held host function
- * goes back at the release threshold of 0. In both of the driver's forms. */
-static void test_ctx_sync_once(void) {
+/* The application's context or stream synchronize is tidepool's too: the
+ * work is waited for once (a second cuCtxSynchronize right after would
+ * invalidate every capture another thread began in between, whatever its
+ * mode), and the frees it covers complete: memory freed behind a held host
+ * function goes back at the release threshold of 0. In both of the
+ * driver's forms of the context's. */
+static void test_sync_once(void) {
   CUmemoryPool pool = NULL;
   REQUIRE_RC(cu.default_pool(&pool, dev0), CUDA_SUCCESS);
   uint64_t zero = 0;
   CHECK_RC(cu.pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero),
            CUDA_SUCCESS);
   CUstream s = new_stream();
-  for (int v2 = 0; v2 <= 1; v2++) {
+  for (int way = 0; way < 3; way++) {
     CHECK_RC(cu.ctx_sync(), CUDA_SUCCESS);
     uint64_t r0 = attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
     CUdeviceptr p = 0;
@@ -1036,9 +1041,13 @@ static void test_ctx_sync_once(void) {
     REQUIRE_RC(cu.launch_host_func(s, gate_wait, NULL), CUDA_SUCCESS);
     CHECK_RC(cu.free(p, s), CUDA_SUCCESS);
     atomic_store(&gate_open, 1);
-    unsigned long long before = cu.ctx_syncs();
-    CHECK_RC(v2 ? cu.ctx_sync_v2(NULL) : cu.ctx_sync(), CUDA_SUCCESS);
-    CHECK_EQ_U64(cu.ctx_syncs() - before, 1);
+    unsigned long long ctx = cu.ctx_syncs(), streams = cu.stream_syncs();
+    CHECK_RC(way == 0   ? cu.ctx_sync()
+             : way == 1 ? cu.ctx_sync_v2(NULL)
+                        : cu.stream_sync(s),
+             CUDA_SUCCESS);
+    CHECK_EQ_U64(cu.ctx_syncs() - ctx, way < 2 ? 1 : 0);
+    CHECK_EQ_U64(cu.stream_syncs() - streams, way < 2 ? 0 : 1);
     CHECK_EQ_U64(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), r0);
   }
   CHECK_RC(cu.stream_destroy(s), CUDA_SUCCESS);
@@ -1099,7 +1108,7 @@ int main(void) {
   RUN_TEST(test_capture_count_threads);
   RUN_TEST(test_linked_library);
   RUN_TEST(test_per_thread_stream_contexts);
-  RUN_TEST(test_ctx_sync_once);
+  RUN_TEST(test_sync_once);
   RUN_TEST(test_forked_child);
   return check_done();
 }

@@ -63,6 +63,12 @@ tp_error_t tp__free_async_as(void *ptr, tp_stream_t stream, bool uncaptured);
  * `wait` answers SUCCESS or ILLEGAL_ADDRESS where the work completed. */
 tp_error_t tp__device_synchronize_by(tp_error_t (*wait)(int device, void *arg),
                                      void *arg);
+/* tp_stream_synchronize likewise, with the application's synchronize of the
+ * same stream as `wait` (a second one would invalidate a capture begun on
+ * the stream in between, or, from a thread in global mode, any global
+ * capture of another thread). */
+tp_error_t tp__stream_synchronize_by(tp_stream_t stream,
+                                     tp_error_t (*wait)(void *arg), void *arg);
 
 /* torch.c's configuration from the TIDEPOOL_TORCH_* variables (see the
  * header's PyTorch section). The entry points read it once; it is exposed

@@ -91,7 +91,8 @@ static void settle_listed(tp__stream **v, size_t n) {
     tp__ipc_settle();
 }
 
-static tp_error_t stream_synchronize(tp_stream_t stream) {
+static tp_error_t stream_synchronize(tp_stream_t stream,
+                                     tp_error_t (*wait)(void *arg), void *arg) {
   tp__stream *s;
   TP_FORWARD(stream_of(stream, &s));
   uint64_t epoch = tp__stream_advance(s);
@@ -103,7 +104,7 @@ static tp_error_t stream_synchronize(tp_stream_t stream) {
       stream_covered(s) ||
       (tp__stream_misses_legacy(s) && tp__stream_legacy_idle(s->device)) ||
       tp__stream_legacy_fence(s, epoch);
-  tp_error_t err = tp__platform->stream_synchronize(s->ps);
+  tp_error_t err = wait ? wait(arg) : tp__platform->stream_synchronize(s->ps);
   if (err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS) {
     completed(s, epoch, covered);
     /* The work the stream waited for completed too: the frees it covers on
@@ -120,7 +121,12 @@ static tp_error_t stream_synchronize(tp_stream_t stream) {
 }
 
 TP_API tp_error_t tp_stream_synchronize(tp_stream_t stream) {
-  return TP_GUARDED(stream_synchronize(stream));
+  return TP_GUARDED(stream_synchronize(stream, NULL, NULL));
+}
+
+tp_error_t tp__stream_synchronize_by(tp_stream_t stream,
+                                     tp_error_t (*wait)(void *arg), void *arg) {
+  return TP_GUARDED(stream_synchronize(stream, wait, arg));
 }
 
 static tp_error_t stream_query(tp_stream_t stream) {

@@ -29,66 +29,104 @@ static bool observing(void) {
 }
 
 /* ---- synchronizations -----------------------------------------------------
- * The driver waits first and gives its own answer; tidepool's synchronize
- * then finds the work done at once. */
+ * The application's synchronize is tidepool's wait (tp__device_synchronize_by,
+ * tp__stream_synchronize_by): the work is waited for once, and no second
+ * synchronize costs a capture another thread began in between its
+ * validity. `call` is the application's: made once, unless tidepool failed
+ * first. */
 
-static CUresult stream_synchronize(CUstream stream, bool per_thread,
-                                   CUresult r) {
-  if (r != CUDA_SUCCESS || !observing())
-    return r;
-  (void)tp_stream_synchronize(tp__pl_stream(stream, per_thread));
-  tp__pl_drv_count(TP_PL_COUNT_SYNC);
-  return r;
-}
-
-static CUresult stream_sync(CUstream stream) {
-  return stream_synchronize(stream, false,
-                            TP_PL_DRV_CALL(r_stream_sync, stream_fn, (stream)));
-}
-
-static CUresult stream_sync_ptsz(CUstream stream) {
-  return stream_synchronize(
-      stream, true, TP_PL_DRV_CALL(r_stream_sync_ptsz, stream_fn, (stream)));
-}
-
-/* The application's context synchronize is tidepool's wait (see
- * tp__device_synchronize_by): `v2` for CUDA 13's form, with its context. */
 typedef struct app_sync {
-  bool v2, made;
+  CUresult (*call)(struct app_sync *a);
+  CUstream stream;
   CUcontext ctx;
   CUresult r;
+  bool made;
 } app_sync;
 
-static CUresult app_sync_call(app_sync *a) {
-  return a->v2 ? TP_PL_DRV_CALL(r_ctx_sync_v2, PFN_cuCtxSynchronize_v13000,
-                                (a->ctx))
-               : TP_PL_DRV_CALL(r_ctx_sync, PFN_cuCtxSynchronize_v2000, ());
-}
-
-static tp_error_t app_device_wait(int device, void *arg) {
-  (void)device;
+static tp_error_t app_wait(void *arg) {
   app_sync *a = arg;
-  a->r = app_sync_call(a);
+  a->r = a->call(a);
   a->made = true;
   return a->r == CUDA_SUCCESS                 ? TP_SUCCESS
          : a->r == CUDA_ERROR_ILLEGAL_ADDRESS ? TP_ERROR_ILLEGAL_ADDRESS
                                               : TP_ERROR_PLATFORM;
 }
 
+static tp_error_t app_device_wait(int device, void *arg) {
+  (void)device;
+  return app_wait(arg);
+}
+
+/* The application's answer, the call made through tidepool's wait where
+ * tidepool observes it, else directly. */
+static CUresult synchronized(app_sync *a, bool made) {
+  if (!made || !a->made)
+    return a->call(a);
+  if (a->r == CUDA_SUCCESS)
+    tp__pl_drv_count(TP_PL_COUNT_SYNC);
+  return a->r;
+}
+
+/* With TIDEPOOL_PRELOAD=host the streams are tidepool's own, which the
+ * driver's call does not wait for: the driver answers first, and tidepool
+ * then waits for its own work. */
+static CUresult host_mode_sync(app_sync *a, tp_stream_t stream, bool device) {
+  CUresult r = a->call(a);
+  if (r != CUDA_SUCCESS || !observing())
+    return r;
+  (void)(device ? tp_device_synchronize() : tp_stream_synchronize(stream));
+  tp__pl_drv_count(TP_PL_COUNT_SYNC);
+  return r;
+}
+
+static CUresult stream_synchronize(app_sync *a, bool per_thread) {
+  if (tp__pl_host_requested())
+    return host_mode_sync(a, tp__pl_stream(a->stream, per_thread), false);
+  bool made = observing();
+  if (made)
+    (void)tp__stream_synchronize_by(tp__pl_stream(a->stream, per_thread),
+                                    app_wait, a);
+  return synchronized(a, made);
+}
+
+static CUresult call_stream_sync(app_sync *a) {
+  return TP_PL_DRV_CALL(r_stream_sync, stream_fn, (a->stream));
+}
+
+static CUresult call_stream_sync_ptsz(app_sync *a) {
+  return TP_PL_DRV_CALL(r_stream_sync_ptsz, stream_fn, (a->stream));
+}
+
+static CUresult stream_sync(CUstream stream) {
+  app_sync a = {call_stream_sync, stream, NULL, CUDA_SUCCESS, false};
+  return stream_synchronize(&a, false);
+}
+
+static CUresult stream_sync_ptsz(CUstream stream) {
+  app_sync a = {call_stream_sync_ptsz, stream, NULL, CUDA_SUCCESS, false};
+  return stream_synchronize(&a, true);
+}
+
 static CUresult device_synchronize(app_sync *a) {
-  if (observing()) {
+  if (tp__pl_host_requested())
+    return host_mode_sync(a, NULL, true);
+  bool made = observing();
+  if (made)
     (void)tp__device_synchronize_by(app_device_wait, a);
-    if (a->made) {
-      if (a->r == CUDA_SUCCESS)
-        tp__pl_drv_count(TP_PL_COUNT_SYNC);
-      return a->r;
-    }
-  }
-  return app_sync_call(a);
+  return synchronized(a, made);
+}
+
+static CUresult call_ctx_sync(app_sync *a) {
+  (void)a;
+  return TP_PL_DRV_CALL(r_ctx_sync, PFN_cuCtxSynchronize_v2000, ());
+}
+
+static CUresult call_ctx_sync_v2(app_sync *a) {
+  return TP_PL_DRV_CALL(r_ctx_sync_v2, PFN_cuCtxSynchronize_v13000, (a->ctx));
 }
 
 static CUresult ctx_sync(void) {
-  app_sync a = {false, false, NULL, CUDA_SUCCESS};
+  app_sync a = {call_ctx_sync, NULL, NULL, CUDA_SUCCESS, false};
   return device_synchronize(&a);
 }
 
@@ -96,9 +134,9 @@ static CUresult ctx_sync(void) {
  * (or NULL, which means it) is followed, the others are left to the driver
  * and tidepool learns of their work later. */
 static CUresult ctx_sync_v2(CUcontext ctx) {
-  app_sync a = {true, false, ctx, CUDA_SUCCESS};
+  app_sync a = {call_ctx_sync_v2, NULL, ctx, CUDA_SUCCESS, false};
   if (ctx && ctx != tp__pl_drv_ctx_save())
-    return app_sync_call(&a);
+    return a.call(&a);
   return device_synchronize(&a);
 }
 

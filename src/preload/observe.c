@@ -61,54 +61,95 @@ static cudaError_t synchronized(cudaError_t r, tp_error_t err) {
   return capture && tp__pl_host_requested() ? tp__pl_fail(err) : r;
 }
 
-static cudaError_t stream_synchronize(cudaStream_t stream, bool per_thread,
-                                      cudaError_t r) {
-  if (r != cudaSuccess || !tp__pl_on() || tp__pl_enter(false) != cudaSuccess)
-    return r;
-  return synchronized(r,
-                      tp_stream_synchronize(tp__pl_stream(stream, per_thread)));
-}
-
-TP_PL_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  return stream_synchronize(stream, false,
-                            REAL(cudaStreamSynchronize, (stream)));
-}
-
-TP_PL_EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream) {
-  return stream_synchronize(stream, true,
-                            REAL(cudaStreamSynchronize_ptsz, (stream)));
-}
-
-/* The runtime's device synchronize is tidepool's wait (see
- * tp__device_synchronize_by), outside the host mode, where tidepool's own
- * answers for its captures. */
+/* Outside the host mode, where tidepool answers for its own captures, the
+ * application's synchronize is tidepool's wait (tp__device_synchronize_by,
+ * tp__stream_synchronize_by): the work is waited for once, and no second
+ * synchronize costs another thread's capture begun in between its validity.
+ * `call` is the application's: made once, unless tidepool failed first. */
 typedef struct app_sync {
+  cudaError_t (*call)(struct app_sync *a);
+  cudaStream_t stream;
   cudaError_t r;
   bool made;
 } app_sync;
 
-static tp_error_t app_device_wait(int device, void *arg) {
-  (void)device;
+static tp_error_t app_wait(void *arg) {
   app_sync *a = arg;
-  a->r = REAL(cudaDeviceSynchronize, ());
+  a->r = a->call(a);
   a->made = true;
   return a->r == cudaSuccess               ? TP_SUCCESS
          : a->r == cudaErrorIllegalAddress ? TP_ERROR_ILLEGAL_ADDRESS
                                            : TP_ERROR_PLATFORM;
 }
 
-TP_PL_EXPORT cudaError_t cudaDeviceSynchronize(void) {
-  if (tp__pl_on() && !tp__pl_host_requested() &&
-      tp__pl_enter(false) == cudaSuccess) {
-    app_sync a = {cudaSuccess, false};
-    (void)tp__device_synchronize_by(app_device_wait, &a);
-    if (a.made) {
-      if (a.r == cudaSuccess)
-        tp__pl_count(TP_PL_COUNT_SYNC);
-      return a.r;
-    }
+static tp_error_t app_device_wait(int device, void *arg) {
+  (void)device;
+  return app_wait(arg);
+}
+
+static bool waits_for_app(void) {
+  return tp__pl_on() && !tp__pl_host_requested() &&
+         tp__pl_enter(false) == cudaSuccess;
+}
+
+/* The application's answer once tidepool waited through its call; false
+ * where the call was not made. */
+static bool answered(const app_sync *a, cudaError_t *r) {
+  if (!a->made)
+    return false;
+  if (a->r == cudaSuccess)
+    tp__pl_count(TP_PL_COUNT_SYNC);
+  *r = a->r;
+  return true;
+}
+
+static cudaError_t stream_synchronize(app_sync *a, bool per_thread) {
+  cudaError_t r;
+  if (waits_for_app()) {
+    (void)tp__stream_synchronize_by(tp__pl_stream(a->stream, per_thread),
+                                    app_wait, a);
+    if (answered(a, &r))
+      return r;
   }
-  cudaError_t r = REAL(cudaDeviceSynchronize, ());
+  r = a->call(a);
+  if (r != cudaSuccess || !tp__pl_on() || tp__pl_enter(false) != cudaSuccess)
+    return r;
+  return synchronized(
+      r, tp_stream_synchronize(tp__pl_stream(a->stream, per_thread)));
+}
+
+static cudaError_t call_stream_sync(app_sync *a) {
+  return REAL(cudaStreamSynchronize, (a->stream));
+}
+
+static cudaError_t call_stream_sync_ptsz(app_sync *a) {
+  return REAL(cudaStreamSynchronize_ptsz, (a->stream));
+}
+
+static cudaError_t call_device_sync(app_sync *a) {
+  (void)a;
+  return REAL(cudaDeviceSynchronize, ());
+}
+
+TP_PL_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  app_sync a = {call_stream_sync, stream, cudaSuccess, false};
+  return stream_synchronize(&a, false);
+}
+
+TP_PL_EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream) {
+  app_sync a = {call_stream_sync_ptsz, stream, cudaSuccess, false};
+  return stream_synchronize(&a, true);
+}
+
+TP_PL_EXPORT cudaError_t cudaDeviceSynchronize(void) {
+  app_sync a = {call_device_sync, NULL, cudaSuccess, false};
+  cudaError_t r;
+  if (waits_for_app()) {
+    (void)tp__device_synchronize_by(app_device_wait, &a);
+    if (answered(&a, &r))
+      return r;
+  }
+  r = a.call(&a);
   if (r != cudaSuccess || !tp__pl_on() || tp__pl_enter(false) != cudaSuccess)
     return r;
   return synchronized(r, tp_device_synchronize());

@@ -1265,7 +1265,20 @@ FK_API CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
   return r;
 }
 
+/* How many context and stream synchronizes the process made, for the
+ * interposer's tests that the application's are the only ones. */
+static _Atomic unsigned long long ctx_syncs, stream_syncs;
+
+FK_API unsigned long long fake_cuda_ctx_syncs(void) {
+  return atomic_load(&ctx_syncs);
+}
+
+FK_API unsigned long long fake_cuda_stream_syncs(void) {
+  return atomic_load(&stream_syncs);
+}
+
 FK_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
+  atomic_fetch_add(&stream_syncs, 1);
   NEED_INIT();
   lock();
   fstream *s;
@@ -1278,14 +1291,6 @@ FK_API CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) {
   unlock();
   run_dead();
   return r;
-}
-
-/* How many context synchronizes the process made, for the interposer's
- * test that the application's is the only one. */
-static _Atomic unsigned long long ctx_syncs;
-
-FK_API unsigned long long fake_cuda_ctx_syncs(void) {
-  return atomic_load(&ctx_syncs);
 }
 
 FK_API CUresult CUDAAPI cuCtxSynchronize(void) {
