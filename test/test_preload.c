@@ -817,7 +817,7 @@ static void test_once(void) {
   unsigned long stream_syncs = driver_stub("cuStreamSynchronize");
   unsigned long ctx_syncs = driver_stub("cuCtxSynchronize");
   unsigned long records = driver_stub("cuEventRecord");
-  /* Over the fake driver, outside the host mode: the device is waited for
+  /* Over the fake driver, outside the host mode: the work is waited for
    * once, the application's synchronize being tidepool's too. */
   void *lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
   unsigned long long (*fake_ctx_syncs)(void) = NULL;
@@ -836,8 +836,6 @@ static void test_once(void) {
     CHECK_EQ_U64(fake_ctx_syncs() - fake_ctx, 1);
     CHECK_EQ_U64(fake_stream_syncs() - fake_streams, 1);
   }
-  if (lib)
-    dlclose(lib);
   CHECK_EQ_U64(counter(C_SYNC) - syncs, 2);
   cudaStream_t s = NULL;
   REQUIRE_RC(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
@@ -845,7 +843,16 @@ static void test_once(void) {
   REQUIRE_RC(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
   CHECK_RC(cudaEventRecord(e, NULL), cudaSuccess);
   CHECK_RC(cudaStreamWaitEvent(s, e, 0), cudaSuccess);
+  void *esym = lib ? dlsym(lib, "fake_cuda_event_syncs") : NULL;
+  unsigned long long (*fake_event_syncs)(void) = NULL;
+  if (expected_mode != MODE_HOST)
+    memcpy(&fake_event_syncs, &esym, sizeof esym);
+  unsigned long long fake_events = fake_event_syncs ? fake_event_syncs() : 0;
   CHECK_RC(cudaEventSynchronize(e), cudaSuccess);
+  if (fake_event_syncs)
+    CHECK_EQ_U64(fake_event_syncs() - fake_events, 1);
+  if (lib)
+    dlclose(lib);
   CHECK_EQ_U64(counter(C_EVENT) - events, 2);
   CHECK_EQ_U64(counter(C_SYNC) - syncs, 3);
   CHECK_RC(cudaEventDestroy(e), cudaSuccess);

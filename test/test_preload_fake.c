@@ -52,6 +52,7 @@ static struct {
   PFN_cuEventCreate_v2000 event_create;
   PFN_cuEventDestroy_v4000 event_destroy;
   PFN_cuEventRecord_v2000 event_record;
+  PFN_cuEventSynchronize_v2000 event_sync;
   PFN_cuStreamWaitEvent_v3020 stream_wait;
   PFN_cuLaunchHostFunc_v10000 launch_host_func;
   PFN_cuMemAlloc_v3020 mem_alloc;
@@ -82,6 +83,7 @@ static struct {
   unsigned long long (*id_questions)(void);      /* the fake's own */
   unsigned long long (*ctx_syncs)(void);         /* the fake's own */
   unsigned long long (*stream_syncs)(void);      /* the fake's own */
+  unsigned long long (*event_syncs)(void);       /* the fake's own */
 } cu;
 
 static int fetch(const char *name, int version, cuuint64_t flags, void *out) {
@@ -129,6 +131,7 @@ static int load_driver(void) {
   F(event_create, "cuEventCreate", 2000);
   F(event_destroy, "cuEventDestroy", 4000);
   F(event_record, "cuEventRecord", 2000);
+  F(event_sync, "cuEventSynchronize", 2000);
   F(stream_wait, "cuStreamWaitEvent", 3020);
   F(launch_host_func, "cuLaunchHostFunc", 10000);
   F(mem_alloc, "cuMemAlloc", 3020);
@@ -165,8 +168,10 @@ static int load_driver(void) {
   memcpy(&cu.ctx_syncs, &sym, sizeof sym);
   sym = dlsym(libcuda, "fake_cuda_stream_syncs");
   memcpy(&cu.stream_syncs, &sym, sizeof sym);
+  sym = dlsym(libcuda, "fake_cuda_event_syncs");
+  memcpy(&cu.event_syncs, &sym, sizeof sym);
   return ok && cu.capture_questions && cu.id_questions && cu.ctx_syncs &&
-         cu.stream_syncs;
+         cu.stream_syncs && cu.event_syncs;
 }
 
 /* ---- the interposer's diagnostics --------------------------------------- */
@@ -1018,7 +1023,7 @@ static void test_stream_ids_unasked(void) {
   CHECK_EQ_U64(cu.id_questions() - ids, 0);
 }
 
-/* The application's context or stream synchronize is tidepool's too: the
+/* The application's context, stream or event synchronize is tidepool's too: the
  * work is waited for once (a second cuCtxSynchronize right after would
  * invalidate every capture another thread began in between, whatever its
  * mode), and the frees it covers complete: memory freed behind a held host
@@ -1031,7 +1036,9 @@ static void test_sync_once(void) {
   CHECK_RC(cu.pool_set_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &zero),
            CUDA_SUCCESS);
   CUstream s = new_stream();
-  for (int way = 0; way < 3; way++) {
+  CUevent e = NULL;
+  REQUIRE_RC(cu.event_create(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  for (int way = 0; way < 4; way++) {
     CHECK_RC(cu.ctx_sync(), CUDA_SUCCESS);
     uint64_t r0 = attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
     CUdeviceptr p = 0;
@@ -1040,16 +1047,21 @@ static void test_sync_once(void) {
     atomic_store(&gate_open, 0);
     REQUIRE_RC(cu.launch_host_func(s, gate_wait, NULL), CUDA_SUCCESS);
     CHECK_RC(cu.free(p, s), CUDA_SUCCESS);
+    CHECK_RC(cu.event_record(e, s), CUDA_SUCCESS);
     atomic_store(&gate_open, 1);
-    unsigned long long ctx = cu.ctx_syncs(), streams = cu.stream_syncs();
+    unsigned long long before[3] = {cu.ctx_syncs(), cu.stream_syncs(),
+                                    cu.event_syncs()};
     CHECK_RC(way == 0   ? cu.ctx_sync()
              : way == 1 ? cu.ctx_sync_v2(NULL)
-                        : cu.stream_sync(s),
+             : way == 2 ? cu.stream_sync(s)
+                        : cu.event_sync(e),
              CUDA_SUCCESS);
-    CHECK_EQ_U64(cu.ctx_syncs() - ctx, way < 2 ? 1 : 0);
-    CHECK_EQ_U64(cu.stream_syncs() - streams, way < 2 ? 0 : 1);
+    CHECK_EQ_U64(cu.ctx_syncs() - before[0], way < 2 ? 1 : 0);
+    CHECK_EQ_U64(cu.stream_syncs() - before[1], way == 2 ? 1 : 0);
+    CHECK_EQ_U64(cu.event_syncs() - before[2], way == 3 ? 1 : 0);
     CHECK_EQ_U64(attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), r0);
   }
+  CHECK_RC(cu.event_destroy(e), CUDA_SUCCESS);
   CHECK_RC(cu.stream_destroy(s), CUDA_SUCCESS);
 }
 

@@ -69,6 +69,11 @@ tp_error_t tp__device_synchronize_by(tp_error_t (*wait)(int device, void *arg),
  * capture of another thread). */
 tp_error_t tp__stream_synchronize_by(tp_stream_t stream,
                                      tp_error_t (*wait)(void *arg), void *arg);
+/* tp_event_synchronize likewise, `event` tidepool's twin of the
+ * application's event, recorded just before it (so that the application's
+ * wait covers its work). */
+tp_error_t tp__event_synchronize_by(tp_event_t event,
+                                    tp_error_t (*wait)(void *arg), void *arg);
 
 /* torch.c's configuration from the TIDEPOOL_TORCH_* variables (see the
  * header's PyTorch section). The entry points read it once; it is exposed

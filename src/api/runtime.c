@@ -225,19 +225,22 @@ TP_API tp_error_t tp_event_create(tp_event_t *event) {
 
 /* Waits for the event; the streams its clock covers then settle as after a
  * synchronize. */
-static tp_error_t event_synchronize(tp__event *e) {
+static tp_error_t event_synchronize(tp__event *e, tp_error_t (*wait)(void *),
+                                    void *arg) {
   tp__stream **v = NULL;
   size_t n = 0;
-  tp_error_t err = tp__event_synchronize(e, &v, &n);
+  tp_error_t err = tp__event_synchronize(e, wait, arg, &v, &n);
   settle_listed(v, n);
   return err;
 }
 
 /* The calls below find the event inside the guard, so that one destroyed
- * by another thread meanwhile stays readable until they return. */
+ * by another thread meanwhile stays readable until they return. `wait`
+ * and its argument are a synchronize's (see tp__event_synchronize). */
 enum event_op { EV_DESTROY, EV_QUERY, EV_SYNCHRONIZE };
 
-static tp_error_t event_call(tp_event_t event, enum event_op op) {
+static tp_error_t event_call(tp_event_t event, enum event_op op,
+                             tp_error_t (*wait)(void *), void *arg) {
   TP_FORWARD(tp__api_init());
   tp__event *e;
   TP_FORWARD(tp__event_get(event, &e));
@@ -248,12 +251,12 @@ static tp_error_t event_call(tp_event_t event, enum event_op op) {
     return tp__event_query(e);
   default:
     TP_FORWARD(tp__graph_event_check(event));
-    return event_synchronize(e);
+    return event_synchronize(e, wait, arg);
   }
 }
 
 TP_API tp_error_t tp_event_destroy(tp_event_t event) {
-  return TP_GUARDED(event_call(event, EV_DESTROY));
+  return TP_GUARDED(event_call(event, EV_DESTROY, NULL, NULL));
 }
 
 static tp_error_t event_record(tp_event_t event, tp_stream_t stream) {
@@ -275,11 +278,16 @@ TP_API tp_error_t tp_event_record(tp_event_t event, tp_stream_t stream) {
 }
 
 TP_API tp_error_t tp_event_query(tp_event_t event) {
-  return TP_GUARDED(event_call(event, EV_QUERY));
+  return TP_GUARDED(event_call(event, EV_QUERY, NULL, NULL));
 }
 
 TP_API tp_error_t tp_event_synchronize(tp_event_t event) {
-  return TP_GUARDED(event_call(event, EV_SYNCHRONIZE));
+  return TP_GUARDED(event_call(event, EV_SYNCHRONIZE, NULL, NULL));
+}
+
+tp_error_t tp__event_synchronize_by(tp_event_t event,
+                                    tp_error_t (*wait)(void *arg), void *arg) {
+  return TP_GUARDED(event_call(event, EV_SYNCHRONIZE, wait, arg));
 }
 
 /* ---- stream-ordered work ------------------------------------------------- */

@@ -39,6 +39,7 @@ typedef struct app_sync {
   CUresult (*call)(struct app_sync *a);
   CUstream stream;
   CUcontext ctx;
+  CUevent event;
   CUresult r;
   bool made;
 } app_sync;
@@ -98,12 +99,12 @@ static CUresult call_stream_sync_ptsz(app_sync *a) {
 }
 
 static CUresult stream_sync(CUstream stream) {
-  app_sync a = {call_stream_sync, stream, NULL, CUDA_SUCCESS, false};
+  app_sync a = {call_stream_sync, stream, NULL, NULL, CUDA_SUCCESS, false};
   return stream_synchronize(&a, false);
 }
 
 static CUresult stream_sync_ptsz(CUstream stream) {
-  app_sync a = {call_stream_sync_ptsz, stream, NULL, CUDA_SUCCESS, false};
+  app_sync a = {call_stream_sync_ptsz, stream, NULL, NULL, CUDA_SUCCESS, false};
   return stream_synchronize(&a, true);
 }
 
@@ -126,7 +127,7 @@ static CUresult call_ctx_sync_v2(app_sync *a) {
 }
 
 static CUresult ctx_sync(void) {
-  app_sync a = {call_ctx_sync, NULL, NULL, CUDA_SUCCESS, false};
+  app_sync a = {call_ctx_sync, NULL, NULL, NULL, CUDA_SUCCESS, false};
   return device_synchronize(&a);
 }
 
@@ -134,23 +135,33 @@ static CUresult ctx_sync(void) {
  * (or NULL, which means it) is followed, the others are left to the driver
  * and tidepool learns of their work later. */
 static CUresult ctx_sync_v2(CUcontext ctx) {
-  app_sync a = {call_ctx_sync_v2, NULL, ctx, CUDA_SUCCESS, false};
+  app_sync a = {call_ctx_sync_v2, NULL, ctx, NULL, CUDA_SUCCESS, false};
   if (ctx && ctx != tp__pl_drv_ctx_save())
     return a.call(&a);
   return device_synchronize(&a);
 }
 
+static CUresult call_event_sync(app_sync *a) {
+  return TP_PL_DRV_CALL(r_event_sync, PFN_cuEventSynchronize_v2000, (a->event));
+}
+
+/* tidepool's twin of the event, recorded just before it, is waited for
+ * through the application's wait; in the host mode after it. */
 static CUresult event_sync(CUevent event) {
-  CUresult r =
-      TP_PL_DRV_CALL(r_event_sync, PFN_cuEventSynchronize_v2000, (event));
-  if (r != CUDA_SUCCESS)
-    return r;
+  app_sync a = {call_event_sync, NULL, NULL, event, CUDA_SUCCESS, false};
   tp_event_t ours = tp__pl_event_find((cudaEvent_t)event);
-  if (ours && observing()) {
-    (void)tp_event_synchronize(ours);
-    tp__pl_drv_count(TP_PL_COUNT_SYNC);
+  if (!ours || tp__pl_host_requested()) {
+    CUresult r = a.call(&a);
+    if (r == CUDA_SUCCESS && ours && observing()) {
+      (void)tp_event_synchronize(ours);
+      tp__pl_drv_count(TP_PL_COUNT_SYNC);
+    }
+    return r;
   }
-  return r;
+  bool made = observing();
+  if (made)
+    (void)tp__event_synchronize_by(ours, app_wait, &a);
+  return synchronized(&a, made);
 }
 
 /* ---- events ----------------------------------------------------------------

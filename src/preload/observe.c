@@ -69,6 +69,7 @@ static cudaError_t synchronized(cudaError_t r, tp_error_t err) {
 typedef struct app_sync {
   cudaError_t (*call)(struct app_sync *a);
   cudaStream_t stream;
+  cudaEvent_t event;
   cudaError_t r;
   bool made;
 } app_sync;
@@ -132,17 +133,17 @@ static cudaError_t call_device_sync(app_sync *a) {
 }
 
 TP_PL_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  app_sync a = {call_stream_sync, stream, cudaSuccess, false};
+  app_sync a = {call_stream_sync, stream, NULL, cudaSuccess, false};
   return stream_synchronize(&a, false);
 }
 
 TP_PL_EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream) {
-  app_sync a = {call_stream_sync_ptsz, stream, cudaSuccess, false};
+  app_sync a = {call_stream_sync_ptsz, stream, NULL, cudaSuccess, false};
   return stream_synchronize(&a, true);
 }
 
 TP_PL_EXPORT cudaError_t cudaDeviceSynchronize(void) {
-  app_sync a = {call_device_sync, NULL, cudaSuccess, false};
+  app_sync a = {call_device_sync, NULL, NULL, cudaSuccess, false};
   cudaError_t r;
   if (waits_for_app()) {
     (void)tp__device_synchronize_by(app_device_wait, &a);
@@ -155,11 +156,23 @@ TP_PL_EXPORT cudaError_t cudaDeviceSynchronize(void) {
   return synchronized(r, tp_device_synchronize());
 }
 
+static cudaError_t call_event_sync(app_sync *a) {
+  return REAL(cudaEventSynchronize, (a->event));
+}
+
 TP_PL_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  cudaError_t r = REAL(cudaEventSynchronize, (event));
+  app_sync a = {call_event_sync, NULL, event, cudaSuccess, false};
+  tp_event_t ours = tp__pl_on() ? tp__pl_event_find(event) : NULL;
+  cudaError_t r;
+  if (ours && waits_for_app()) {
+    (void)tp__event_synchronize_by(ours, app_wait, &a);
+    if (answered(&a, &r))
+      return r;
+  }
+  r = a.call(&a);
   if (r != cudaSuccess || !tp__pl_on())
     return r;
-  tp_event_t ours = tp__pl_event_find(event);
+  ours = tp__pl_event_find(event);
   if (ours && tp__pl_enter(false) == cudaSuccess)
     return synchronized(r, tp_event_synchronize(ours));
   return r;

@@ -228,7 +228,8 @@ bool tp__stream_followed(tp__stream *s, tp__clock *out) {
   return ok;
 }
 
-tp_error_t tp__event_synchronize(tp__event *e, tp__stream ***done, size_t *n) {
+tp_error_t tp__event_synchronize(tp__event *e, tp_error_t (*wait)(void *arg),
+                                 void *arg, tp__stream ***done, size_t *n) {
   /* The clock is taken before the wait, and kept only where no record came
    * meanwhile: a record by another thread would claim work that the wait
    * did not cover, and one between the copy and the wait would be what the
@@ -240,7 +241,7 @@ tp_error_t tp__event_synchronize(tp__event *e, tp__stream ***done, size_t *n) {
   tp__mutex_unlock(&e->order);
   *done = NULL;
   *n = 0;
-  tp_error_t err = tp__platform->event_synchronize(e->pe);
+  tp_error_t err = wait ? wait(arg) : tp__platform->event_synchronize(e->pe);
   tp__mutex_lock(&e->order);
   copied = copied && e->records == records;
   tp__mutex_unlock(&e->order);

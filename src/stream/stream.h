@@ -274,12 +274,15 @@ tp_error_t tp__event_wait(tp__stream *s, tp__event *e);
 tp_error_t tp__event_query(tp__event *e);
 /* Whether the event was ever recorded outside a capture. */
 bool tp__event_recorded(const tp__event *e);
-/* Waits for the event, then marks done the work its clock covers on each
- * stream; those streams are returned with a reference each (the caller
- * unrefs them and frees the array), so that the layers above can settle
- * what completed; one NULL, where no live stream is listed, stands for
- * streams destroyed since. */
-tp_error_t tp__event_synchronize(tp__event *e, tp__stream ***done, size_t *n);
+/* Waits for the event (through `wait` where it is not NULL: a wait that
+ * covers the event's work, answering SUCCESS or ILLEGAL_ADDRESS once it
+ * finished), then marks done the work its clock covers on each stream;
+ * those streams are returned with a reference each (the caller unrefs them
+ * and frees the array), so that the layers above can settle what
+ * completed; one NULL, where no live stream is listed, stands for streams
+ * destroyed since. */
+tp_error_t tp__event_synchronize(tp__event *e, tp_error_t (*wait)(void *arg),
+                                 void *arg, tp__stream ***done, size_t *n);
 /* What s's work waits for on other streams so far (its clock, without its
  * own entry), copied into *out; false, with *out empty, for want of memory.
  * Taken before a synchronize of s, it is what the synchronize covers. */

@@ -1265,9 +1265,13 @@ FK_API CUresult CUDAAPI cuStreamQuery(CUstream hStream) {
   return r;
 }
 
-/* How many context and stream synchronizes the process made, for the
- * interposer's tests that the application's are the only ones. */
-static _Atomic unsigned long long ctx_syncs, stream_syncs;
+/* How many context, stream and event synchronizes the process made, for
+ * the interposer's tests that the application's are the only ones. */
+static _Atomic unsigned long long ctx_syncs, stream_syncs, event_syncs;
+
+FK_API unsigned long long fake_cuda_event_syncs(void) {
+  return atomic_load(&event_syncs);
+}
 
 FK_API unsigned long long fake_cuda_ctx_syncs(void) {
   return atomic_load(&ctx_syncs);
@@ -1438,6 +1442,7 @@ FK_API CUresult CUDAAPI cuEventQuery(CUevent hEvent) {
 }
 
 FK_API CUresult CUDAAPI cuEventSynchronize(CUevent hEvent) {
+  atomic_fetch_add(&event_syncs, 1);
   NEED_INIT();
   lock();
   CUresult r = event_sync_begin(hEvent);
