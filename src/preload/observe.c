@@ -44,10 +44,11 @@ TP_PL_NEXT(cudaLaunchHostFunc_ptsz, host_func_fn)
                  : TP_PL_NO_RUNTIME)
 
 /* ---- synchronizations -----------------------------------------------------
- * The runtime waits first and gives its own answer (with errors of earlier
- * kernels, and its own last error); tidepool's synchronize then finds the
- * work done at once, marks its frees complete and releases memory above
- * the threshold. tidepool's answer adds nothing the runtime's lacks. */
+ * The runtime's synchronize is the wait, and its answer the application's
+ * (with errors of earlier kernels, and its own last error); tidepool takes
+ * what it covers before and, once it returned, marks its frees complete and
+ * releases memory above the threshold. tidepool's answer adds nothing the
+ * runtime's lacks. */
 
 /* In the host mode captures are tidepool's, and the runtime beneath knows
  * none: a synchronize that tidepool refuses for a capture (and whose
