@@ -242,6 +242,12 @@ tp_error_t tp__event_synchronize(tp__event *e, tp_error_t (*wait)(void *arg),
   *done = NULL;
   *n = 0;
   tp_error_t err = wait ? wait(arg) : tp__platform->event_synchronize(e->pe);
+  /* The caller's wait may not cover all of the event: where two threads
+   * record the application's event and its twin on two streams at once,
+   * the two may follow different streams. What it left is waited for. */
+  if (wait && err == TP_SUCCESS &&
+      tp__platform->event_query(e->pe) == TP_ERROR_NOT_READY)
+    err = tp__platform->event_synchronize(e->pe);
   tp__mutex_lock(&e->order);
   copied = copied && e->records == records;
   tp__mutex_unlock(&e->order);

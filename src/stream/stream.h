@@ -275,8 +275,9 @@ tp_error_t tp__event_query(tp__event *e);
 /* Whether the event was ever recorded outside a capture. */
 bool tp__event_recorded(const tp__event *e);
 /* Waits for the event (through `wait` where it is not NULL: a wait that
- * covers the event's work, answering SUCCESS or ILLEGAL_ADDRESS once it
- * finished), then marks done the work its clock covers on each stream;
+ * should cover the event's work, answering SUCCESS or ILLEGAL_ADDRESS once
+ * it finished; the event is then asked, and waited for where it has not
+ * completed), then marks done the work its clock covers on each stream;
  * those streams are returned with a reference each (the caller unrefs them
  * and frees the array), so that the layers above can settle what
  * completed; one NULL, where no live stream is listed, stands for streams
