@@ -44,13 +44,16 @@ typedef struct app_sync {
   bool made;
 } app_sync;
 
+_Static_assert((int)CUDA_SUCCESS == (int)cudaSuccess &&
+                   (int)CUDA_ERROR_ILLEGAL_ADDRESS ==
+                       (int)cudaErrorIllegalAddress,
+               "tp__pl_sync_answer reads the driver's codes as the runtime's");
+
 static tp_error_t app_wait(void *arg) {
   app_sync *a = arg;
   a->r = a->call(a);
   a->made = true;
-  return a->r == CUDA_SUCCESS                 ? TP_SUCCESS
-         : a->r == CUDA_ERROR_ILLEGAL_ADDRESS ? TP_ERROR_ILLEGAL_ADDRESS
-                                              : TP_ERROR_PLATFORM;
+  return tp__pl_sync_answer((int)a->r);
 }
 
 static tp_error_t app_device_wait(int device, void *arg) {

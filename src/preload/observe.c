@@ -79,9 +79,7 @@ static tp_error_t app_wait(void *arg) {
   app_sync *a = arg;
   a->r = a->call(a);
   a->made = true;
-  return a->r == cudaSuccess               ? TP_SUCCESS
-         : a->r == cudaErrorIllegalAddress ? TP_ERROR_ILLEGAL_ADDRESS
-                                           : TP_ERROR_PLATFORM;
+  return tp__pl_sync_answer((int)a->r);
 }
 
 static tp_error_t app_device_wait(int device, void *arg) {

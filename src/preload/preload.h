@@ -166,6 +166,14 @@ bool tp__pl_capturing(cudaStream_t stream, bool per_thread);
 
 /* The runtime's code for a tidepool error. */
 cudaError_t tp__pl_error(tp_error_t err);
+/* What an application's synchronize, made as tidepool's wait, tells
+ * tidepool: its work finished (SUCCESS, or ILLEGAL_ADDRESS after a fault),
+ * or not known to (PLATFORM). The runtime's and the driver's codes agree. */
+static inline tp_error_t tp__pl_sync_answer(int code) {
+  return code == cudaSuccess               ? TP_SUCCESS
+         : code == cudaErrorIllegalAddress ? TP_ERROR_ILLEGAL_ADDRESS
+                                           : TP_ERROR_PLATFORM;
+}
 /* Whether fork() made this process after the parent called tidepool: its
  * refusals are then CUDA's initialization errors. */
 bool tp__pl_forked(void);
