@@ -95,6 +95,8 @@ static void set_slot(tp__space *sp, size_t c, tp__phys phys) {
   sp->phys[c] = phys;
   if (phys) {
     sp->mapbits[c / 64] |= UINT64_C(1) << (c % 64);
+    if (c / 64 >= sp->mapwords)
+      sp->mapwords = c / 64 + 1;
     if (!was && atomic_load_explicit(&sp->gtab[c], memory_order_relaxed))
       sp->nspare--;
   } else {
@@ -122,6 +124,7 @@ static void free_maps(tp__space *sp) {
   sp->phys = NULL;
   sp->gtab = NULL;
   sp->mapbits = sp->ghostbits = NULL;
+  sp->mapwords = 0;
   sp->ghosts = NULL;
 }
 
@@ -155,6 +158,7 @@ tp_error_t tp__space_init(tp__space *sp, const tp__mem_kind *kind, size_t gran,
   sp->gtab = calloc(sp->nchunks, sizeof *sp->gtab);
   sp->mapbits = calloc((sp->nchunks + 63) / 64, sizeof *sp->mapbits);
   sp->ghostbits = calloc((sp->nchunks + 63) / 64, sizeof *sp->ghostbits);
+  sp->mapwords = 0;
   if (!sp->phys || !sp->gtab || !sp->mapbits || !sp->ghostbits) {
     free_maps(sp);
     return TP_ERROR_OUT_OF_MEMORY;
@@ -187,8 +191,7 @@ _Atomic uintptr_t *tp__space_entry_make(tp__space *sp, uintptr_t addr) {
 /* ---- the chunk map ------------------------------------------------------- */
 
 size_t tp__space_segment_next(const tp__space *sp, size_t from) {
-  size_t words = (sp->nchunks + 63) / 64;
-  for (size_t w = from / 64; w < words; w++) {
+  for (size_t w = from / 64; w < sp->mapwords; w++) {
     uint64_t m = sp->mapbits[w];
     uint64_t carry = w > 0 ? sp->mapbits[w - 1] >> 63 : 0;
     uint64_t starts = m & ~((m << 1) | carry);
