@@ -669,7 +669,6 @@ static void test_forbidden_during_capture(void) {
  * cuMemAllocAsync on another stream invalidates a global capture there).
  * Its device synchronize invalidates every capture, of every mode. */
 typedef struct beside {
-  tp_stream_t s;
   tp_error_t first_bad;
   bool sync;
   tp_error_t synced;
@@ -691,7 +690,7 @@ static void *beside_main(void *arg) {
     void *p = NULL, *q = NULL;
     /* A free pending on one stream, an allocation on another that asks
      * whether it completed, a growth, and a trim. */
-    if ((err = hold_stream(b->s == other ? NULL : other, &gate)) != TP_SUCCESS)
+    if ((err = hold_stream(other, &gate)) != TP_SUCCESS)
       break;
     err = tp_malloc_async(&p, (size_t)(i + 1) * MiB, other);
     if (err == TP_SUCCESS)
@@ -725,7 +724,7 @@ static void test_other_thread_beside_capture(void) {
       snprintf(label, sizeof label, "mode %d, %s", (int)modes[m],
                sync ? "device synchronize" : "allocations");
       check_context(label);
-      beside_t b = {s, TP_SUCCESS, sync != 0, TP_SUCCESS};
+      beside_t b = {TP_SUCCESS, sync != 0, TP_SUCCESS};
       REQUIRE_OK(tp_stream_begin_capture(s, modes[m]));
       void *p = NULL;
       CHECK_OK(tp_malloc_async(&p, MiB, s));
