@@ -101,6 +101,8 @@ static void set_slot(tp__space *sp, size_t c, tp__phys phys) {
       sp->nspare--;
   } else {
     sp->mapbits[c / 64] &= ~(UINT64_C(1) << (c % 64));
+    while (sp->mapwords && !sp->mapbits[sp->mapwords - 1])
+      sp->mapwords--;
     if (was)
       drop_table(sp, c);
   }

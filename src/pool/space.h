@@ -39,10 +39,10 @@ typedef struct tp__space {
   size_t va_size, gran, nchunks;
   tp__phys *phys;    /* per chunk: the physical chunk mapped there, or 0 */
   uint64_t *mapbits; /* per chunk: mapped and part of a segment */
-  /* Words of mapbits below which every chunk ever mapped lies: the segment
-   * walk of each synchronize stops there rather than read the whole range
-   * (four times the device's memory: on an 80 GiB card, 2,560 words and
-   * 1.9 us of every synchronize through the interposer). */
+  /* One past the highest word of mapbits with a bit set: the segment walk
+   * of each synchronize stops there rather than read the whole range (four
+   * times the device's memory: on an 80 GiB card, 2,560 words and 1.9 us of
+   * every synchronize through the interposer). */
   size_t mapwords;
   uint64_t *ghostbits; /* per chunk: mapped, waiting for a free (ghosts) */
   tp__ghost *ghosts;
