@@ -54,15 +54,14 @@ tp_error_t tp__malloc_async_as(void **ptr, size_t size, tp_stream_t stream,
                                bool uncaptured);
 tp_error_t tp__free_async_as(void *ptr, tp_stream_t stream, bool uncaptured);
 
-/* tp_device_synchronize with `wait` as the wait for the device (`device`:
- * the calling thread's), called exactly once unless the call fails before
+/* tp_device_synchronize with `wait` (where not NULL) as the wait for the
+ * calling thread's device, called exactly once unless the call fails before
  * it (init, memory): the interposer passes the application's own
  * synchronize, so that the device is waited for once. A second
  * cuCtxSynchronize right after the application's would invalidate every
  * capture another thread began in between, in any mode (H100, driver 580).
  * `wait` answers SUCCESS or ILLEGAL_ADDRESS where the work completed. */
-tp_error_t tp__device_synchronize_by(tp_error_t (*wait)(int device, void *arg),
-                                     void *arg);
+tp_error_t tp__device_synchronize_by(tp_error_t (*wait)(void *arg), void *arg);
 /* tp_stream_synchronize likewise, with the application's synchronize of the
  * same stream as `wait` (a second one would invalidate a capture begun on
  * the stream in between, or, from a thread in global mode, any global

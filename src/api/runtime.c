@@ -169,8 +169,7 @@ TP_API tp_error_t tp_stream_wait_event(tp_stream_t stream, tp_event_t event,
   return TP_GUARDED(stream_wait_event(stream, event));
 }
 
-tp_error_t tp__device_synchronize_by(tp_error_t (*wait)(int device, void *arg),
-                                     void *arg) {
+tp_error_t tp__device_synchronize_by(tp_error_t (*wait)(void *arg), void *arg) {
   TP_FORWARD(tp__api_init());
   int device = tp__current_device();
   tp__stream **v;
@@ -186,7 +185,7 @@ tp_error_t tp__device_synchronize_by(tp_error_t (*wait)(int device, void *arg),
   uint64_t ticket = tp__device_sync_begin(device);
   for (size_t i = 0; i < n; i++)
     epochs[i] = tp__stream_advance(v[i]);
-  tp_error_t err = wait(device, arg);
+  tp_error_t err = wait ? wait(arg) : tp__platform->device_synchronize(device);
   if (err == TP_SUCCESS || err == TP_ERROR_ILLEGAL_ADDRESS)
     tp__device_sync_done(device, ticket);
   for (size_t i = 0; i < n; i++) {
@@ -206,13 +205,8 @@ tp_error_t tp__device_synchronize_by(tp_error_t (*wait)(int device, void *arg),
   return err;
 }
 
-static tp_error_t platform_wait(int device, void *arg) {
-  (void)arg;
-  return tp__platform->device_synchronize(device);
-}
-
 TP_API tp_error_t tp_device_synchronize(void) {
-  return tp__device_synchronize_by(platform_wait, NULL);
+  return tp__device_synchronize_by(NULL, NULL);
 }
 
 /* ---- events -------------------------------------------------------------- */

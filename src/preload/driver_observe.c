@@ -56,11 +56,6 @@ static tp_error_t app_wait(void *arg) {
   return tp__pl_sync_answer((int)a->r);
 }
 
-static tp_error_t app_device_wait(int device, void *arg) {
-  (void)device;
-  return app_wait(arg);
-}
-
 /* The application's answer, the call made through tidepool's wait where
  * tidepool observes it, else directly. */
 static CUresult synchronized(app_sync *a, bool made) {
@@ -116,7 +111,7 @@ static CUresult device_synchronize(app_sync *a) {
     return host_mode_sync(a, NULL, true);
   bool made = observing();
   if (made)
-    (void)tp__device_synchronize_by(app_device_wait, a);
+    (void)tp__device_synchronize_by(app_wait, a);
   return synchronized(a, made);
 }
 

@@ -82,11 +82,6 @@ static tp_error_t app_wait(void *arg) {
   return tp__pl_sync_answer((int)a->r);
 }
 
-static tp_error_t app_device_wait(int device, void *arg) {
-  (void)device;
-  return app_wait(arg);
-}
-
 static bool waits_for_app(void) {
   return tp__pl_on() && !tp__pl_host_requested() &&
          tp__pl_enter(false) == cudaSuccess;
@@ -145,7 +140,7 @@ TP_PL_EXPORT cudaError_t cudaDeviceSynchronize(void) {
   app_sync a = {call_device_sync, NULL, NULL, cudaSuccess, false};
   cudaError_t r;
   if (waits_for_app()) {
-    (void)tp__device_synchronize_by(app_device_wait, &a);
+    (void)tp__device_synchronize_by(app_wait, &a);
     if (answered(&a, &r))
       return r;
   }
