@@ -5,8 +5,8 @@
  * on an idle non-blocking stream, two rounds. Needs a GPU. */
 #include <cuda.h>
 #include <stdio.h>
-#include <time.h>
 
+#include "bench_clock.h"
 #include "dl_table.h"
 
 static struct {
@@ -29,19 +29,13 @@ static struct {
   CUresult (*event_query)(CUevent);
 } cu;
 
-static double now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
 #define CALLS 1000000
 #define TIME(name, call)                                                       \
   do {                                                                         \
-    double t0 = now_ns();                                                      \
+    double t0 = bench_now_ns();                                                \
     for (int i = 0; i < CALLS; i++)                                            \
       (void)(call);                                                            \
-    printf("  %-40s %8.1f ns\n", name, (now_ns() - t0) / CALLS);               \
+    printf("  %-40s %8.1f ns\n", name, (bench_now_ns() - t0) / CALLS);         \
   } while (0)
 
 int main(void) {

@@ -13,22 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench_clock.h"
 #include "dl_table.h"
 
 enum { BATCH = 2000, BATCHES = 31, BURST = 10000 };
-
-static double now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 static int fail(const char *what, cudaError_t e) {
   fprintf(stderr, "preload_pair: %s: %s\n", what, cudaGetErrorName(e));
@@ -41,7 +30,7 @@ static int pair_ns(cudaStream_t s, size_t size, double *out) {
   void *p;
   cudaError_t e;
   for (int b = -1; b < BATCHES; b++) { /* batch -1 warms up */
-    double t0 = now_ns();
+    double t0 = bench_now_ns();
     for (int i = 0; i < BATCH; i++) {
       if ((e = cudaMallocAsync(&p, size, s)) != cudaSuccess)
         return fail("cudaMallocAsync", e);
@@ -49,9 +38,9 @@ static int pair_ns(cudaStream_t s, size_t size, double *out) {
         return fail("cudaFreeAsync", e);
     }
     if (b >= 0)
-      t[b] = (now_ns() - t0) / BATCH;
+      t[b] = (bench_now_ns() - t0) / BATCH;
   }
-  qsort(t, BATCHES, sizeof t[0], cmp_double);
+  qsort(t, BATCHES, sizeof t[0], bench_cmp_double);
   *out = t[BATCHES / 2];
   return cudaStreamSynchronize(s) == cudaSuccess ? 0 : -1;
 }
@@ -68,18 +57,18 @@ static void question_ns(double *device_ns, double *ctx_ns) {
   for (int b = 0; b < BATCHES; b++) {
     int d;
     void *c;
-    double t0 = now_ns();
+    double t0 = bench_now_ns();
     for (int i = 0; i < BATCH; i++)
       (void)cudaGetDevice(&d);
-    double t1 = now_ns();
+    double t1 = bench_now_ns();
     for (int i = 0; have_ctx && i < BATCH; i++)
       (void)ctx_get(&c);
-    double t2 = now_ns();
+    double t2 = bench_now_ns();
     td[b] = (t1 - t0) / BATCH;
     tc[b] = (t2 - t1) / BATCH;
   }
-  qsort(td, BATCHES, sizeof td[0], cmp_double);
-  qsort(tc, BATCHES, sizeof tc[0], cmp_double);
+  qsort(td, BATCHES, sizeof td[0], bench_cmp_double);
+  qsort(tc, BATCHES, sizeof tc[0], bench_cmp_double);
   *device_ns = td[BATCHES / 2];
   *ctx_ns = have_ctx ? tc[BATCHES / 2] : 0;
 }
@@ -91,15 +80,15 @@ static int burst_ns(cudaStream_t s, size_t size, double *alloc, double *free_) {
   double ta[5], tf[5];
   cudaError_t e;
   for (int r = -1; r < 5; r++) {
-    double t0 = now_ns();
+    double t0 = bench_now_ns();
     for (int i = 0; i < BURST; i++)
       if ((e = cudaMallocAsync(&p[i], size, s)) != cudaSuccess)
         return fail("cudaMallocAsync", e);
-    double t1 = now_ns();
+    double t1 = bench_now_ns();
     for (int i = 0; i < BURST; i++)
       if ((e = cudaFreeAsync(p[i], s)) != cudaSuccess)
         return fail("cudaFreeAsync", e);
-    double t2 = now_ns();
+    double t2 = bench_now_ns();
     if (r >= 0) {
       ta[r] = (t1 - t0) / BURST;
       tf[r] = (t2 - t1) / BURST;
@@ -107,8 +96,8 @@ static int burst_ns(cudaStream_t s, size_t size, double *alloc, double *free_) {
     if (cudaStreamSynchronize(s) != cudaSuccess)
       return -1;
   }
-  qsort(ta, 5, sizeof ta[0], cmp_double);
-  qsort(tf, 5, sizeof tf[0], cmp_double);
+  qsort(ta, 5, sizeof ta[0], bench_cmp_double);
+  qsort(tf, 5, sizeof tf[0], bench_cmp_double);
   *alloc = ta[2];
   *free_ = tf[2];
   return 0;

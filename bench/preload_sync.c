@@ -9,20 +9,10 @@
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
+
+#include "bench_clock.h"
 
 enum { ROUNDS = 9 };
-
-static double now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 static cudaStream_t stream;
 static cudaEvent_t event;
@@ -65,15 +55,15 @@ int main(int argc, char **argv) {
   for (size_t k = 0; k < sizeof calls / sizeof calls[0]; k++) {
     double t[ROUNDS];
     for (int j = 0; j < ROUNDS; j++) {
-      double t0 = now_ns();
+      double t0 = bench_now_ns();
       for (long i = 0; i < n; i++)
         if (calls[k].call() != cudaSuccess) {
           fprintf(stderr, "%s failed\n", calls[k].name);
           return 1;
         }
-      t[j] = (now_ns() - t0) / (double)n;
+      t[j] = (bench_now_ns() - t0) / (double)n;
     }
-    qsort(t, ROUNDS, sizeof t[0], cmp_double);
+    qsort(t, ROUNDS, sizeof t[0], bench_cmp_double);
     printf("%-28s %8.1f ns (median of %d rounds of %ld)\n", calls[k].name,
            t[ROUNDS / 2], ROUNDS, n);
   }
